@@ -1,0 +1,45 @@
+# gpumarket — the two commands a user needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP_RUN  := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpumarket
+TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
+
+.PHONY: demo test lint venv clean bench
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP_TEST): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@ $(STAMP_RUN)
+
+venv: $(STAMP_RUN)
+
+## make demo: migrate the SQLite default, play the recorded-hosts scenario, serve on :8000
+demo: $(STAMP_RUN)
+	$(PY) -m marketplace.demo
+
+## make test: ruff, then pytest against PostgreSQL and Redis on 127.0.0.1 (and Docker)
+test: $(STAMP_TEST)
+	$(VENV)/bin/ruff check .
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP_TEST)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP_TEST)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) bench/orderbook.py
+	$(PY) bench/sealed.py
+
+clean:
+	rm -rf var/ .pytest_cache

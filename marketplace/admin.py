@@ -1,0 +1,94 @@
+"""Operators' admin for the market. Sealed bids' prices and quantities are hidden
+until their auction closes."""
+
+from django.contrib import admin
+
+from marketplace.models import (
+    Auction,
+    AuctionEvent,
+    Fill,
+    GpuClass,
+    Lease,
+    LeaseEvent,
+    LeaseGpu,
+    Order,
+    OrderEvent,
+    SealedBid,
+)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class OrderEventInline(ReadOnlyInline):
+    model = OrderEvent
+
+
+class AuctionEventInline(ReadOnlyInline):
+    model = AuctionEvent
+
+
+class LeaseEventInline(ReadOnlyInline):
+    model = LeaseEvent
+
+
+class LeaseGpuInline(ReadOnlyInline):
+    model = LeaseGpu
+
+
+@admin.register(GpuClass)
+class GpuClassAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
+                    "reference_price"]
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    list_display = ["id", "side", "market", "owner", "status", "price", "gpus", "remaining_gpus",
+                    "created_at"]
+    list_filter = ["side", "status", "market"]
+    inlines = [OrderEventInline]
+
+
+@admin.register(Fill)
+class FillAdmin(admin.ModelAdmin):
+    list_display = ["id", "market", "bid", "ask", "gpus", "price", "created_at"]
+
+
+@admin.register(Auction)
+class AuctionAdmin(admin.ModelAdmin):
+    list_display = ["id", "market", "node", "gpus", "rule", "reserve_price", "status",
+                    "closes_at", "clearing_price"]
+    list_filter = ["status", "rule"]
+    inlines = [AuctionEventInline]
+
+
+@admin.register(SealedBid)
+class SealedBidAdmin(admin.ModelAdmin):
+    list_display = ["id", "auction", "bidder", "status", "shown_price", "shown_gpus"]
+    exclude = ["price", "gpus", "min_gpus"]
+    readonly_fields = ["shown_price", "shown_gpus"]
+
+    @admin.display(description="price")
+    def shown_price(self, bid):
+        return bid.price if bid.auction.status != "open" else "sealed until close"
+
+    @admin.display(description="GPUs")
+    def shown_gpus(self, bid):
+        return bid.gpus if bid.auction.status != "open" else "sealed until close"
+
+
+@admin.register(Lease)
+class LeaseAdmin(admin.ModelAdmin):
+    list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
+                    "started_at", "ended_at"]
+    list_filter = ["status", "market"]
+    inlines = [LeaseGpuInline, LeaseEventInline]

@@ -1,0 +1,203 @@
+"""Request and response shapes of the market API. Prices are USD strings per
+GPU-hour (UsdField); durations are whole hours in, seconds inside."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from settlement.fields import StrictIntegerField, UsdField
+
+MAX_HOURS = 366 * 24
+
+
+def resolve_duration(attrs: dict) -> dict:
+    """Exactly one of `hours` (whole hours) or `duration_seconds` (per-second billing);
+    sets attrs["duration_seconds"]."""
+    hours, seconds = attrs.pop("hours", None), attrs.get("duration_seconds")
+    if (hours is None) == (seconds is None):
+        raise serializers.ValidationError({"hours": "give either hours or duration_seconds"})
+    attrs["duration_seconds"] = seconds if seconds is not None else hours * 3600
+    return attrs
+
+
+class GpuClassSerializer(serializers.ModelSerializer):
+    reference_price = UsdField()
+
+    class Meta:
+        model = GpuClass
+        fields = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
+                  "datasheet_source", "reference_price"]
+
+
+class LevelSerializer(serializers.Serializer):
+    price = UsdField()
+    gpus = serializers.IntegerField()
+
+
+class DepthSerializer(serializers.Serializer):
+    gpu_class = serializers.CharField()
+    bids = LevelSerializer(many=True)
+    asks = LevelSerializer(many=True)
+
+
+class OrderInSerializer(serializers.Serializer):
+    """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, image, command)
+    or an ask (node, gpus, price, available_until, optional gpu_class)."""
+
+    side = serializers.ChoiceField(choices=Order.Side.choices)
+    gpu_class = serializers.CharField(required=False, max_length=40)
+    price = UsdField()
+    gpus = StrictIntegerField(min_value=1, max_value=4096)
+    hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
+    duration_seconds = StrictIntegerField(min_value=1, max_value=MAX_HOURS * 3600,
+                                          required=False)
+    gang_size = StrictIntegerField(min_value=1, max_value=4096, required=False)
+    time_in_force = serializers.ChoiceField(choices=Order.TimeInForce.choices, default="GTC")
+    image = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    command = serializers.ListField(child=serializers.CharField(max_length=1000), required=False,
+                                    allow_null=True, max_length=64, default=None)
+    node = StrictIntegerField(min_value=1, required=False)
+    available_until = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs):
+        if attrs["side"] == Order.Side.BID:
+            if "gpu_class" not in attrs:
+                raise serializers.ValidationError({"gpu_class": "is required for a bid"})
+            resolve_duration(attrs)
+            gang = attrs.get("gang_size", attrs["gpus"])
+            if attrs["gpus"] % gang:
+                raise serializers.ValidationError({"gang_size": "must divide gpus"})
+        else:
+            for name in ("node", "available_until"):
+                if name not in attrs:
+                    raise serializers.ValidationError({name: "is required for an ask"})
+            if attrs["available_until"] <= timezone.now():
+                raise serializers.ValidationError({"available_until": "must be in the future"})
+        return attrs
+
+
+class OrderSerializer(serializers.ModelSerializer):
+    gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
+    price = UsdField()
+    hours = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Order
+        fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
+                  "hours", "gang_size", "time_in_force", "node", "available_until",
+                  "created_at"]
+
+    def get_hours(self, order) -> int | None:
+        return order.duration_seconds // 3600 if order.duration_seconds else None
+
+
+class FillSerializer(serializers.ModelSerializer):
+    gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
+    price = UsdField()
+
+    class Meta:
+        model = Fill
+        fields = ["id", "gpu_class", "gpus", "price", "created_at"]
+
+
+class LeaseEventSerializer(serializers.Serializer):
+    from_status = serializers.CharField()
+    to_status = serializers.CharField()
+    at = serializers.DateTimeField()
+    cause = serializers.CharField()
+
+
+class LeaseSerializer(serializers.ModelSerializer):
+    gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
+    price = UsdField()
+    cost = UsdField(positive=False)
+    provider_amount = UsdField(positive=False)
+    platform_fee = UsdField(positive=False)
+    gpu_uuids = serializers.SerializerMethodField()
+    events = LeaseEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Lease
+        fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
+                  "duration_seconds", "image", "command", "container_id", "started_at",
+                  "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                  "buyer", "provider", "events", "created_at"]
+
+    def get_gpu_uuids(self, lease) -> list[str]:
+        return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
+
+
+class AuctionInSerializer(serializers.Serializer):
+    node = StrictIntegerField(min_value=1)
+    gpu_class = serializers.CharField(required=False, max_length=40)
+    gpus = StrictIntegerField(min_value=1, max_value=4096)
+    reserve_price = UsdField()
+    hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
+    duration_seconds = StrictIntegerField(min_value=1, max_value=MAX_HOURS * 3600,
+                                          required=False)
+    rule = serializers.ChoiceField(choices=Auction.Rule.choices, default="second_price")
+    opens_at = serializers.DateTimeField(required=False)
+    closes_at = serializers.DateTimeField()
+
+    def validate(self, attrs):
+        return resolve_duration(attrs)
+
+
+class AuctionSerializer(serializers.ModelSerializer):
+    """The public view: bid count and time left before close; awards after close.
+    Never a sealed bid's price or quantity before close."""
+
+    gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
+    reserve_price = UsdField()
+    clearing_price = UsdField(positive=False)
+    bid_count = serializers.SerializerMethodField()
+    seconds_left = serializers.SerializerMethodField()
+    awards = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Auction
+        fields = ["id", "status", "gpu_class", "node", "gpus", "reserve_price", "rule",
+                  "duration_seconds", "opens_at", "closes_at", "bid_count", "seconds_left",
+                  "clearing_price", "awards", "closed_at"]
+
+    def get_bid_count(self, auction) -> int:
+        if auction.status == Auction.Status.OPEN:
+            return auction.bids.filter(status=SealedBid.Status.ACTIVE).count()
+        return auction.bids.exclude(status=SealedBid.Status.WITHDRAWN).count()
+
+    def get_seconds_left(self, auction) -> int:
+        if auction.status != Auction.Status.OPEN:
+            return 0
+        return max(0, int((auction.closes_at - timezone.now()).total_seconds()))
+
+    def get_awards(self, auction) -> list[dict]:
+        if auction.status != Auction.Status.CLOSED:
+            return []
+        return [
+            {"bid": b.pk, "bidder": b.bidder_id, "gpus": b.awarded_gpus,
+             "price": UsdField().to_representation(b.paid_price)}
+            for b in auction.bids.filter(status=SealedBid.Status.WON).order_by("pk")
+        ]
+
+
+class SealedBidInSerializer(serializers.Serializer):
+    price = UsdField()
+    gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
+    min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
+    image = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+    command = serializers.ListField(child=serializers.CharField(max_length=1000), required=False,
+                                    allow_null=True, max_length=64, default=None)
+
+
+class SealedBidSerializer(serializers.ModelSerializer):
+    """A bidder's own view of its sealed bid."""
+
+    price = UsdField()
+    paid_price = UsdField(positive=False)
+
+    class Meta:
+        model = SealedBid
+        fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
+                  "paid_price", "created_at"]

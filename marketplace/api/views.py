@@ -1,0 +1,178 @@
+"""Market API views: thin — parse with a serializer, call one service, serialize."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, permissions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace import auctions, book
+from marketplace.api import serializers as s
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+
+
+class GpuClassList(generics.ListAPIView):
+    """GPU classes: one market each, with datasheet figures and a reference price."""
+
+    permission_classes = [permissions.AllowAny]
+    serializer_class = s.GpuClassSerializer
+    pagination_class = None
+    queryset = GpuClass.objects.all()
+
+
+class OrderBookDepth(APIView):
+    """Order book depth of one GPU class: GPUs per price level (never who placed them)."""
+
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(responses=s.DepthSerializer)
+    def get(self, request, slug: str):
+        market = get_object_or_404(GpuClass, slug=slug)
+        bids, asks = book.depth(market)
+        data = {"gpu_class": slug,
+                "bids": [{"price": p, "gpus": q} for p, q in bids],
+                "asks": [{"price": p, "gpus": q} for p, q in asks]}
+        return Response(s.DepthSerializer(data).data)
+
+
+class RecentFills(generics.ListAPIView):
+    """Recent trades of all markets (anonymous)."""
+
+    permission_classes = [permissions.AllowAny]
+    serializer_class = s.FillSerializer
+    queryset = Fill.objects.select_related("market").order_by("-pk")
+
+
+class OrderListCreate(APIView):
+    """Your orders; POST places a bid or an ask."""
+
+    @extend_schema(responses=s.OrderSerializer(many=True))
+    def get(self, request):
+        orders = Order.objects.filter(owner=request.user).select_related("market").order_by("-pk")
+        return Response(s.OrderSerializer(orders[:500], many=True).data)
+
+    @extend_schema(request=s.OrderInSerializer, responses={201: s.OrderSerializer})
+    def post(self, request):
+        data = s.OrderInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        if v["side"] == Order.Side.BID:
+            placed = book.place_bid(
+                buyer_id=request.user.pk, market_slug=v["gpu_class"], price=v["price"],
+                gpus=v["gpus"], duration_seconds=v["duration_seconds"],
+                gang_size=v.get("gang_size"), time_in_force=v["time_in_force"],
+                image=v["image"], command=v["command"],
+            )
+        else:
+            placed = book.place_ask(
+                provider_id=request.user.pk, node_id=v["node"],
+                market_slug=v.get("gpu_class"), price=v["price"], gpus=v["gpus"],
+                available_until=v["available_until"],
+            )
+        placed.order.refresh_from_db()
+        body = s.OrderSerializer(placed.order).data
+        body["leases"] = [lease.pk for lease in placed.leases]
+        return Response(body, status=201)
+
+
+class OrderDetail(generics.RetrieveAPIView):
+    serializer_class = s.OrderSerializer
+
+    def get_queryset(self):
+        return Order.objects.filter(owner=self.request.user)
+
+
+class OrderCancel(APIView):
+    @extend_schema(request=None, responses=s.OrderSerializer)
+    def post(self, request, pk: int):
+        order = book.cancel_order(user_id=request.user.pk, order_id=pk)
+        return Response(s.OrderSerializer(order).data)
+
+
+class AuctionListCreate(APIView):
+    """Open and recent auctions (public view); POST opens one of your node's GPUs."""
+
+    def get_permissions(self):
+        if self.request.method == "GET":
+            return [permissions.AllowAny()]
+        return super().get_permissions()
+
+    @extend_schema(responses=s.AuctionSerializer(many=True))
+    def get(self, request):
+        qs = Auction.objects.select_related("market").order_by("-pk")[:200]
+        return Response(s.AuctionSerializer(qs, many=True).data)
+
+    @extend_schema(request=s.AuctionInSerializer, responses={201: s.AuctionSerializer})
+    def post(self, request):
+        data = s.AuctionInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        auction = auctions.open_auction(
+            provider_id=request.user.pk, node_id=v["node"], gpus=v["gpus"],
+            reserve_price=v["reserve_price"], duration_seconds=v["duration_seconds"],
+            closes_at=v["closes_at"], opens_at=v.get("opens_at"), rule=v["rule"],
+            market_slug=v.get("gpu_class"),
+        )
+        return Response(s.AuctionSerializer(auction).data, status=201)
+
+
+class AuctionDetail(generics.RetrieveAPIView):
+    permission_classes = [permissions.AllowAny]
+    serializer_class = s.AuctionSerializer
+    queryset = Auction.objects.all()
+
+
+class SealedBidCreate(APIView):
+    """Place or replace your sealed bid on an auction."""
+
+    @extend_schema(request=s.SealedBidInSerializer, responses={201: s.SealedBidSerializer})
+    def post(self, request, pk: int):
+        data = s.SealedBidInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        bid = auctions.place_sealed_bid(
+            bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v.get("gpus"),
+            min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
+        )
+        return Response(s.SealedBidSerializer(bid).data, status=201)
+
+
+class MySealedBids(generics.ListAPIView):
+    """Your own sealed bids (nobody else's, ever)."""
+
+    serializer_class = s.SealedBidSerializer
+
+    def get_queryset(self):
+        return SealedBid.objects.filter(bidder=self.request.user).order_by("-pk")
+
+
+class SealedBidWithdraw(APIView):
+    @extend_schema(request=None, responses=s.SealedBidSerializer)
+    def post(self, request, pk: int):
+        bid = auctions.withdraw_sealed_bid(bidder_id=request.user.pk, bid_id=pk)
+        return Response(s.SealedBidSerializer(bid).data)
+
+
+def _my_leases(user):
+    return (Lease.objects.filter(Q(buyer=user) | Q(provider=user))
+            .select_related("market").prefetch_related("events", "lease_gpus__gpu")
+            .order_by("-pk"))
+
+
+class LeaseList(generics.ListAPIView):
+    """Leases where you are the buyer or the provider."""
+
+    serializer_class = s.LeaseSerializer
+
+    def get_queryset(self):
+        return _my_leases(self.request.user)
+
+
+class LeaseDetail(generics.RetrieveAPIView):
+    serializer_class = s.LeaseSerializer
+
+    def get_queryset(self):
+        return _my_leases(self.request.user)

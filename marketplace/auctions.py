@@ -1,0 +1,221 @@
+"""Sealed-bid auctions: a provider's lot of one node's GPUs for a fixed duration.
+
+Bids are secret until close: every read path outside this module goes through
+`visible_bid_fields`/selectors that show a bid's price and quantity only to its
+bidder before close. Closing runs exactly once: the auction row is locked and a
+closed auction is left alone, whatever the number of workers and retries.
+Clearing rules live in marketplace/engine/sealed.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace import engine
+from marketplace.book import MAX_DURATION_SECONDS, free_gpu_count, get_market, lock_market
+from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from marketplace.leases import create_lease
+from marketplace.models import Auction, SealedBid
+from providers.models import Node
+from settlement import services as ledger
+from settlement.money import lease_cost
+
+log = logging.getLogger("gpumarket.auctions")
+
+
+def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: int,
+                 duration_seconds: int, closes_at: datetime, opens_at: datetime | None = None,
+                 rule: str = Auction.Rule.SECOND_PRICE, market_slug: str | None = None,
+                 now: datetime | None = None) -> Auction:
+    """Open a sealed-bid auction of `gpus` GPUs of the provider's node.
+
+    reserve_price: micro-USD per GPU-hour; duration_seconds: the lease each winner gets.
+    Raises NotFound/PermissionDenied for a node not the provider's; InvalidInput naming
+    the field for GPUs not free, a non-positive reserve or duration, or closes_at not in
+    the future. The closing task is scheduled after commit.
+    """
+    now = now or timezone.now()
+    opens_at = opens_at or now
+    node = Node.objects.select_related("provider").filter(pk=node_id).first()
+    if node is None:
+        raise NotFound(f"no node {node_id}", field="node")
+    if node.provider.user_id != provider_id:
+        raise PermissionDenied("that node is not yours", field="node")
+    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
+    if not classes:
+        raise Conflict("this node has no registered GPUs yet", field="node")
+    market_slug = market_slug or classes[0]
+    if market_slug not in classes:
+        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
+    if rule not in Auction.Rule.values:
+        raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
+    if reserve_price <= 0:
+        raise InvalidInput("must be greater than zero", field="reserve_price")
+    if gpus <= 0:
+        raise InvalidInput("must be at least 1", field="gpus")
+    if not 0 < duration_seconds <= MAX_DURATION_SECONDS:
+        raise InvalidInput("must be between 1 second and 366 days", field="hours")
+    if closes_at <= now or closes_at <= opens_at:
+        raise InvalidInput("must be in the future and after opens_at", field="closes_at")
+    market = get_market(market_slug)
+    with transaction.atomic():
+        market = lock_market(market.pk)
+        free = free_gpu_count(node, market)
+        if gpus > free:
+            raise InvalidInput(f"only {free} GPUs of node {node.name} are free", field="gpus")
+        auction = Auction.objects.create(
+            market=market, provider_id=provider_id, node=node, gpus=gpus,
+            reserve_price=reserve_price, rule=rule, duration_seconds=duration_seconds,
+            opens_at=opens_at, closes_at=closes_at,
+        )
+        auction.events.create(from_status="", to_status="open", at=now, cause="auction opened")
+        transaction.on_commit(lambda: _schedule_close(auction.pk, closes_at))
+    return auction
+
+
+def _schedule_close(auction_id: int, closes_at: datetime) -> None:
+    from marketplace.tasks import close_auction_task
+
+    try:
+        close_auction_task.apply_async((auction_id,), eta=closes_at)
+    except Exception:  # broker down: the beat sweep (close_due_auctions) closes it
+        log.warning("could not schedule the close of auction %s; the sweep will", auction_id)
+
+
+def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int | None = None,
+                     min_gpus: int | None = None, image: str = "",
+                     command: list[str] | None = None,
+                     now: datetime | None = None) -> SealedBid:
+    """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
+
+    Under second_price a bid is for the whole lot (gpus defaults to the lot size).
+    Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
+    after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
+    messages never mention other bids. settlement.InsufficientFunds when the hold fails.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        auction = Auction.objects.select_for_update().filter(pk=auction_id).first()
+        if auction is None:
+            raise NotFound(f"no auction {auction_id}", field="auction")
+        if auction.provider_id == bidder_id:
+            raise PermissionDenied("you cannot bid on your own auction", field="auction")
+        if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
+            raise Conflict("this auction is closed", field="auction")
+        if now < auction.opens_at:
+            raise Conflict("this auction is not open yet", field="auction")
+        gpus = auction.gpus if gpus is None else gpus
+        if auction.rule == Auction.Rule.SECOND_PRICE and gpus != auction.gpus:
+            raise InvalidInput(f"a second_price lot is all {auction.gpus} GPUs", field="gpus")
+        if not 0 < gpus <= auction.gpus:
+            raise InvalidInput(f"must be between 1 and the lot's {auction.gpus} GPUs",
+                               field="gpus")
+        min_gpus = gpus if min_gpus is None else min_gpus
+        if not 0 < min_gpus <= gpus:
+            raise InvalidInput("must be between 1 and gpus", field="min_gpus")
+        if price < auction.reserve_price:
+            raise InvalidInput("is below the reserve price", field="price")
+        previous = SealedBid.objects.filter(auction=auction, bidder_id=bidder_id,
+                                            status=SealedBid.Status.ACTIVE).first()
+        if previous is not None:
+            _withdraw(previous, cause="replaced by a new bid")
+        bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
+                        min_gpus=min_gpus, image=image, command=command, hold_id=0)
+        hold = ledger.hold_place(buyer_id=bidder_id,
+                                 amount=lease_cost(price, gpus, auction.duration_seconds),
+                                 reference=f"auction:{auction.pk}")
+        bid.hold_id = hold.pk
+        bid.save()
+    return bid
+
+
+def _withdraw(bid: SealedBid, *, cause: str) -> None:
+    ledger.hold_release(hold_id=bid.hold_id, cause=cause)
+    bid.status = SealedBid.Status.WITHDRAWN
+    bid.save(update_fields=["status"])
+
+
+def withdraw_sealed_bid(*, bidder_id: int, bid_id: int, now: datetime | None = None) -> SealedBid:
+    """Withdraw the bidder's active bid before close, releasing its hold."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        bid = SealedBid.objects.filter(pk=bid_id, bidder_id=bidder_id).first()
+        if bid is None:
+            raise NotFound(f"no sealed bid {bid_id} of yours", field="bid")
+        auction = Auction.objects.select_for_update().get(pk=bid.auction_id)
+        bid.refresh_from_db()
+        if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
+            raise Conflict("this auction is closed", field="auction")
+        if bid.status != SealedBid.Status.ACTIVE:
+            raise Conflict(f"this bid is already {bid.status}")
+        _withdraw(bid, cause="withdrawn by the bidder")
+    return bid
+
+
+def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | None:
+    """Clear the auction at or after closes_at, exactly once.
+
+    Winners get a lease each at the price the rule sets; their holds are cut to that
+    cost; losers' holds are released — all in this one transaction. Returns None when
+    the auction is not due yet or already closed (a retried task changes nothing).
+    """
+    now = now or timezone.now()
+    market_id = Auction.objects.filter(pk=auction_id).values_list("market_id", flat=True).first()
+    if market_id is None:
+        return None
+    with transaction.atomic():
+        lock_market(market_id)
+        auction = Auction.objects.select_for_update().get(pk=auction_id)
+        if auction.status != Auction.Status.OPEN or now < auction.closes_at:
+            return None
+        bids = list(auction.bids.filter(status=SealedBid.Status.ACTIVE).order_by("pk"))
+        clearing = engine.clear(
+            auction.rule,
+            [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
+                              min_gpus=b.min_gpus, seq=b.pk) for b in bids],
+            lot_gpus=auction.gpus, reserve=auction.reserve_price,
+        )
+        awards = {a.bid_id: a for a in clearing.awards}
+        for bid in bids:
+            award = awards.get(bid.pk)
+            if award is None:
+                ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
+                bid.status = SealedBid.Status.LOST
+                bid.save(update_fields=["status"])
+                continue
+            cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
+            ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
+                               cause=f"auction {auction.pk} won at {award.price}")
+            bid.status = SealedBid.Status.WON
+            bid.awarded_gpus = award.gpus
+            bid.paid_price = award.price
+            bid.save(update_fields=["status", "awarded_gpus", "paid_price"])
+            create_lease(
+                market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
+                node=auction.node, gpus=award.gpus, price=award.price,
+                duration_seconds=auction.duration_seconds, image=bid.image,
+                command=bid.command, now=now, sealed_bid=bid, hold_id=bid.hold_id,
+                cause=f"won auction {auction.pk} ({auction.rule}) at {award.price}",
+            )
+        auction.clearing_price = clearing.clearing_price
+        auction.closed_at = now
+        winners = [f"bid {a.bid_id}: {a.gpus} GPUs at {a.price}" for a in clearing.awards]
+        auction.set_status("closed", cause=f"closed with {len(bids)} bids", at=now,
+                           detail={"awards": winners},
+                           update_fields=("clearing_price", "closed_at"))
+    log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
+             len(bids), clearing.clearing_price, winners)
+    return auction
+
+
+def due_auction_ids(now: datetime | None = None) -> list[int]:
+    now = now or timezone.now()
+    return list(Auction.objects.filter(status=Auction.Status.OPEN, closes_at__lte=now)
+                .values_list("pk", flat=True))
+
+
+__all__ = ["close_auction", "open_auction", "place_sealed_bid", "withdraw_sealed_bid"]

@@ -1,0 +1,563 @@
+"""The continuous auction: one GPU class's limit order book, price-time priority.
+
+Rules (DESIGN.md "The two auctions" → "Continuous auction", with the precisions of the
+engine brief):
+
+* An incoming bid walks the asks by (price ascending, seq ascending) while
+  ``ask.price <= bid.price``; an incoming ask walks the bids by (price descending, seq
+  ascending) while ``bid.price >= ask.price``.
+* Self-trade prevention: when the walk meets a RESTING order of the same ``owner``, that
+  resting order is cancelled (removed; its id is reported in
+  ``MatchResult.self_trade_cancels``) and the walk goes on ("cancel resting").
+* A resting order the incoming one cannot use is skipped and stays in the book: the
+  lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``) and
+  the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``).
+* Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
+  order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
+* Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
+  dropped, FOK either fills whole or changes nothing at all (``killed=True``).
+
+Because resting orders may be skipped (window, gang size), the book can be *crossed*
+(best bid >= best ask) without a trade being possible; that is expected.
+
+Units: prices are integer micro-USD per GPU-hour, GPUs are counts, times are integer
+epoch seconds, durations whole seconds (DESIGN.md "Units").
+
+Implementation: per side, a sorted list of the prices that have resting GPUs, and per
+price a deque of one-element list "cells" ``[order]`` in seq order plus the total GPUs at
+that price. Cancels are lazy (the cell is emptied, ``[None]``) and dead cells are
+dropped when they reach the head of a level, when the level empties, or by an amortised
+compaction. Bids and asks passed in are mutated: their ``gpus`` always mean "still
+wanted / still available".
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+
+from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
+
+__all__ = ["OrderBook"]
+
+_COMPACT_MIN = 1024
+
+
+def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
+    """Put ``cell`` at its seq position in the level ``price`` (creating the level)."""
+    q = qs.get(price)
+    if q is None:
+        insort(px, price)
+        qs[price] = deque((cell,))
+        tots[price] = gpus
+        return
+    tots[price] += gpus
+    if q:
+        last = q[-1][0]
+        if last is None or last.seq > seq:
+            # Rare: out-of-order seq (e.g. a re-matched order keeps its priority).
+            j = len(q)
+            while j:
+                o = q[j - 1][0]
+                if o is not None and o.seq < seq:
+                    break
+                j -= 1
+            q.insert(j, cell)
+            return
+    q.append(cell)
+
+
+def _drop_level(px: list[int], qs: dict, tots: dict, price: int) -> None:
+    del px[bisect_left(px, price)]
+    del qs[price]
+    del tots[price]
+
+
+class OrderBook:
+    """One GPU class's continuous auction: price-time priority.
+
+    Order ids must be unique across bids and asks of one book (``cancel`` takes either);
+    a duplicate id, a non-positive price/gpus/gang/duration, ``gpus`` not a multiple of
+    ``gang`` or an unknown ``tif`` raises ``ValueError`` and changes nothing.
+    """
+
+    __slots__ = (
+        "_ask_dead",
+        "_ask_ix",
+        "_ask_px",
+        "_ask_q",
+        "_ask_tot",
+        "_bid_dead",
+        "_bid_ix",
+        "_bid_px",
+        "_bid_q",
+        "_bid_tot",
+    )
+
+    def __init__(self) -> None:
+        # Bids: prices ascending (best = last); asks: prices ascending (best = first).
+        self._bid_px: list[int] = []
+        self._bid_q: dict[int, deque[list]] = {}
+        self._bid_tot: dict[int, int] = {}
+        self._bid_ix: dict[int, list] = {}
+        self._bid_dead = 0
+        self._ask_px: list[int] = []
+        self._ask_q: dict[int, deque[list]] = {}
+        self._ask_tot: dict[int, int] = {}
+        self._ask_ix: dict[int, list] = {}
+        self._ask_dead = 0
+
+    # ------------------------------------------------------------------ submit
+
+    def submit_bid(self, bid: Bid, now: int) -> MatchResult:
+        """Match an incoming bid against resting asks, then apply its time in force.
+
+        Args:
+            bid: the buy order; ``bid.gpus`` is decremented by what fills (unless killed).
+            now: current time, epoch seconds (for the ask windows).
+
+        Returns:
+            ``MatchResult``; ``remaining`` is what was not filled; ``rested`` only for GTC
+            with a remainder; FOK that cannot fill whole: no change, ``killed=True``.
+
+        Raises:
+            ValueError: invalid bid (see class docstring); nothing changes.
+        """
+        price = bid.price
+        gpus = bid.gpus
+        gang = bid.gang
+        tif = bid.tif
+        if (
+            price <= 0
+            or gpus <= 0
+            or gang <= 0
+            or gpus % gang
+            or bid.duration_s <= 0
+            or tif not in TIME_IN_FORCE
+        ):
+            raise ValueError(f"invalid bid {bid!r}")
+        bid_id = bid.id
+        if bid_id in self._bid_ix or bid_id in self._ask_ix:
+            raise ValueError(f"duplicate order id {bid_id}")
+        fills: list[Fill] = []
+        stc: list[int] = []
+        px = self._ask_px
+        if px and px[0] <= price:
+            if tif == "FOK" and self._bid_fillable(bid, now) < gpus:
+                return MatchResult(fills, False, stc, gpus, True)
+            left = self._take_asks(bid, now, fills, stc)
+        else:
+            if tif == "FOK":
+                return MatchResult(fills, False, stc, gpus, True)
+            left = gpus
+        bid.gpus = left
+        if left and tif == "GTC":
+            cell = [bid]
+            _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
+            self._bid_ix[bid_id] = cell
+            return MatchResult(fills, True, stc, left)
+        return MatchResult(fills, False, stc, left)
+
+    def submit_ask(self, ask: Ask, now: int) -> MatchResult:
+        """Match an incoming ask against resting bids; its remainder rests (always GTC).
+
+        Args:
+            ask: the sell order (one node's GPUs); ``ask.gpus`` is decremented by fills.
+            now: current time, epoch seconds (a bid fits if ``now + duration_s <=
+                ask.available_until``).
+
+        Returns:
+            ``MatchResult``; each fill is at the resting bid's price.
+
+        Raises:
+            ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
+        """
+        price = ask.price
+        gpus = ask.gpus
+        if price <= 0 or gpus <= 0:
+            raise ValueError(f"invalid ask {ask!r}")
+        ask_id = ask.id
+        if ask_id in self._ask_ix or ask_id in self._bid_ix:
+            raise ValueError(f"duplicate order id {ask_id}")
+        fills: list[Fill] = []
+        stc: list[int] = []
+        px = self._bid_px
+        left = self._take_bids(ask, now, fills, stc) if px and px[-1] >= price else gpus
+        ask.gpus = left
+        if left:
+            cell = [ask]
+            _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
+            self._ask_ix[ask_id] = cell
+            return MatchResult(fills, True, stc, left)
+        return MatchResult(fills, False, stc, 0)
+
+    # ------------------------------------------------------------------ matching
+
+    def _take_asks(self, bid: Bid, now: int, fills: list, stc: list) -> int:
+        """Walk asks for ``bid``; return the GPUs left unfilled. Mutates the book."""
+        px = self._ask_px
+        qs = self._ask_q
+        tots = self._ask_tot
+        ix = self._ask_ix
+        limit = bid.price
+        owner = bid.owner
+        gang = bid.gang
+        bid_id = bid.id
+        end = now + bid.duration_s
+        left = bid.gpus
+        dead = 0
+        i = 0
+        while i < len(px):
+            p = px[i]
+            if p > limit:
+                break
+            q = qs[p]
+            tot = tots[p]
+            j = 0
+            n = len(q)
+            while j < n:
+                cell = q[j]
+                a = cell[0]
+                if a is None:
+                    if j:
+                        j += 1
+                    else:
+                        q.popleft()
+                        n -= 1
+                    continue
+                ag = a.gpus
+                if a.owner == owner:
+                    cell[0] = None
+                    del ix[a.id]
+                    tot -= ag
+                    stc.append(a.id)
+                elif ag < gang or end > a.available_until:
+                    j += 1
+                    continue
+                else:
+                    k = ag // gang
+                    lg = left // gang
+                    if k > lg:
+                        k = lg
+                    g = k * gang
+                    fills.append(Fill(bid_id, a.id, a.node, g, p))
+                    left -= g
+                    tot -= g
+                    if ag != g:
+                        a.gpus = ag - g
+                        if not left:
+                            break
+                        j += 1
+                        continue
+                    cell[0] = None
+                    del ix[a.id]
+                # the cell at j is now dead
+                if j:
+                    j += 1
+                    dead += 1
+                else:
+                    q.popleft()
+                    n -= 1
+                if not left:
+                    break
+            if tot:
+                tots[p] = tot
+                i += 1
+            else:
+                del px[i]
+                del qs[p]
+                del tots[p]
+            if not left:
+                break
+        if dead:
+            self._ask_dead += dead
+            if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
+                self._compact(self._ask_q, self._ask_ix)
+                self._ask_dead = 0
+        return left
+
+    def _take_bids(self, ask: Ask, now: int, fills: list, stc: list) -> int:
+        """Walk bids for ``ask``; return the GPUs left. Mutates the book."""
+        px = self._bid_px
+        qs = self._bid_q
+        tots = self._bid_tot
+        ix = self._bid_ix
+        limit = ask.price
+        owner = ask.owner
+        ask_id = ask.id
+        node = ask.node
+        window = ask.available_until - now
+        left = ask.gpus
+        dead = 0
+        i = len(px) - 1
+        while i >= 0:
+            p = px[i]
+            if p < limit:
+                break
+            q = qs[p]
+            tot = tots[p]
+            j = 0
+            n = len(q)
+            while j < n:
+                cell = q[j]
+                b = cell[0]
+                if b is None:
+                    if j:
+                        j += 1
+                    else:
+                        q.popleft()
+                        n -= 1
+                    continue
+                bg = b.gpus
+                if b.owner == owner:
+                    cell[0] = None
+                    del ix[b.id]
+                    tot -= bg
+                    stc.append(b.id)
+                else:
+                    gang = b.gang
+                    if gang > left or b.duration_s > window:
+                        j += 1
+                        continue
+                    k = left // gang
+                    kb = bg // gang
+                    if k > kb:
+                        k = kb
+                    g = k * gang
+                    fills.append(Fill(b.id, ask_id, node, g, p))
+                    left -= g
+                    tot -= g
+                    if bg != g:
+                        b.gpus = bg - g
+                        j += 1
+                        if not left:
+                            break
+                        continue
+                    cell[0] = None
+                    del ix[b.id]
+                if j:
+                    j += 1
+                    dead += 1
+                else:
+                    q.popleft()
+                    n -= 1
+                if not left:
+                    break
+            if tot:
+                tots[p] = tot
+            else:
+                del px[i]
+                del qs[p]
+                del tots[p]
+            i -= 1
+            if not left:
+                break
+        if dead:
+            self._bid_dead += dead
+            if self._bid_dead > _COMPACT_MIN + 2 * len(ix):
+                self._compact(self._bid_q, self._bid_ix)
+                self._bid_dead = 0
+        return left
+
+    def _bid_fillable(self, bid: Bid, now: int) -> int:
+        """GPUs ``bid`` would fill now (same walk as ``_take_asks``, no mutation)."""
+        gang = bid.gang
+        want = bid.gpus
+        owner = bid.owner
+        end = now + bid.duration_s
+        got = 0
+        qs = self._ask_q
+        for p in self._ask_px:
+            if p > bid.price:
+                break
+            for cell in qs[p]:
+                a = cell[0]
+                if a is None or a.owner == owner or a.gpus < gang or end > a.available_until:
+                    continue
+                got += (a.gpus // gang) * gang
+                if got >= want:
+                    return want
+        return got
+
+    @staticmethod
+    def _compact(qs: dict, ix: dict) -> None:
+        for p, q in qs.items():
+            qs[p] = deque(c for c in q if c[0] is not None)
+
+    # ------------------------------------------------------------------ maintenance
+
+    def cancel(self, order_id: int) -> bool:
+        """Remove a resting bid or ask by id; ``False`` if no such order rests."""
+        cell = self._bid_ix.pop(order_id, None)
+        if cell is not None:
+            self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
+            return True
+        cell = self._ask_ix.pop(order_id, None)
+        if cell is not None:
+            self._unlink(cell, self._ask_px, self._ask_q, self._ask_tot, bid=False)
+            return True
+        return False
+
+    def _unlink(self, cell: list, px: list, qs: dict, tots: dict, *, bid: bool) -> None:
+        """Kill a resting cell already removed from the id index."""
+        o = cell[0]
+        cell[0] = None
+        p = o.price
+        tot = tots[p] - o.gpus
+        if not tot:
+            _drop_level(px, qs, tots, p)
+            return
+        tots[p] = tot
+        q = qs[p]
+        if q[0] is cell:
+            q.popleft()
+        elif bid:
+            self._bid_dead += 1
+            if self._bid_dead > _COMPACT_MIN + 2 * len(self._bid_ix):
+                self._compact(self._bid_q, self._bid_ix)
+                self._bid_dead = 0
+        else:
+            self._ask_dead += 1
+            if self._ask_dead > _COMPACT_MIN + 2 * len(self._ask_ix):
+                self._compact(self._ask_q, self._ask_ix)
+                self._ask_dead = 0
+
+    def add_gpus_to_ask(self, ask_id: int, gpus: int) -> bool:
+        """Give ``gpus`` GPUs (of a lease that ended) back to a still-resting ask.
+
+        DESIGN.md: "GPUs of a lease that ends return to the provider's ask if it still
+        stands". Only adds; it does NOT match: call ``rematch_ask(ask_id, now)`` next (or,
+        when this returns ``False`` because the ask is gone, submit a new ask).
+
+        Raises:
+            ValueError: ``gpus <= 0``.
+        """
+        if gpus <= 0:
+            raise ValueError(f"gpus must be > 0, got {gpus}")
+        cell = self._ask_ix.get(ask_id)
+        if cell is None:
+            return False
+        a = cell[0]
+        a.gpus += gpus
+        self._ask_tot[a.price] += gpus
+        return True
+
+    def rematch_ask(self, ask_id: int, now: int) -> MatchResult:
+        """Match a resting ask against resting bids as if it had just arrived.
+
+        Same rules as ``submit_ask`` (trade at the resting bids' prices, self-trade
+        prevention cancels the bids of the ask's owner), but the ask keeps its own
+        ``seq`` time priority when its remainder rests again.
+
+        Raises:
+            KeyError: no resting ask with that id.
+        """
+        cell = self._ask_ix.pop(ask_id)
+        a = cell[0]
+        cell[0] = None
+        p = a.price
+        tot = self._ask_tot[p] - a.gpus
+        if tot:
+            self._ask_tot[p] = tot
+            q = self._ask_q[p]
+            for j, c in enumerate(q):
+                if c is cell:
+                    del q[j]
+                    break
+        else:
+            _drop_level(self._ask_px, self._ask_q, self._ask_tot, p)
+        fills: list[Fill] = []
+        stc: list[int] = []
+        bpx = self._bid_px
+        left = self._take_bids(a, now, fills, stc) if bpx and bpx[-1] >= p else a.gpus
+        a.gpus = left
+        if left:
+            cell = [a]
+            _rest(self._ask_px, self._ask_q, self._ask_tot, cell, p, a.seq, left)
+            self._ask_ix[ask_id] = cell
+            return MatchResult(fills, True, stc, left)
+        return MatchResult(fills, False, stc, 0)
+
+    def expire(self, now: int) -> list[int]:
+        """Cancel the asks whose window has closed (``available_until <= now``).
+
+        Such an ask can never match (every bid has ``duration_s > 0``). Returns the ids
+        removed, in priority order. O(resting asks); call it periodically.
+        """
+        gone = [a.id for a in self.asks() if a.available_until <= now]
+        for ask_id in gone:
+            self.cancel(ask_id)
+        return gone
+
+    # ------------------------------------------------------------------ views
+
+    def best_bid(self) -> int | None:
+        """Highest resting bid price (micro-USD per GPU-hour), or ``None``."""
+        px = self._bid_px
+        return px[-1] if px else None
+
+    def best_ask(self) -> int | None:
+        """Lowest resting ask price (micro-USD per GPU-hour), or ``None``."""
+        px = self._ask_px
+        return px[0] if px else None
+
+    def depth(self, levels: int = 10) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Aggregated book: ``(bids high→low, asks low→high)``, each ``(price, GPUs)``.
+
+        At most ``levels`` price levels per side; ``GPUs`` is the total resting at that
+        price (what the live feed shows; DESIGN.md "Everyone watches ... depth").
+        """
+        bt = self._bid_tot
+        at = self._ask_tot
+        bids = [(p, bt[p]) for p in self._bid_px[::-1][:levels]] if levels > 0 else []
+        asks = [(p, at[p]) for p in self._ask_px[:levels]] if levels > 0 else []
+        return bids, asks
+
+    def bids(self) -> list[Bid]:
+        """Resting bids in priority order (price high→low, then seq)."""
+        qs = self._bid_q
+        return [c[0] for p in reversed(self._bid_px) for c in qs[p] if c[0] is not None]
+
+    def asks(self) -> list[Ask]:
+        """Resting asks in priority order (price low→high, then seq)."""
+        qs = self._ask_q
+        return [c[0] for p in self._ask_px for c in qs[p] if c[0] is not None]
+
+    def __len__(self) -> int:
+        """Number of resting orders (bids + asks)."""
+        return len(self._bid_ix) + len(self._ask_ix)
+
+    def __contains__(self, order_id: object) -> bool:
+        """Whether a bid or ask with this id rests in the book."""
+        return order_id in self._bid_ix or order_id in self._ask_ix
+
+    # ------------------------------------------------------------------ restore
+
+    def rest_bid(self, bid: Bid) -> None:
+        """Put a bid that already rested (e.g. loaded from the database) back in the book
+        WITHOUT matching it; its ``seq`` keeps its time priority.
+
+        Raises:
+            ValueError: invalid bid or duplicate id; nothing changes.
+        """
+        if bid.price <= 0 or bid.gpus <= 0 or bid.gang <= 0 or bid.gpus % bid.gang:
+            raise ValueError(f"invalid bid {bid!r}")
+        if bid.id in self._bid_ix or bid.id in self._ask_ix:
+            raise ValueError(f"duplicate order id {bid.id}")
+        cell = [bid]
+        _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, bid.gpus)
+        self._bid_ix[bid.id] = cell
+
+    def rest_ask(self, ask: Ask) -> None:
+        """Put an ask that already rested back in the book WITHOUT matching it.
+
+        Raises:
+            ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
+        """
+        if ask.price <= 0 or ask.gpus <= 0:
+            raise ValueError(f"invalid ask {ask!r}")
+        if ask.id in self._ask_ix or ask.id in self._bid_ix:
+            raise ValueError(f"duplicate order id {ask.id}")
+        cell = [ask]
+        _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
+        self._ask_ix[ask.id] = cell

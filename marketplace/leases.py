@@ -1,0 +1,181 @@
+"""Leases: created from a fill or a sealed-bid win, driven by the runner's reports,
+ended and settled exactly once.
+
+Lifecycle (marketplace.models.Lease.TRANSITIONS):
+pending → starting → running → completed | failed | preempted, and
+pending/starting → failed | cancelled. Each move is recorded with time and cause.
+
+Billing: the lease clock starts when the runner reports `running`; at the end the
+buyer pays price × gpus × seconds // 3600 for the seconds that ran (capped at the
+leased duration), the provider gets 85 % and the platform 15 % (settlement.split),
+and the rest of the lease's hold returns to the buyer — one journal entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.errors import Conflict
+from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
+from marketplace.states import IllegalTransition
+from providers.models import Gpu, Node
+from settlement import services as ledger
+from settlement.money import lease_cost
+
+log = logging.getLogger("gpumarket.leases")
+
+
+def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
+    """`count` GPUs of the class on `node` that are in no active lease, by bus id.
+    The partial unique index on LeaseGpu makes a double booking fail even if two
+    writers raced here."""
+    free = list(
+        Gpu.objects.filter(node=node, gpu_class=market)
+        .exclude(lease_gpus__active=True)
+        .order_by("pci_bus_id")[:count]
+    )
+    if len(free) < count:
+        raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
+                       f"{count} needed")
+    return free
+
+
+def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
+                 price: int, duration_seconds: int, image: str, command: list[str] | None,
+                 now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
+                 sealed_bid=None, hold_id: int | None = None) -> Lease:
+    """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
+    cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
+    transaction, under the market lock."""
+    chosen = _pick_gpus(node, market, gpus)
+    if hold_id is None:
+        hold_id = ledger.hold_place(
+            buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),
+            reference=f"lease-of:{fill.pk if fill else sealed_bid.pk}",
+        ).pk
+    lease = Lease.objects.create(
+        market=market, buyer_id=buyer_id, provider_id=provider_id, node=node, price=price,
+        gpu_count=gpus, duration_seconds=duration_seconds,
+        image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
+        sealed_bid=sealed_bid, hold_id=hold_id,
+    )
+    LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
+    lease.events.create(from_status="", to_status="pending", at=now, cause=cause,
+                        detail={"gpus": [g.uuid for g in chosen]})
+    log.info("lease %s: %s × %s on node %s for %s s at %s/GPU-h", lease.pk, gpus, market.slug,
+             node.name, duration_seconds, price)
+    return lease
+
+
+def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
+    return create_lease(
+        market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
+        gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
+        image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
+        cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}",
+    )
+
+
+def gpu_uuids(lease: Lease) -> list[str]:
+    return list(lease.lease_gpus.order_by("gpu__pci_bus_id").values_list("gpu__uuid", flat=True))
+
+
+def mark_starting(*, lease: Lease, container_id: str = "") -> Lease:
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.status == Lease.Status.STARTING:
+            return lease
+        lease.container_id = container_id or lease.container_id
+        _move(lease, "starting", cause="runner is starting the container",
+              update_fields=("container_id",))
+    return lease
+
+
+def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None) -> Lease:
+    """The runner's container is up: start the lease clock (started_at, ends_at)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        if lease.status == Lease.Status.RUNNING and lease.container_id == container_id:
+            return lease  # a repeated report changes nothing
+        lease.container_id = container_id
+        lease.started_at = now
+        lease.ends_at = now + timedelta(seconds=lease.duration_seconds)
+        _move(lease, "running", cause=f"container {container_id[:12]} running", at=now,
+              update_fields=("container_id", "started_at", "ends_at"))
+    log.info("lease %s: running in container %s", lease.pk, container_id[:12])
+    return lease
+
+
+def _move(lease: Lease, to: str, *, cause: str, at: datetime | None = None,
+          update_fields: tuple[str, ...] = (), detail: dict | None = None) -> None:
+    try:
+        lease.set_status(to, cause=cause, at=at, update_fields=update_fields, detail=detail)
+    except IllegalTransition as exc:
+        raise Conflict(str(exc)) from None
+
+
+def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = None,
+              detail: dict | None = None) -> Lease:
+    """End a lease (completed, failed, preempted or cancelled) and settle it, once.
+
+    Charged seconds: from started_at to `now`, at most the leased duration (0 if it
+    never ran). One journal entry pays provider and platform by the take-rate split and
+    releases the rest of the hold. The GPUs become free and return to the ask they were
+    sold from. Raises Conflict if the lease has already ended.
+    """
+    from marketplace.book import lock_market, return_gpus_to_ask
+
+    now = now or timezone.now()
+    market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
+    with transaction.atomic():
+        lock_market(market_id)
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.status in Lease.ENDED:
+            raise Conflict(f"lease {lease_id} has already ended ({lease.status})")
+        seconds = 0
+        if lease.started_at is not None:
+            seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
+            seconds = max(seconds, 0)
+        cost = lease_cost(lease.price, lease.gpu_count, seconds)
+        settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
+                                     provider_id=lease.provider_id,
+                                     reference=f"lease:{lease.pk}")
+        lease.ended_at = now
+        lease.cause = cause[:300]
+        lease.cost = cost
+        lease.provider_amount = settled.split.provider
+        lease.platform_fee = settled.split.platform_fee
+        lease.settled_at = now
+        _move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
+              update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                             "settled_at"))
+        lease.lease_gpus.update(active=False)
+        if lease.ask_id:
+            return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
+    log.info("lease %s: %s after %s s; cost %s = provider %s + platform %s; released %s",
+             lease.pk, status, seconds, cost, settled.split.provider,
+             settled.split.platform_fee, settled.released)
+    return lease
+
+
+def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
+    """End running leases whose ends_at passed more than GPUMARKET_LEASE_GRACE_SECONDS ago
+    without the runner reporting the end. Charged up to ends_at only."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.GPUMARKET_LEASE_GRACE_SECONDS)
+    ended = []
+    for lease_id in Lease.objects.filter(status=Lease.Status.RUNNING, ends_at__lt=cutoff) \
+            .values_list("pk", flat=True):
+        try:
+            end_lease(lease_id=lease_id, status="completed",
+                      cause="lease time is over; the runner did not report the end")
+        except Conflict:
+            continue  # ended by the runner meanwhile
+        ended.append(lease_id)
+    return ended

@@ -1,0 +1,265 @@
+"""The market: GPU classes (one order book each), orders, fills, sealed-bid
+auctions and leases. Prices are integer micro-USD per GPU-hour; durations whole
+seconds; times aware UTC."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from marketplace.states import StateEvent, StateMachine
+
+
+class GpuClass(models.Model):
+    """A GPU class: one market. Datasheet figures with their source."""
+
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=100)
+    memory_gb = models.PositiveIntegerField(help_text="GB of device memory, datasheet")
+    memory_bandwidth_gbps = models.PositiveIntegerField(help_text="GB/s, datasheet")
+    bf16_dense_tflops = models.DecimalField(
+        max_digits=7, decimal_places=1, null=True, blank=True,
+        help_text="dense (no sparsity) BF16 tensor TFLOPS, datasheet; empty: no BF16 support")
+    datasheet_source = models.CharField(max_length=300)
+    reference_price = models.BigIntegerField(
+        default=0, help_text="micro-USD per GPU-hour, public reference (data/reference-prices.csv)"
+    )
+
+    class Meta:
+        ordering = ["slug"]
+        verbose_name_plural = "GPU classes"
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Order(StateMachine):
+    """A bid or an ask in a GPU class's continuous auction."""
+
+    class Side(models.TextChoices):
+        BID = "bid"
+        ASK = "ask"
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        PARTIALLY_FILLED = "partially_filled"
+        FILLED = "filled"
+        CANCELLED = "cancelled"
+        EXPIRED = "expired"
+
+    class TimeInForce(models.TextChoices):
+        GTC = "GTC"
+        IOC = "IOC"
+        FOK = "FOK"
+
+    TRANSITIONS = {
+        "open": {"partially_filled", "filled", "cancelled", "expired"},
+        "partially_filled": {"partially_filled", "filled", "cancelled", "expired"},
+        # an ask whose GPUs come back from an ended lease stands again
+        "filled": {"partially_filled"},
+    }
+    ACTIVE = ("open", "partially_filled")
+
+    market = models.ForeignKey(GpuClass, on_delete=models.PROTECT, related_name="orders")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="orders")
+    side = models.CharField(max_length=3, choices=Side.choices)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.OPEN)
+    price = models.BigIntegerField(help_text="limit, micro-USD per GPU-hour")
+    gpus = models.PositiveIntegerField(help_text="GPUs ordered (bid) or offered (ask)")
+    remaining_gpus = models.PositiveIntegerField(
+        help_text="bid: GPUs still wanted; ask: GPUs of the node still offered")
+    # bid only
+    duration_seconds = models.PositiveIntegerField(null=True, blank=True)
+    gang_size = models.PositiveIntegerField(null=True, blank=True,
+                                            help_text="GPUs per node for each gang")
+    time_in_force = models.CharField(max_length=3, choices=TimeInForce.choices,
+                                     default=TimeInForce.GTC)
+    image = models.CharField(max_length=255, blank=True)
+    command = models.JSONField(null=True, blank=True)
+    hold_id = models.BigIntegerField(null=True, blank=True, help_text="settlement.Hold id")
+    # ask only
+    node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
+                             related_name="asks")
+    available_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(price__gt=0), name="order_price_positive"),
+            models.CheckConstraint(condition=Q(gpus__gt=0), name="order_gpus_positive"),
+            models.CheckConstraint(condition=Q(remaining_gpus__lte=models.F("gpus")),
+                                   name="order_remaining_within_size"),
+        ]
+        indexes = [models.Index(fields=["market", "side", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.side} #{self.pk} {self.market_id} {self.gpus}×{self.price}"
+
+
+class OrderEvent(StateEvent):
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="events")
+
+
+class Fill(models.Model):
+    """A trade in the continuous auction: a bid's gang(s) on one node, at the resting
+    order's price."""
+
+    market = models.ForeignKey(GpuClass, on_delete=models.PROTECT, related_name="fills")
+    bid = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="bid_fills")
+    ask = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="ask_fills")
+    gpus = models.PositiveIntegerField()
+    price = models.BigIntegerField(help_text="micro-USD per GPU-hour")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"fill #{self.pk} {self.gpus}×{self.price}"
+
+
+class Auction(StateMachine):
+    """A provider's sealed-bid auction of one node's GPUs for a fixed duration."""
+
+    class Rule(models.TextChoices):
+        SECOND_PRICE = "second_price"
+        UNIFORM_PRICE = "uniform_price"
+        FIRST_PRICE = "first_price"
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        CLOSED = "closed"
+        CANCELLED = "cancelled"
+
+    TRANSITIONS = {"open": {"closed", "cancelled"}}
+
+    market = models.ForeignKey(GpuClass, on_delete=models.PROTECT, related_name="auctions")
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="auctions")
+    node = models.ForeignKey("providers.Node", on_delete=models.PROTECT, related_name="auctions")
+    gpus = models.PositiveIntegerField()
+    reserve_price = models.BigIntegerField(help_text="micro-USD per GPU-hour")
+    rule = models.CharField(max_length=16, choices=Rule.choices, default=Rule.SECOND_PRICE)
+    duration_seconds = models.PositiveIntegerField()
+    opens_at = models.DateTimeField()
+    closes_at = models.DateTimeField(db_index=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    clearing_price = models.BigIntegerField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"auction #{self.pk} {self.gpus}× {self.market_id} ({self.rule})"
+
+
+class AuctionEvent(StateEvent):
+    auction = models.ForeignKey(Auction, on_delete=models.CASCADE, related_name="events")
+
+
+class SealedBid(models.Model):
+    """A sealed bid: visible only to its bidder until the auction closes."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        WITHDRAWN = "withdrawn"
+        WON = "won"
+        LOST = "lost"
+
+    auction = models.ForeignKey(Auction, on_delete=models.PROTECT, related_name="bids")
+    bidder = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                               related_name="sealed_bids")
+    price = models.BigIntegerField(help_text="micro-USD per GPU-hour")
+    gpus = models.PositiveIntegerField()
+    min_gpus = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    awarded_gpus = models.PositiveIntegerField(default=0)
+    paid_price = models.BigIntegerField(null=True, blank=True)
+    image = models.CharField(max_length=255, blank=True)
+    command = models.JSONField(null=True, blank=True)
+    hold_id = models.BigIntegerField(help_text="settlement.Hold id")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["auction", "bidder"],
+                                    condition=Q(status="active"),
+                                    name="one_active_sealed_bid_per_bidder"),
+        ]
+
+    def __str__(self) -> str:
+        return f"sealed bid #{self.pk} on auction {self.auction_id}"
+
+
+class Lease(StateMachine):
+    """GPUs of one node leased to a buyer for a duration, run by the node's runner."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        STARTING = "starting"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        PREEMPTED = "preempted"
+        CANCELLED = "cancelled"
+
+    TRANSITIONS = {
+        "pending": {"starting", "running", "failed", "cancelled"},
+        "starting": {"running", "failed", "cancelled"},
+        "running": {"completed", "failed", "preempted"},
+    }
+    ACTIVE = ("pending", "starting", "running")
+    ENDED = ("completed", "failed", "preempted", "cancelled")
+
+    market = models.ForeignKey(GpuClass, on_delete=models.PROTECT, related_name="leases")
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="leases")
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="provided_leases")
+    node = models.ForeignKey("providers.Node", on_delete=models.PROTECT, related_name="leases")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    price = models.BigIntegerField(help_text="micro-USD per GPU-hour")
+    gpu_count = models.PositiveIntegerField()
+    duration_seconds = models.PositiveIntegerField()
+    image = models.CharField(max_length=255)
+    command = models.JSONField(null=True, blank=True)
+    fill = models.OneToOneField(Fill, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="lease")
+    sealed_bid = models.OneToOneField(SealedBid, null=True, blank=True,
+                                      on_delete=models.PROTECT, related_name="lease")
+    ask = models.ForeignKey(Order, null=True, blank=True, on_delete=models.PROTECT,
+                            related_name="ask_leases")
+    hold_id = models.BigIntegerField(help_text="settlement.Hold id securing this lease")
+    container_id = models.CharField(max_length=100, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    cause = models.CharField(max_length=300, blank=True, help_text="why it ended")
+    cost = models.BigIntegerField(null=True, blank=True, help_text="micro-USD charged")
+    provider_amount = models.BigIntegerField(null=True, blank=True)
+    platform_fee = models.BigIntegerField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"lease #{self.pk} {self.gpu_count}× on {self.node_id} ({self.status})"
+
+
+class LeaseEvent(StateEvent):
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="events")
+
+
+class LeaseGpu(models.Model):
+    """Which GPUs a lease holds. `active` is true until the lease ends; a partial unique
+    index makes it impossible for one GPU to be in two active leases at once."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="lease_gpus")
+    gpu = models.ForeignKey("providers.Gpu", on_delete=models.PROTECT, related_name="lease_gpus")
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True),
+                                    name="gpu_in_one_active_lease"),
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} in lease {self.lease_id}"

@@ -1,0 +1,197 @@
+"""gpumarket settings, read from the environment (django-environ).
+
+Every setting has a safe local default so `make demo` works on a fresh machine;
+production sets DEBUG=0 and must then give SECRET_KEY (or SECRET_KEY_FILE).
+
+Variables (default in brackets):
+- DEBUG [1]: Django debug mode.
+- SECRET_KEY or SECRET_KEY_FILE [generated into var/secret_key, only when DEBUG].
+- DATABASE_URL [sqlite:///var/gpumarket.sqlite3]: PostgreSQL in production and tests.
+- REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
+  CELERY_BROKER_URL is set.
+- CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
+- GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
+- GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
+  only; refused when DEBUG is off).
+- GPUMARKET_DEFAULT_IMAGE [gpumarket/busybox:local]: image of a lease that names none.
+- GPUMARKET_LEASE_GRACE_SECONDS [30]: how long past ends_at the marketplace waits for
+  the runner before ending a lease itself.
+- GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("GPUMARKET_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=True)
+
+
+def _secret_key() -> str:
+    if env.str("SECRET_KEY_FILE", default=""):
+        return Path(env.str("SECRET_KEY_FILE")).read_text().strip()
+    if env.str("SECRET_KEY", default=""):
+        return env.str("SECRET_KEY")
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) is required when DEBUG is off")
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "channels",
+    "settlement",
+    "providers",
+    "marketplace",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "marketplace.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "marketplace.asgi.application"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'gpumarket.sqlite3'}"),
+}
+DATABASES["default"].setdefault("ATOMIC_REQUESTS", False)
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The demo runs web, worker and beat on one SQLite file: wait for the lock
+    # instead of failing, and take the write lock at BEGIN.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue = VAR_DIR / "celery"
+    for sub in ("in", "processed"):
+        (_queue / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue / "in"),
+        "data_folder_out": str(_queue / "in"),
+        "processed_folder": str(_queue / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_BEAT_SCHEDULE = {
+    "close-due-auctions": {"task": "marketplace.tasks.close_due_auctions", "schedule": 1.0},
+    "end-overdue-leases": {"task": "marketplace.tasks.end_overdue_leases", "schedule": 5.0},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gpumarket API",
+    "DESCRIPTION": "Sealed-bid and continuous auctions for GPU time. Prices are decimal "
+    "USD strings per GPU-hour with at most 6 places; amounts are decimal USD strings.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "gpumarket": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    },
+}
+
+# gpumarket's own settings
+GPUMARKET_TAKE_RATE_BPS = env.int("GPUMARKET_TAKE_RATE_BPS", default=1500)
+if not 0 <= GPUMARKET_TAKE_RATE_BPS <= 10_000:
+    raise ImproperlyConfigured("GPUMARKET_TAKE_RATE_BPS must be between 0 and 10000")
+GPUMARKET_DEV_CREDIT = env.bool("GPUMARKET_DEV_CREDIT", default=False)
+if GPUMARKET_DEV_CREDIT and not DEBUG:
+    raise ImproperlyConfigured("GPUMARKET_DEV_CREDIT must stay off when DEBUG is off")
+GPUMARKET_DEFAULT_IMAGE = env.str("GPUMARKET_DEFAULT_IMAGE", default="gpumarket/busybox:local")
+GPUMARKET_LEASE_GRACE_SECONDS = env.int("GPUMARKET_LEASE_GRACE_SECONDS", default=30)

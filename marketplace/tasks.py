@@ -1,0 +1,39 @@
+"""Celery tasks: thin wrappers that take ids and call one service each.
+
+Each is safe to run twice or concurrently: the services lock the row and leave a
+closed auction or an ended lease alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from marketplace import auctions, leases
+
+log = logging.getLogger("gpumarket.tasks")
+
+
+@shared_task(name="marketplace.tasks.close_auction", acks_late=True)
+def close_auction_task(auction_id: int) -> str:
+    """Close auction `auction_id` if it is due; a no-op when it is closed already or
+    gone. A task that runs before closes_at (clock skew) leaves it to the sweep."""
+    auction = auctions.close_auction(auction_id=auction_id)
+    return "closed" if auction else "nothing to do"
+
+
+@shared_task(name="marketplace.tasks.close_due_auctions")
+def close_due_auctions() -> list[int]:
+    """Beat sweep (every second): close every open auction past closes_at."""
+    closed = []
+    for auction_id in auctions.due_auction_ids():
+        if auctions.close_auction(auction_id=auction_id):
+            closed.append(auction_id)
+    return closed
+
+
+@shared_task(name="marketplace.tasks.end_overdue_leases")
+def end_overdue_leases() -> list[int]:
+    """Beat sweep: end running leases the runner did not end in time."""
+    return leases.end_overdue_leases()

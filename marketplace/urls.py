@@ -1,0 +1,49 @@
+"""URL map: pages at /, the REST API under /api/v1/, its schema and docs, admin."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.authtoken.views import obtain_auth_token
+
+from marketplace.api import accounts, runner
+from marketplace.api import views as market
+from providers import api as providers_api
+from settlement import api as settlement_api
+
+api_v1 = [
+    path("signup/", accounts.Signup.as_view(), name="signup"),
+    path("auth/token/", obtain_auth_token, name="auth-token"),
+    path("me/", accounts.Me.as_view(), name="me"),
+    path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
+    path("gpu-classes/<slug:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("fills/", market.RecentFills.as_view(), name="fills"),
+    path("orders/", market.OrderListCreate.as_view(), name="orders"),
+    path("orders/<int:pk>/", market.OrderDetail.as_view(), name="order-detail"),
+    path("orders/<int:pk>/cancel/", market.OrderCancel.as_view(), name="order-cancel"),
+    path("auctions/", market.AuctionListCreate.as_view(), name="auctions"),
+    path("auctions/<int:pk>/", market.AuctionDetail.as_view(), name="auction-detail"),
+    path("auctions/<int:pk>/bids/", market.SealedBidCreate.as_view(), name="sealed-bid-create"),
+    path("sealed-bids/", market.MySealedBids.as_view(), name="sealed-bids"),
+    path("sealed-bids/<int:pk>/withdraw/", market.SealedBidWithdraw.as_view(),
+         name="sealed-bid-withdraw"),
+    path("leases/", market.LeaseList.as_view(), name="leases"),
+    path("leases/<int:pk>/", market.LeaseDetail.as_view(), name="lease-detail"),
+    path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
+    path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
+    path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
+    path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
+    path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
+    path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
+    path("runner/leases/", runner.RunnerLeases.as_view(), name="runner-leases"),
+    path("runner/leases/<int:pk>/events/", runner.RunnerLeaseEvent.as_view(),
+         name="runner-lease-event"),
+]
+
+urlpatterns = [
+    path("", include("frontend.urls")),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("admin/", admin.site.urls),
+]

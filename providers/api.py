@@ -1,0 +1,139 @@
+"""Provider API: onboarding and nodes (runner tokens), plus the runner's own
+inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from providers import services
+from providers.auth import IsRunner, RunnerTokenAuthentication
+from providers.models import Gpu, Node, Provider
+
+
+class ProviderSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Provider
+        fields = ["id", "display_name", "created_at"]
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    gpu_class = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = ["uuid", "gpu_class", "product_name", "memory_mib", "pci_bus_id", "mig_mode",
+                  "last_health"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "hostname", "driver_version", "cuda_version", "runtime",
+                  "inventory_source", "registered_at", "last_heartbeat_at", "gpus"]
+
+
+class ProviderOnboard(APIView):
+    """Become a provider (idempotent); GET shows your provider profile."""
+
+    @extend_schema(request=ProviderSerializer, responses={201: ProviderSerializer})
+    def post(self, request):
+        data = ProviderSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = services.provider_onboard(user_id=request.user.pk,
+                                             display_name=data.validated_data["display_name"])
+        return Response(ProviderSerializer(provider).data, status=201)
+
+    @extend_schema(responses=ProviderSerializer)
+    def get(self, request):
+        provider = Provider.objects.filter(user=request.user).first()
+        if provider is None:
+            return Response({"detail": "you are not a provider yet: POST display_name here"},
+                            status=404)
+        return Response(ProviderSerializer(provider).data)
+
+
+class NodeCreateIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
+class NodeList(APIView):
+    """Your nodes; POST creates one and returns its runner token, once."""
+
+    @extend_schema(responses=NodeSerializer(many=True))
+    def get(self, request):
+        nodes = Node.objects.filter(provider__user=request.user).prefetch_related("gpus__gpu_class")
+        return Response(NodeSerializer(nodes, many=True).data)
+
+    @extend_schema(request=NodeCreateIn, responses={201: NodeSerializer})
+    def post(self, request):
+        data = NodeCreateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = Provider.objects.filter(user=request.user).first()
+        if provider is None:
+            raise services.ProviderError("become a provider first (POST /api/v1/providers/)",
+                                         field="provider")
+        created = services.node_create(provider=provider, name=data.validated_data["name"])
+        body = NodeSerializer(created.node).data
+        body["runner_token"] = created.runner_token
+        return Response(body, status=201)
+
+
+class RunnerGpuIn(serializers.Serializer):
+    uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
+    product_name = serializers.CharField(max_length=100)
+    gpu_class = serializers.CharField(max_length=40)
+    memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
+    pci_bus_id = serializers.CharField(max_length=32)
+    mig_mode = serializers.CharField(max_length=16, required=False, allow_blank=True, default="")
+
+
+class InventoryIn(serializers.Serializer):
+    hostname = serializers.CharField(max_length=255, allow_blank=True, default="")
+    driver_version = serializers.CharField(max_length=32)
+    cuda_version = serializers.CharField(max_length=32, allow_blank=True, default="")
+    runner_version = serializers.CharField(max_length=32, allow_blank=True, default="")
+    source = serializers.CharField(max_length=120, allow_blank=True, default="")
+    gpus = RunnerGpuIn(many=True)
+
+
+class RunnerView(APIView):
+    authentication_classes = [RunnerTokenAuthentication]
+    permission_classes = [IsRunner]
+
+
+class RunnerInventory(RunnerView):
+    @extend_schema(request=InventoryIn, responses=NodeSerializer)
+    def post(self, request):
+        data = InventoryIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.inventory_record(node=request.auth, **data.validated_data)
+        return Response({"node": NodeSerializer(node).data})
+
+
+class HealthIn(serializers.Serializer):
+    uuid = serializers.CharField(max_length=64)
+    temperature_c = serializers.IntegerField(required=False, allow_null=True)
+    power_w = serializers.FloatField(required=False, allow_null=True)
+    utilization_pct = serializers.IntegerField(required=False, allow_null=True)
+    ecc_uncorrectable = serializers.IntegerField(required=False, allow_null=True)
+
+
+class HeartbeatIn(serializers.Serializer):
+    runtime = serializers.CharField(max_length=16, allow_blank=True, default="")
+    gpus = HealthIn(many=True, required=False, default=list)
+
+
+class RunnerHeartbeat(RunnerView):
+    @extend_schema(request=HeartbeatIn)
+    def post(self, request):
+        from django.utils import timezone
+
+        data = HeartbeatIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.heartbeat_record(node=request.auth, **data.validated_data)
+        return Response({"server_time": timezone.now().isoformat()})

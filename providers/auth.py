@@ -1,0 +1,38 @@
+"""Runner authentication: `Authorization: Bearer <runner token>`.
+
+The token is looked up by its SHA-256 (only the hash is stored). On success
+request.user is the node's provider and request.auth the Node.
+"""
+
+from __future__ import annotations
+
+from rest_framework import authentication, exceptions, permissions
+
+from providers.models import Node
+from providers.services import node_for_token
+
+
+class RunnerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1").split()
+        if not header or header[0] != self.keyword:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("malformed Authorization header: "
+                                                  "expected 'Bearer <runner token>'")
+        node = node_for_token(header[1])
+        if node is None:
+            raise exceptions.AuthenticationFailed("unknown runner token")
+        return node.provider.user, node
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword
+
+
+class IsRunner(permissions.BasePermission):
+    message = "runner token required"
+
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.auth, Node)

@@ -1,0 +1,77 @@
+"""Providers, their nodes (GPU hosts) and GPUs, as the runner reports them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+TOKEN_PREFIX = "gmr_"
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex of a runner token; only this is stored."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+class Provider(models.Model):
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                related_name="provider")
+    display_name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.display_name
+
+
+class Node(models.Model):
+    """One GPU host, served by one runner authenticated by its token."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="nodes")
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    hostname = models.CharField(max_length=255, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=32, blank=True)
+    runner_version = models.CharField(max_length=32, blank=True)
+    inventory_source = models.CharField(max_length=120, blank=True,
+                                        help_text="'nvml' or 'simulate:<dump file>'")
+    runtime = models.CharField(max_length=16, blank=True, help_text="docker | process")
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "name"], name="node_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.provider})"
+
+
+class Gpu(models.Model):
+    """One GPU device, identified by its NVML UUID."""
+
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
+    uuid = models.CharField(max_length=64, unique=True)
+    gpu_class = models.ForeignKey("marketplace.GpuClass", on_delete=models.PROTECT,
+                                  related_name="gpus")
+    product_name = models.CharField(max_length=100)
+    memory_mib = models.PositiveIntegerField()
+    pci_bus_id = models.CharField(max_length=32)
+    mig_mode = models.CharField(max_length=16, blank=True)
+    last_health = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["node_id", "pci_bus_id"]
+
+    def __str__(self) -> str:
+        return f"{self.product_name} {self.uuid}"

@@ -1,0 +1,235 @@
+"""The runner's loop: announce the GPUs, heartbeat, and reconcile leases with workloads.
+
+Reconciliation follows docs/RUNNER_PROTOCOL.md, once per poll:
+- a `pending`/`starting` lease without a workload gets one (report `starting` for a
+  pending lease, start it, report `running` with container_id); one that already has a
+  workload (adopted after a restart) is reported `running` with it, never started twice;
+- a `running` lease whose `ends_at` has passed is reported `completed` (usage_seconds),
+  then its workload is stopped and removed;
+- a `running` lease whose workload exited on its own is reported `completed` (exit code 0)
+  or `failed` ("container exited with status N"), then the workload is removed;
+- a `running` lease whose workload is gone is reported `failed`;
+- a workload whose lease is absent from the list is stopped and removed.
+A 409 answer means "the marketplace already knows": logged, and the runner moves on.
+Events are reported before workloads are removed, so a lost report is simply retried on the
+next poll. Stopping the loop (SIGTERM/SIGINT) leaves workloads running for re-adoption.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from . import __version__
+from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
+from .runtime import RuntimeFailure
+
+MAX_BACKOFF_S = 30.0
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    """ISO 8601 ('2025-01-01T00:00:00Z' or with an offset) → aware datetime, or None."""
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _short(handle: str) -> str:
+    return handle if handle.startswith("pid-") else handle[:12]
+
+
+def _gpus(uuids: list[str]) -> str:
+    return ",".join(u[:12] + "…" if len(u) > 12 else u for u in uuids) or "no GPU"
+
+
+def print_line(message: str) -> None:
+    """Default log: one timestamped line on stdout, flushed at once."""
+    print(f"{datetime.now().strftime('%H:%M:%S')} {message}", flush=True)
+
+
+class Agent:
+    """One runner. client: MarketplaceClient; gpus: nvml.NvmlGpus or nvml.DumpGpus;
+    runtime: runtime.DockerRuntime or runtime.ProcessRuntime. Intervals in seconds;
+    grace_s: seconds between SIGTERM and SIGKILL when stopping a workload."""
+
+    def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
+                 heartbeat_interval: float = 10.0, grace_s: float = 10.0,
+                 log: Callable[[str], None] = print_line) -> None:
+        self.client, self.gpus, self.runtime = client, gpus, runtime
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_s = grace_s
+        self.log = log
+        self.node: dict | None = None
+        self._uuids = [g.uuid for g in gpus.inventory().gpus]
+        self._next_heartbeat = 0.0
+        self._skew = timedelta(0)  # server clock minus ours, from the last heartbeat
+
+    # -- marketplace calls -------------------------------------------------------------
+    def announce(self) -> dict:
+        """POST the inventory; return the `node` object the marketplace answers with."""
+        inventory = self.gpus.inventory()
+        body = {
+            "hostname": socket.gethostname(),
+            "driver_version": inventory.driver_version,
+            "cuda_version": inventory.cuda_version,
+            "runner_version": __version__,
+            "source": inventory.source,
+            "gpus": [g.as_protocol() for g in inventory.gpus],
+        }
+        self.node = self.client.post_inventory(body).get("node") or {}
+        if getattr(self.runtime, "node", "") is None:  # label containers with the node id
+            self.runtime.node = str(self.node.get("id") or self.node.get("name") or "default")
+        return self.node
+
+    def heartbeat(self) -> None:
+        """POST health readings now, and learn the server's clock from the answer."""
+        answer = self.client.heartbeat(self.runtime.name, self.gpus.sample_health(self._uuids))
+        server_time = _parse_time(answer.get("server_time"))
+        if server_time is not None:
+            self._skew = server_time - datetime.now(UTC)
+
+    def _now(self) -> datetime:
+        return datetime.now(UTC) + self._skew
+
+    def _event(self, lease_id: int, status: str, **fields) -> bool:
+        """Report an event; True if accepted, False on 409 (already known, logged)."""
+        try:
+            self.client.post_event(lease_id, status, **fields)
+        except Conflict as exc:
+            self.log(f"lease {lease_id}: marketplace already knows ({status}: {exc.detail})")
+            return False
+        return True
+
+    # -- reconciliation ------------------------------------------------------------------
+    def tick(self) -> None:
+        """Heartbeat if due, fetch the leases, reconcile them once."""
+        if time.monotonic() >= self._next_heartbeat:
+            self.heartbeat()
+            self._next_heartbeat = time.monotonic() + self.heartbeat_interval
+        self.reconcile(self.client.leases())
+
+    def reconcile(self, leases: list[dict]) -> None:
+        """Bring the workloads in line with `leases` (the GET /leases/ list)."""
+        handles = self.runtime.list_leases()
+        listed = {int(lease["id"]): lease for lease in leases}
+        for lease_id, lease in listed.items():
+            try:
+                self._reconcile_lease(lease, handles.get(lease_id))
+            except RuntimeFailure as exc:
+                self.log(f"lease {lease_id}: {exc}")
+            except MarketplaceError as exc:
+                if exc.transient or isinstance(exc, Unauthorized):
+                    raise
+                self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
+        for lease_id in sorted(handles.keys() - listed.keys()):
+            self.runtime.stop(lease_id, self.grace_s)
+            self.log(f"lease {lease_id}: no longer listed by the marketplace; "
+                     f"container {_short(handles[lease_id])} stopped and removed")
+
+    def _reconcile_lease(self, lease: dict, handle: str | None) -> None:
+        lease_id, status = int(lease["id"]), lease.get("status")
+        if status in ("pending", "starting"):
+            if handle is None:
+                if status == "pending":
+                    self._event(lease_id, "starting")
+                try:
+                    handle = self.runtime.start(lease)
+                except RuntimeFailure as exc:
+                    self._event(lease_id, "failed", cause=str(exc))
+                    self.log(f"lease {lease_id}: failed to start: {exc}")
+                    return
+                self.log(f"lease {lease_id}: started container {_short(handle)} "
+                         f"on {_gpus(lease.get('gpu_uuids') or [])}")
+            else:
+                self.log(f"lease {lease_id}: re-adopted container {_short(handle)}")
+            if self._event(lease_id, "running", container_id=handle):
+                self.log(f"lease {lease_id}: running")
+            return
+        if status != "running":
+            return
+        if handle is None:
+            cause = "the lease's container is gone (removed outside the runner)"
+            self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
+            self.log(f"lease {lease_id}: failed: {cause}")
+            return
+        ends_at = _parse_time(lease.get("ends_at"))
+        if ends_at is not None and self._now() >= ends_at:
+            usage = self._usage(lease)
+            self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
+            self.runtime.stop(lease_id, self.grace_s)
+            self.log(f"lease {lease_id}: completed after {usage} s, container removed")
+            return
+        code = self.runtime.exit_status(lease_id)
+        if code is None:
+            return
+        usage = self._usage(lease)
+        if code == 0:
+            self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
+            self.log(f"lease {lease_id}: container exited with status 0; completed after "
+                     f"{usage} s, container removed")
+        else:
+            cause = f"container exited with status {code}"
+            self._event(lease_id, "failed", container_id=handle, cause=cause,
+                        usage_seconds=usage)
+            self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
+        self.runtime.stop(lease_id, self.grace_s)
+
+    def _usage(self, lease: dict) -> int:
+        """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if
+        the lease never started."""
+        started = _parse_time(lease.get("started_at"))
+        if started is None:
+            return 0
+        end = self._now()
+        ends_at = _parse_time(lease.get("ends_at"))
+        if ends_at is not None:
+            end = min(end, ends_at)
+        return max(0, int((end - started).total_seconds()))
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Announce, then tick every poll_interval until `stop` is set.
+
+        Transient marketplace failures (unreachable, 5xx) are logged once and retried with
+        a doubling back-off up to 30 s. Raises Unauthorized (401) and non-transient
+        errors of the inventory call; workloads keep running when the loop ends.
+        """
+        backoff = self.poll_interval
+        while not stop.is_set():
+            try:
+                node = self.announce()
+                self.log(f"node {node.get('name', '?')}: inventory sent "
+                         f"({len(self._uuids)} GPU(s)), runtime {self.runtime.name}")
+                break
+            except MarketplaceError as exc:
+                if not exc.transient:
+                    raise
+                self.log(f"{exc}: retrying in {backoff:g} s")
+                stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        failing = False
+        backoff = self.poll_interval
+        while not stop.is_set():
+            wait = self.poll_interval
+            try:
+                self.tick()
+                if failing:
+                    self.log("marketplace reachable again")
+                failing, backoff = False, self.poll_interval
+            except Unauthorized:
+                raise
+            except MarketplaceError as exc:
+                if not failing:
+                    self.log(f"{exc}: retrying with back-off up to {MAX_BACKOFF_S:.0f} s")
+                failing, wait = True, backoff
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+            except Exception as exc:  # a Docker hiccup must not kill the agent
+                self.log(f"error during reconciliation: {exc.__class__.__name__}: {exc}")
+            stop.wait(wait)
+        handles = self.runtime.list_leases()
+        self.log(f"stopped; {len(handles)} lease workload(s) left running for re-adoption")

@@ -1,0 +1,287 @@
+"""Where lease workloads run: Docker containers, or local processes when no engine answers.
+
+Both runtimes share one interface, keyed by the marketplace's lease id (int):
+- start(lease) -> handle id: idempotent, a lease never gets two workloads;
+- stop(lease_id, grace_s): SIGTERM, SIGKILL after grace_s seconds, then remove;
+- list_leases() -> {lease id: handle id}: what runs (or ran and is not removed yet),
+  found again after a runner restart (Docker: by label; processes: the state dir);
+- exit_status(lease_id) -> None while running, the exit code once it has exited.
+
+`lease` is a dict as in GET /api/v1/runner/leases/: id, image, command (list of str),
+gpu_uuids, env (str → str).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LEASE_LABEL = "gpumarket.lease"
+NODE_LABEL = "gpumarket.node"
+
+
+class RuntimeFailure(RuntimeError):
+    """A workload could not be started or inspected; the message says why."""
+
+
+def lease_env(lease: dict) -> dict[str, str]:
+    """The lease's env plus NVIDIA_VISIBLE_DEVICES = comma-joined leased GPU UUIDs."""
+    env = {str(k): str(v) for k, v in (lease.get("env") or {}).items()}
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.get("gpu_uuids") or [])
+    return env
+
+
+class DockerRuntime:
+    """Lease containers on a Docker Engine (docker SDK).
+
+    node: value of the `gpumarket.node` label (only this node's containers are adopted);
+    network_mode: None for the engine default, or e.g. "none"; simulate: True passes the
+    GPUs only as NVIDIA_VISIBLE_DEVICES (no device request, for hosts without a GPU);
+    False adds a DeviceRequest(driver="nvidia", device_ids=<uuids>) so the NVIDIA
+    container toolkit exposes exactly the leased GPUs.
+    Raises RuntimeFailure when no engine answers.
+    """
+
+    name = "docker"
+
+    def __init__(self, node: str | None, *, client=None, network_mode: str | None = None,
+                 simulate: bool = False) -> None:
+        import docker
+
+        self._docker = docker
+        try:
+            self.client = client or docker.from_env(timeout=30)
+            self.client.ping()
+        except Exception as exc:  # DockerException, requests errors, socket errors
+            raise RuntimeFailure(
+                f"no Docker Engine answers at {docker_host()} ({exc.__class__.__name__})"
+            ) from None
+        self.node = None if node is None else str(node)  # None: set by Agent.announce()
+        self.network_mode = network_mode
+        self.simulate = simulate
+
+    def _containers(self, lease_id: int | None = None) -> list:
+        if self.node is None:
+            raise RuntimeFailure("DockerRuntime.node is not set (the node id labels containers)")
+        labels = [f"{NODE_LABEL}={self.node}"]
+        labels.append(f"{LEASE_LABEL}={lease_id}" if lease_id is not None else LEASE_LABEL)
+        return self.client.containers.list(all=True, filters={"label": labels})
+
+    def _container_name(self, lease_id: int) -> str:
+        safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in self.node)
+        return f"gpumarket-{safe}-lease-{lease_id}"
+
+    def start(self, lease: dict) -> str:
+        """Start the lease's container (detached, init, labelled) and return its id.
+
+        If a container labelled for this lease exists (even stopped), return its id
+        instead. Raises RuntimeFailure when the engine refuses (image missing, bad command).
+        """
+        lease_id = int(lease["id"])
+        existing = self._containers(lease_id)
+        if existing:
+            return existing[0].id
+        kwargs = {}
+        if not self.simulate:
+            kwargs["device_requests"] = [
+                self._docker.types.DeviceRequest(
+                    driver="nvidia", device_ids=list(lease["gpu_uuids"]),
+                    capabilities=[["gpu"]],
+                )
+            ]
+        try:
+            container = self.client.containers.run(
+                lease["image"],
+                command=lease.get("command") or None,
+                environment=lease_env(lease),
+                labels={LEASE_LABEL: str(lease_id), NODE_LABEL: self.node},
+                name=self._container_name(lease_id),
+                init=True,
+                network_mode=self.network_mode,
+                detach=True,
+                **kwargs,
+            )
+        except self._docker.errors.APIError as exc:
+            if exc.status_code == 409:  # name taken: a concurrent start won; adopt it
+                existing = self._containers(lease_id)
+                if existing:
+                    return existing[0].id
+            raise RuntimeFailure(f"Docker refused to start {lease['image']}: "
+                                 f"{exc.explanation or exc}") from None
+        except self._docker.errors.DockerException as exc:
+            raise RuntimeFailure(f"Docker failed to start {lease['image']}: {exc}") from None
+        return container.id
+
+    def stop(self, lease_id: int, grace_s: float = 10) -> None:
+        """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s)."""
+        for container in self._containers(lease_id):
+            try:
+                container.stop(timeout=max(0, int(grace_s)))
+                container.remove(force=True)
+            except self._docker.errors.NotFound:
+                pass
+
+    def list_leases(self) -> dict[int, str]:
+        """{lease id: container id} for every container of this node, running or exited."""
+        out = {}
+        for container in self._containers():
+            try:
+                out[int(container.labels[LEASE_LABEL])] = container.id
+            except (KeyError, ValueError):
+                continue  # a label someone else set by hand; not ours
+        return out
+
+    def exit_status(self, lease_id: int) -> int | None:
+        """None while the container runs (or is created/restarting), else its exit code.
+
+        Raises RuntimeFailure when the lease has no container.
+        """
+        found = self._containers(lease_id)
+        if not found:
+            raise RuntimeFailure(f"lease {lease_id} has no container")
+        state = found[0].attrs.get("State", {})
+        if state.get("Status") in ("exited", "dead"):
+            return int(state.get("ExitCode", -1))
+        return None
+
+
+def docker_host() -> str:
+    """Where the docker SDK looks for the engine: $DOCKER_HOST or the default socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+# The process runtime runs each lease's command under a tiny Python wrapper that records
+# the exit code in a file, so the code survives a runner restart (we are no longer the
+# parent then and cannot wait() for it).
+_WRAPPER = (
+    "import subprocess, sys\n"
+    "code = subprocess.call(sys.argv[2:])\n"
+    "code = 128 - code if code < 0 else code\n"
+    "open(sys.argv[1], 'w').write(str(code))\n"
+)
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks), to tell pid reuse apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+class ProcessRuntime:
+    """Lease commands as local processes (no isolation, no image): only for hosts where no
+    Docker Engine answers. The image is ignored; the command runs with the lease env.
+
+    state_dir: where processes.json ({lease id: {pid, start, log, status_file}}) and the
+    per-lease logs and exit-status files live, so a restarted runner re-adopts them.
+    """
+
+    name = "process"
+    node = ""  # processes carry no node label
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.dir = Path(state_dir) / "processes"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._db = self.dir / "processes.json"
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def _load(self) -> dict[int, dict]:
+        try:
+            return {int(k): v for k, v in json.loads(self._db.read_text()).items()}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, entries: dict[int, dict]) -> None:
+        tmp = self._db.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(k): v for k, v in entries.items()}))
+        tmp.replace(self._db)
+
+    def _alive(self, entry: dict) -> bool:
+        pid = entry["pid"]
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        start = _proc_start_time(pid)
+        return start is not None and start == entry.get("start")
+
+    def start(self, lease: dict) -> str:
+        """Start the lease's command (a new session, so stop reaches its whole group);
+        return "pid-<pid>". Idempotent per lease id. Raises RuntimeFailure if it cannot run.
+        """
+        lease_id = int(lease["id"])
+        entries = self._load()
+        if lease_id in entries:
+            return f"pid-{entries[lease_id]['pid']}"
+        command = [str(c) for c in (lease.get("command") or [])]
+        if not command:
+            raise RuntimeFailure("the process runtime needs a command (it cannot run an image)")
+        status_file = self.dir / f"lease-{lease_id}.status"
+        log = self.dir / f"lease-{lease_id}.log"
+        status_file.unlink(missing_ok=True)
+        env = {**os.environ, **lease_env(lease)}
+        try:
+            with open(log, "ab") as out:
+                child = subprocess.Popen(
+                    [sys.executable, "-c", _WRAPPER, str(status_file), *command],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True,
+                )
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+        self._children[child.pid] = child
+        entries[lease_id] = {"pid": child.pid, "start": _proc_start_time(child.pid),
+                             "status_file": str(status_file), "log": str(log)}
+        self._save(entries)
+        return f"pid-{child.pid}"
+
+    def stop(self, lease_id: int, grace_s: float = 10) -> None:
+        """SIGTERM the lease's process group, SIGKILL after grace_s seconds, forget it."""
+        entries = self._load()
+        entry = entries.pop(lease_id, None)
+        if entry is None:
+            return
+        pid = entry["pid"]
+        if self._alive(entry):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while self._alive(entry) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._alive(entry):
+                    os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child = self._children.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
+        Path(entry["status_file"]).unlink(missing_ok=True)
+        self._save(entries)
+
+    def list_leases(self) -> dict[int, str]:
+        """{lease id: "pid-<pid>"} for every process started and not yet stopped."""
+        return {lease_id: f"pid-{e['pid']}" for lease_id, e in self._load().items()}
+
+    def exit_status(self, lease_id: int) -> int | None:
+        """None while it runs; its exit code after (128+N for signal N; 255 if the exit
+        code was lost, e.g. the wrapper itself was killed). RuntimeFailure if unknown lease."""
+        entry = self._load().get(lease_id)
+        if entry is None:
+            raise RuntimeFailure(f"lease {lease_id} has no process")
+        if self._alive(entry):
+            return None
+        child = self._children.get(entry["pid"])
+        if child is not None:
+            child.wait()
+        try:
+            return int(Path(entry["status_file"]).read_text().strip())
+        except (OSError, ValueError):
+            return 255

@@ -1,0 +1,132 @@
+"""Provider services: onboarding, nodes and their runner tokens, the runner's
+inventory and heartbeats. Called by the API views and the demo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from providers.models import Gpu, Node, Provider, hash_token, new_token
+
+MAX_GPUS_PER_NODE = 64
+
+
+class ProviderError(Exception):
+    status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InventoryConflict(ProviderError):
+    status = 409
+
+
+def provider_onboard(*, user_id: int, display_name: str) -> Provider:
+    """Make a user a provider (idempotent)."""
+    if not display_name.strip():
+        raise ProviderError("must not be empty", field="display_name")
+    provider, _ = Provider.objects.get_or_create(
+        user_id=user_id, defaults={"display_name": display_name.strip()[:100]}
+    )
+    return provider
+
+
+@dataclass(frozen=True)
+class NewNode:
+    node: Node
+    runner_token: str  # shown once; only its hash is stored
+
+
+def node_create(*, provider: Provider, name: str) -> NewNode:
+    """Create a node and its runner token. Raises ProviderError for a duplicate name."""
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise ProviderError("must be 1 to 100 characters", field="name")
+    if Node.objects.filter(provider=provider, name=name).exists():
+        raise ProviderError(f"you already have a node named '{name}'", field="name")
+    token = new_token()
+    node = Node.objects.create(provider=provider, name=name, token_hash=hash_token(token))
+    return NewNode(node=node, runner_token=token)
+
+
+def node_rotate_token(*, node: Node) -> str:
+    token = new_token()
+    node.token_hash = hash_token(token)
+    node.save(update_fields=["token_hash"])
+    return token
+
+
+def node_for_token(token: str) -> Node | None:
+    return Node.objects.select_related("provider").filter(token_hash=hash_token(token)).first()
+
+
+def _gpu_class_model():
+    # GPU classes belong to the market; the FK names the model without importing it.
+    return Gpu._meta.get_field("gpu_class").related_model
+
+
+def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_version: str,
+                     runner_version: str, source: str, gpus: list[dict[str, Any]]) -> Node:
+    """Record what the runner found on its host: create or update each GPU by UUID.
+
+    `gpus`: dicts with uuid, product_name, gpu_class (slug), memory_mib, pci_bus_id,
+    mig_mode. Raises ProviderError naming `gpus[i].gpu_class` for an unknown class, and
+    InventoryConflict for a UUID registered to another node. All or nothing.
+    """
+    if not gpus or len(gpus) > MAX_GPUS_PER_NODE:
+        raise ProviderError(f"must list 1 to {MAX_GPUS_PER_NODE} GPUs", field="gpus")
+    classes = {c.slug: c for c in _gpu_class_model().objects.all()}
+    for i, g in enumerate(gpus):
+        if g["gpu_class"] not in classes:
+            raise ProviderError(f"unknown GPU class '{g['gpu_class']}'",
+                                field=f"gpus[{i}].gpu_class")
+    uuids = [g["uuid"] for g in gpus]
+    if len(set(uuids)) != len(uuids):
+        raise ProviderError("the same GPU UUID is listed twice", field="gpus")
+    taken = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True)
+    if taken:
+        raise InventoryConflict(f"GPU {taken[0]} is registered to another node", field="gpus")
+    try:
+        with transaction.atomic():
+            for g in gpus:
+                Gpu.objects.update_or_create(
+                    uuid=g["uuid"],
+                    defaults={"node": node, "gpu_class": classes[g["gpu_class"]],
+                              "product_name": g["product_name"],
+                              "memory_mib": g["memory_mib"], "pci_bus_id": g["pci_bus_id"],
+                              "mig_mode": g.get("mig_mode", "")},
+                )
+            node.hostname = hostname[:255]
+            node.driver_version = driver_version[:32]
+            node.cuda_version = cuda_version[:32]
+            node.runner_version = runner_version[:32]
+            node.inventory_source = source[:120]
+            node.registered_at = node.registered_at or timezone.now()
+            node.save()
+    except IntegrityError:
+        raise InventoryConflict("a GPU UUID is registered to another node", field="gpus") from None
+    return node
+
+
+def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]]) -> None:
+    """Store the node's heartbeat time and each GPU's latest health reading."""
+    now = timezone.now()
+    node.last_heartbeat_at = now
+    node.runtime = runtime[:16]
+    node.save(update_fields=["last_heartbeat_at", "runtime"])
+    by_uuid = {g["uuid"]: g for g in gpus}
+    for gpu in node.gpus.filter(uuid__in=list(by_uuid)):
+        gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
+        gpu.save(update_fields=["last_health"])
+
+
+def user_create(*, username: str, password: str | None = None, email: str = ""):
+    return get_user_model().objects.create_user(username=username, password=password,
+                                                email=email)

@@ -1,0 +1,65 @@
+"""Ledger invariants, checked over the whole database (DESIGN.md, invariants 1 and 3).
+
+Each check returns the first violation as a sentence, or None. `ledger_check` (the
+management command) runs them all and exits non-zero on the first violation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db.models import Sum
+
+from settlement.models import Account, Hold, JournalEntry, Posting
+
+
+def entries_balance() -> str | None:
+    """Every journal entry's postings sum to zero."""
+    bad = (JournalEntry.objects.annotate(total=Sum("postings__amount"))
+           .exclude(total=0).exclude(total__isnull=True).first())
+    if bad:
+        return f"journal entry {bad.pk} ({bad.kind}) does not balance: sums to {bad.total}"
+    return None
+
+
+def balances_match_postings() -> str | None:
+    """Each account's cached balance equals the sum of its postings."""
+    sums = dict(Posting.objects.values("account").annotate(t=Sum("amount"))
+                .values_list("account", "t"))
+    for acct in Account.objects.all().order_by("pk"):
+        if acct.balance != sums.get(acct.pk, 0):
+            return (f"account {acct.pk} ({acct}) balance {acct.balance} differs from its "
+                    f"postings' sum {sums.get(acct.pk, 0)}")
+    return None
+
+
+def no_negative_balances() -> str | None:
+    """No account below zero unless it is external."""
+    bad = Account.objects.filter(allow_negative=False, balance__lt=0).first()
+    return f"account {bad.pk} ({bad}) is below zero: {bad.balance}" if bad else None
+
+
+def holds_match_held_accounts() -> str | None:
+    """Each buyer's held account equals the sum of that buyer's active holds."""
+    held = dict(Account.objects.filter(kind=Account.Kind.BUYER_HELD)
+                .values_list("owner_id", "balance"))
+    active = dict(Hold.objects.filter(status=Hold.Status.ACTIVE).values("buyer")
+                  .annotate(t=Sum("amount")).values_list("buyer", "t"))
+    for buyer in sorted(set(held) | set(active)):
+        if held.get(buyer, 0) != active.get(buyer, 0):
+            return (f"user {buyer}: held account {held.get(buyer, 0)} differs from active "
+                    f"holds {active.get(buyer, 0)}")
+    return None
+
+
+CHECKS: tuple[Callable[[], str | None], ...] = (
+    entries_balance, balances_match_postings, no_negative_balances, holds_match_held_accounts,
+)
+
+
+def first_violation() -> str | None:
+    for check in CHECKS:
+        problem = check()
+        if problem:
+            return problem
+    return None

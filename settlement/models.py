@@ -1,0 +1,128 @@
+"""The ledger: accounts, append-only journal entries of postings, and holds.
+
+Amounts are integer micro-USD (1 USD = 1,000,000). Every journal entry's
+postings sum to zero (checked when it is written, and by `ledger_check`).
+An account's `balance` is a cache of the sum of its postings, written in the
+same transaction as the postings; a database CHECK keeps every account that is
+not external at or above zero.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Account(models.Model):
+    class Kind(models.TextChoices):
+        BUYER_AVAILABLE = "buyer_available", "buyer: available"
+        BUYER_HELD = "buyer_held", "buyer: held in escrow"
+        PROVIDER_EARNED = "provider_earned", "provider: earned, not paid out"
+        PLATFORM_REVENUE = "platform_revenue", "platform: revenue (take rate)"
+        EXTERNAL_DEV_CREDIT = "external_dev_credit", "external: development credit"
+        EXTERNAL_STRIPE = "external_stripe", "external: Stripe"
+        EXTERNAL_CHAIN = "external_chain", "external: chain"
+
+    EXTERNAL_KINDS = frozenset(
+        {Kind.EXTERNAL_DEV_CREDIT, Kind.EXTERNAL_STRIPE, Kind.EXTERNAL_CHAIN}
+    )
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="ledger_accounts",
+    )
+    allow_negative = models.BooleanField(default=False)
+    balance = models.BigIntegerField(default=0, help_text="micro-USD; cache of the postings' sum")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "owner"], name="account_unique_kind_owner"),
+            models.UniqueConstraint(fields=["kind"], condition=Q(owner__isnull=True),
+                                    name="account_unique_kind_without_owner"),
+            models.CheckConstraint(
+                condition=Q(allow_negative=True) | Q(balance__gte=0),
+                name="account_not_below_zero_unless_external",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        who = f" of user {self.owner_id}" if self.owner_id else ""
+        return f"{self.get_kind_display()}{who}"
+
+
+class JournalEntry(models.Model):
+    class Kind(models.TextChoices):
+        DEV_CREDIT = "dev_credit", "development credit"
+        HOLD_PLACE = "hold_place", "hold placed"
+        HOLD_RELEASE = "hold_release", "hold released"
+        HOLD_REDUCE = "hold_reduce", "hold reduced"
+        LEASE_SETTLE = "lease_settle", "lease settled"
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    memo = models.CharField(max_length=200, blank=True)
+    hold = models.ForeignKey("Hold", null=True, blank=True, on_delete=models.PROTECT,
+                             related_name="entries")
+    reference = models.CharField(max_length=64, blank=True,
+                                 help_text="what caused it, e.g. 'lease:12'")
+    idempotency_key = models.CharField(max_length=100, null=True, blank=True, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "journal entries"
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.kind} {self.reference}"
+
+
+class Posting(models.Model):
+    entry = models.ForeignKey(JournalEntry, on_delete=models.PROTECT, related_name="postings")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="postings")
+    amount = models.BigIntegerField(help_text="micro-USD; + credits the account, − debits it")
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.amount:+d} on account {self.account_id}"
+
+
+class Hold(models.Model):
+    """An escrow reservation of a buyer's money: active → captured | released.
+
+    `amount` is what is still held; `captured` what was paid out of it;
+    `released` what went back to the buyer. amount + captured + released is
+    the original amount, always.
+    """
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        CAPTURED = "captured"
+        RELEASED = "released"
+
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="holds")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    original = models.BigIntegerField(help_text="micro-USD placed")
+    amount = models.BigIntegerField(help_text="micro-USD still held")
+    captured = models.BigIntegerField(default=0)
+    released = models.BigIntegerField(default=0)
+    reference = models.CharField(max_length=64, help_text="what it secures, e.g. 'order:7'")
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="hold_amount_not_negative"),
+            models.CheckConstraint(
+                condition=Q(original=models.F("amount") + models.F("captured")
+                            + models.F("released")),
+                name="hold_amounts_add_up",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold #{self.pk} {self.status} {self.amount}"

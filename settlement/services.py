@@ -1,0 +1,239 @@
+"""Ledger services: every movement of money is a balanced journal entry.
+
+Called by the marketplace with user ids, amounts (integer micro-USD) and
+references; this module imports nothing of `marketplace`, `providers` or
+`frontend`. Every function here must run inside the caller's transaction
+(`transaction.atomic`), so the entry commits together with the state change
+that causes it; each one opens its own atomic block too, so it is safe alone.
+
+Locking: accounts are locked in primary-key order (SELECT … FOR UPDATE), a
+hold is locked before it is changed; a second call on a closed hold changes
+nothing and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from settlement.models import Account, Hold, JournalEntry, Posting
+from settlement.money import format_usd
+from settlement.split import Split, split
+
+Kind = Account.Kind
+
+
+class SettlementError(Exception):
+    """Base of the ledger's refusals; the message is safe to show to a user."""
+
+
+class InsufficientFunds(SettlementError):
+    def __init__(self, *, needed: int, available: int) -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(
+            f"insufficient balance: this needs {format_usd(needed)} USD held, "
+            f"{format_usd(available)} USD is available"
+        )
+
+
+class HoldClosed(SettlementError):
+    pass
+
+
+def account(kind: str, owner_id: int | None = None) -> Account:
+    """The account of `kind` for `owner_id` (None for platform and external ones), created
+    on first use. External accounts may go below zero; no other may."""
+    acct, _ = Account.objects.get_or_create(
+        kind=kind, owner_id=owner_id,
+        defaults={"allow_negative": kind in Account.EXTERNAL_KINDS},
+    )
+    return acct
+
+
+def post_entry(
+    *,
+    kind: str,
+    postings: Iterable[tuple[Account, int]],
+    memo: str = "",
+    reference: str = "",
+    hold: Hold | None = None,
+    idempotency_key: str | None = None,
+) -> JournalEntry:
+    """Write one journal entry of `postings` (account, signed micro-USD) and move balances.
+
+    Raises ValueError when the postings do not sum to zero, and InsufficientFunds
+    when a non-external account would go below zero (nothing is written then).
+    """
+    rows = [(a, int(amt)) for a, amt in postings if int(amt) != 0]
+    if sum(amt for _, amt in rows) != 0:
+        raise ValueError(f"journal entry {kind} does not balance: {rows}")
+    with transaction.atomic():
+        ids = sorted({a.pk for a, _ in rows})
+        locked = {a.pk: a for a in Account.objects.select_for_update().filter(pk__in=ids)
+                  .order_by("pk")}
+        for acct, amt in rows:
+            current = locked[acct.pk]
+            if amt < 0 and not current.allow_negative and current.balance + amt < 0:
+                raise InsufficientFunds(needed=-amt, available=current.balance)
+        entry = JournalEntry.objects.create(
+            kind=kind, memo=memo[:200], reference=reference, hold=hold,
+            idempotency_key=idempotency_key,
+        )
+        Posting.objects.bulk_create(
+            [Posting(entry=entry, account=a, amount=amt) for a, amt in rows]
+        )
+        for acct, amt in rows:
+            Account.objects.filter(pk=acct.pk).update(balance=F("balance") + amt)
+    return entry
+
+
+def dev_credit(*, user_id: int, amount: int, memo: str = "development credit") -> JournalEntry:
+    """Credit `amount` micro-USD to a buyer's available balance from the development
+    credit account. Only for the demo and tests (GPUMARKET_DEV_CREDIT); the view checks
+    the setting. Raises ValueError for a non-positive amount."""
+    if amount <= 0:
+        raise ValueError("amount must be positive")
+    return post_entry(
+        kind=JournalEntry.Kind.DEV_CREDIT,
+        postings=[(account(Kind.EXTERNAL_DEV_CREDIT), -amount),
+                  (account(Kind.BUYER_AVAILABLE, user_id), amount)],
+        memo=memo, reference=f"user:{user_id}",
+    )
+
+
+def hold_place(*, buyer_id: int, amount: int, reference: str) -> Hold:
+    """Reserve `amount` micro-USD of the buyer's available balance.
+
+    Raises InsufficientFunds (nothing written) when the available balance is lower.
+    """
+    if amount <= 0:
+        raise ValueError("a hold must be positive")
+    with transaction.atomic():
+        hold = Hold.objects.create(buyer_id=buyer_id, original=amount, amount=amount,
+                                   reference=reference)
+        post_entry(
+            kind=JournalEntry.Kind.HOLD_PLACE,
+            postings=[(account(Kind.BUYER_AVAILABLE, buyer_id), -amount),
+                      (account(Kind.BUYER_HELD, buyer_id), amount)],
+            reference=reference, hold=hold,
+        )
+    return hold
+
+
+def _locked_active_hold(hold_id: int) -> Hold:
+    hold = Hold.objects.select_for_update().get(pk=hold_id)
+    if hold.status != Hold.Status.ACTIVE:
+        raise HoldClosed(f"hold {hold_id} is already {hold.status}")
+    return hold
+
+
+def hold_release(*, hold_id: int, cause: str) -> int:
+    """Give everything still held back to the buyer; the hold becomes `released`.
+
+    Returns the micro-USD released. Raises HoldClosed on a hold that is not active.
+    """
+    with transaction.atomic():
+        hold = _locked_active_hold(hold_id)
+        released = hold.amount
+        if released:
+            post_entry(
+                kind=JournalEntry.Kind.HOLD_RELEASE,
+                postings=[(account(Kind.BUYER_HELD, hold.buyer_id), -released),
+                          (account(Kind.BUYER_AVAILABLE, hold.buyer_id), released)],
+                memo=cause, reference=hold.reference, hold=hold,
+            )
+        hold.released += released
+        hold.amount = 0
+        hold.status = Hold.Status.RELEASED
+        hold.closed_at = timezone.now()
+        hold.save(update_fields=["released", "amount", "status", "closed_at"])
+    return released
+
+
+def hold_reduce(*, hold_id: int, to_amount: int, cause: str) -> int:
+    """Cut an active hold down to `to_amount` micro-USD, releasing the rest to the buyer
+    (a winner's hold cut to what it pays). Returns the micro-USD released."""
+    with transaction.atomic():
+        hold = _locked_active_hold(hold_id)
+        if not 0 <= to_amount <= hold.amount:
+            raise ValueError(f"cannot reduce hold {hold_id} from {hold.amount} to {to_amount}")
+        released = hold.amount - to_amount
+        if released:
+            post_entry(
+                kind=JournalEntry.Kind.HOLD_REDUCE,
+                postings=[(account(Kind.BUYER_HELD, hold.buyer_id), -released),
+                          (account(Kind.BUYER_AVAILABLE, hold.buyer_id), released)],
+                memo=cause, reference=hold.reference, hold=hold,
+            )
+            hold.released += released
+            hold.amount = to_amount
+            hold.save(update_fields=["released", "amount"])
+    return released
+
+
+@dataclass(frozen=True)
+class Settled:
+    split: Split   # gross (= cost), platform_fee, provider, in micro-USD
+    released: int  # micro-USD of the hold returned to the buyer
+    entry_id: int
+
+
+def hold_settle(*, hold_id: int, cost: int, provider_id: int, reference: str) -> Settled:
+    """Capture `cost` micro-USD of an active hold and close it.
+
+    One journal entry: the buyer's held account pays `cost`; the provider earns
+    cost − fee and the platform the fee (settlement.split, take rate from
+    GPUMARKET_TAKE_RATE_BPS); the rest of the hold returns to the buyer.
+    Exactly once: the entry's idempotency key is `settle:<reference>`, and a closed
+    hold raises HoldClosed. Raises ValueError when cost exceeds the hold.
+    """
+    with transaction.atomic():
+        hold = _locked_active_hold(hold_id)
+        if not 0 <= cost <= hold.amount:
+            raise ValueError(f"cost {cost} is outside hold {hold_id} ({hold.amount} held)")
+        parts = split(cost, settings.GPUMARKET_TAKE_RATE_BPS)
+        rest = hold.amount - cost
+        entry = post_entry(
+            kind=JournalEntry.Kind.LEASE_SETTLE,
+            postings=[
+                (account(Kind.BUYER_HELD, hold.buyer_id), -hold.amount),
+                (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
+                (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
+                (account(Kind.BUYER_AVAILABLE, hold.buyer_id), rest),
+            ],
+            memo=f"cost {format_usd(cost)} USD: provider {format_usd(parts.provider)}, "
+                 f"platform {format_usd(parts.platform_fee)}, released {format_usd(rest)}",
+            reference=reference, hold=hold, idempotency_key=f"settle:{reference}",
+        )
+        hold.captured += cost
+        hold.released += rest
+        hold.amount = 0
+        hold.status = Hold.Status.CAPTURED
+        hold.closed_at = timezone.now()
+        hold.save(update_fields=["captured", "released", "amount", "status", "closed_at"])
+    return Settled(split=parts, released=rest, entry_id=entry.pk)
+
+
+@dataclass(frozen=True)
+class Wallet:
+    available: int  # micro-USD
+    held: int       # micro-USD
+    earned: int     # micro-USD earned as a provider, not yet paid out
+
+
+def wallet(*, user_id: int) -> Wallet:
+    """A user's balances in micro-USD, read from the ledger's accounts."""
+    balances = dict(
+        Account.objects.filter(owner_id=user_id).values_list("kind", "balance")
+    )
+    return Wallet(
+        available=balances.get(Kind.BUYER_AVAILABLE, 0),
+        held=balances.get(Kind.BUYER_HELD, 0),
+        earned=balances.get(Kind.PROVIDER_EARNED, 0),
+    )

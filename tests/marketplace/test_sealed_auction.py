@@ -1,0 +1,76 @@
+"""Sealed second-price auction through the services."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from marketplace import auctions
+from marketplace.errors import Conflict, InvalidInput, PermissionDenied
+from marketplace.models import Lease
+from settlement import services as ledger
+from settlement.checks import first_violation
+from settlement.models import Hold
+from tests.factories import RTX4090_DUMP, funded_buyer, registered_node
+
+pytestmark = pytest.mark.django_db
+
+
+def _auction(provider, node, **kw):
+    defaults = {"gpus": 8, "reserve_price": 1_100_000, "duration_seconds": 3600,
+                "closes_at": timezone.now() + timedelta(minutes=5)}
+    return auctions.open_auction(provider_id=provider.pk, node_id=node.pk, **{**defaults, **kw})
+
+
+def test_second_price_winner_pays_second_highest_and_losers_are_released():
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    alice, bob, carol = funded_buyer(100), funded_buyer(100), funded_buyer(100)
+    auction = _auction(provider, node)
+    bids = {}
+    for who, price in ((alice, 1_300_000), (bob, 1_450_000), (carol, 1_200_000)):
+        bids[who.pk] = auctions.place_sealed_bid(bidder_id=who.pk, auction_id=auction.pk,
+                                                 price=price)
+    assert auctions.close_auction(auction_id=auction.pk) is None  # not due yet
+    closed = auctions.close_auction(auction_id=auction.pk, now=auction.closes_at)
+
+    assert closed.status == "closed" and closed.clearing_price == 1_300_000
+    lease = Lease.objects.get()
+    assert lease.buyer == bob and lease.price == 1_300_000 and lease.gpu_count == 8
+    assert Hold.objects.get(pk=lease.hold_id).amount == 1_300_000 * 8
+    for loser in (alice, carol):
+        assert Hold.objects.get(pk=bids[loser.pk].hold_id).status == "released"
+        assert ledger.wallet(user_id=loser.pk).available == 100_000_000
+        assert ledger.wallet(user_id=loser.pk).held == 0
+    assert ledger.wallet(user_id=bob.pk).held == 1_300_000 * 8
+    # exactly once: closing again changes nothing
+    assert auctions.close_auction(auction_id=auction.pk, now=auction.closes_at) is None
+    assert Lease.objects.count() == 1
+    assert first_violation() is None
+
+
+def test_reserve_binds_when_only_one_bid():
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    alice = funded_buyer(100)
+    auction = _auction(provider, node)
+    auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk, price=2_000_000)
+    closed = auctions.close_auction(auction_id=auction.pk, now=auction.closes_at)
+    assert closed.clearing_price == 1_100_000
+    assert Lease.objects.get().price == 1_100_000
+
+
+def test_refusals():
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    alice = funded_buyer(100)
+    auction = _auction(provider, node)
+    with pytest.raises(InvalidInput, match="below the reserve"):
+        auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk, price=1_000_000)
+    with pytest.raises(PermissionDenied):
+        auctions.place_sealed_bid(bidder_id=provider.pk, auction_id=auction.pk,
+                                  price=2_000_000)
+    with pytest.raises(InvalidInput):
+        auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk, price=2_000_000,
+                                  gpus=4)
+    with pytest.raises(Conflict, match="closed"):
+        auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk, price=2_000_000,
+                                  now=auction.closes_at)
+    assert Hold.objects.count() == 0

@@ -1,0 +1,107 @@
+"""Lease runtimes against the real Docker Engine and real local processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from providers.runner.runtime import DockerRuntime, ProcessRuntime, RuntimeFailure
+
+UUIDS = ["GPU-566e6f65-c38e-b12f-4824-6944218668b9", "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"]
+
+
+def lease(lease_id: int, image: str, command: list[str]) -> dict:
+    return {"id": lease_id, "status": "pending", "image": image, "command": command,
+            "gpu_uuids": UUIDS, "env": {"GPUMARKET_LEASE_ID": str(lease_id)},
+            "duration_seconds": 60, "started_at": None, "ends_at": None}
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.mark.docker
+def test_docker_start_is_labelled_idempotent_and_readopted(docker_client, test_image, docker_node):
+    runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none", simulate=True)
+    container_id = runtime.start(lease(41, test_image, ["sleep", "30"]))
+
+    attrs = docker_client.api.inspect_container(container_id)
+    assert attrs["Config"]["Labels"]["gpumarket.lease"] == "41"
+    assert attrs["Config"]["Labels"]["gpumarket.node"] == docker_node
+    env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS)
+    assert env["GPUMARKET_LEASE_ID"] == "41"
+    assert attrs["HostConfig"]["NetworkMode"] == "none"
+    assert attrs["HostConfig"]["Init"] is True
+    assert not attrs["HostConfig"].get("DeviceRequests")  # simulate: no GPU device request
+    assert attrs["State"]["Running"]
+
+    # Starting again returns the same container; never a second one.
+    assert runtime.start(lease(41, test_image, ["sleep", "30"])) == container_id
+    labelled = docker_client.containers.list(all=True, filters={"label": "gpumarket.lease=41"})
+    assert [c.id for c in labelled if c.labels["gpumarket.node"] == docker_node] == [container_id]
+
+    # A fresh runtime (the runner restarted) re-adopts it by label.
+    again = DockerRuntime(docker_node, client=docker_client, network_mode="none", simulate=True)
+    assert again.list_leases() == {41: container_id}
+    assert again.start(lease(41, test_image, ["sleep", "30"])) == container_id
+    assert again.exit_status(41) is None
+
+    again.stop(41, grace_s=1)
+    assert again.list_leases() == {}
+    assert not docker_client.containers.list(all=True, filters={"id": container_id})
+
+
+@pytest.mark.docker
+def test_docker_exit_status_and_missing_image(docker_client, test_image, docker_node):
+    runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none", simulate=True)
+    runtime.start(lease(42, test_image, ["sh", "-c", "exit 3"]))
+    assert wait_for(lambda: runtime.exit_status(42) is not None)
+    assert runtime.exit_status(42) == 3
+    runtime.stop(42, grace_s=0)
+    with pytest.raises(RuntimeFailure, match="no container"):
+        runtime.exit_status(42)
+    with pytest.raises(RuntimeFailure, match="Docker"):
+        runtime.start(lease(43, "gpumarket/does-not-exist:never", ["true"]))
+
+
+def test_process_runtime_start_list_readopt_stop(tmp_path):
+    runtime = ProcessRuntime(tmp_path)
+    handle = runtime.start(lease(7, "ignored", ["sleep", "30"]))
+    assert handle.startswith("pid-")
+    assert runtime.start(lease(7, "ignored", ["sleep", "30"])) == handle  # never two
+    assert runtime.list_leases() == {7: handle}
+    assert runtime.exit_status(7) is None
+
+    again = ProcessRuntime(tmp_path)  # a restarted runner finds it in the state dir
+    assert again.list_leases() == {7: handle}
+    assert again.exit_status(7) is None
+    again.stop(7, grace_s=2)
+    assert again.list_leases() == {}
+    pid = int(handle.removeprefix("pid-"))
+    wait_for(lambda: not _alive(pid))  # the process group got SIGTERM
+
+
+def test_process_runtime_reports_exit_codes(tmp_path):
+    runtime = ProcessRuntime(tmp_path)
+    runtime.start(lease(8, "ignored", ["sh", "-c", 'test "$NVIDIA_VISIBLE_DEVICES" = "' +
+                                       ",".join(UUIDS) + '" && exit 4']))
+    assert wait_for(lambda: runtime.exit_status(8) is not None)
+    assert runtime.exit_status(8) == 4
+    runtime.stop(8)
+    assert runtime.list_leases() == {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
