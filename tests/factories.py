@@ -32,9 +32,19 @@ def funded_buyer(usd: int = 1000):
     return user
 
 
+def ensure_catalog() -> None:
+    """The GPU class catalog comes from a data migration; transactional tests flush it."""
+    from marketplace.catalog import load_catalog
+    from marketplace.models import GpuClass
+
+    if not GpuClass.objects.exists():
+        load_catalog(GpuClass)
+
+
 def registered_node(dump=H100_DUMP, name: str = "node-1", user=None):
     """A provider with a node whose GPUs come from a recorded nvidia-smi dump.
     Returns (provider user, node, runner token)."""
+    ensure_catalog()
     user = user or UserFactory()
     provider = provider_services.provider_onboard(user_id=user.pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name=name)

@@ -191,6 +191,43 @@ class OrderBook:
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
+    def rest_bid(self, bid: Bid) -> None:
+        """Put a bid straight into the book, WITHOUT matching (rebuilding a saved book).
+
+        For loading resting orders that were already matched when they arrived (e.g. the
+        database's open orders, in any order: ``seq`` decides time priority). ``tif`` is
+        not consulted. Nothing is checked against the other side, so the caller must only
+        rest orders that the matching rules left resting.
+
+        Raises:
+            ValueError: invalid bid (see class docstring) or duplicate id; nothing changes.
+        """
+        gpus = bid.gpus
+        gang = bid.gang
+        if bid.price <= 0 or gpus <= 0 or gang <= 0 or gpus % gang or bid.duration_s <= 0:
+            raise ValueError(f"invalid bid {bid!r}")
+        if bid.id in self._bid_ix or bid.id in self._ask_ix:
+            raise ValueError(f"duplicate order id {bid.id}")
+        cell = [bid]
+        _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
+        self._bid_ix[bid.id] = cell
+
+    def rest_ask(self, ask: Ask) -> None:
+        """Put an ask straight into the book, WITHOUT matching (rebuilding a saved book).
+
+        Same contract as ``rest_bid``.
+
+        Raises:
+            ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
+        """
+        if ask.price <= 0 or ask.gpus <= 0:
+            raise ValueError(f"invalid ask {ask!r}")
+        if ask.id in self._ask_ix or ask.id in self._bid_ix:
+            raise ValueError(f"duplicate order id {ask.id}")
+        cell = [ask]
+        _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
+        self._ask_ix[ask.id] = cell
+
     # ------------------------------------------------------------------ matching
 
     def _take_asks(self, bid: Bid, now: int, fills: list, stc: list) -> int:
@@ -272,7 +309,7 @@ class OrderBook:
         if dead:
             self._ask_dead += dead
             if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._ask_q, self._ask_ix)
+                self._compact(self._ask_q)
                 self._ask_dead = 0
         return left
 
@@ -355,7 +392,7 @@ class OrderBook:
         if dead:
             self._bid_dead += dead
             if self._bid_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._bid_q, self._bid_ix)
+                self._compact(self._bid_q)
                 self._bid_dead = 0
         return left
 
@@ -380,7 +417,8 @@ class OrderBook:
         return got
 
     @staticmethod
-    def _compact(qs: dict, ix: dict) -> None:
+    def _compact(qs: dict) -> None:
+        """Drop every dead cell of one side (amortised: runs when dead > 1024 + 2 x live)."""
         for p, q in qs.items():
             qs[p] = deque(c for c in q if c[0] is not None)
 
@@ -414,12 +452,12 @@ class OrderBook:
         elif bid:
             self._bid_dead += 1
             if self._bid_dead > _COMPACT_MIN + 2 * len(self._bid_ix):
-                self._compact(self._bid_q, self._bid_ix)
+                self._compact(self._bid_q)
                 self._bid_dead = 0
         else:
             self._ask_dead += 1
             if self._ask_dead > _COMPACT_MIN + 2 * len(self._ask_ix):
-                self._compact(self._ask_q, self._ask_ix)
+                self._compact(self._ask_q)
                 self._ask_dead = 0
 
     def add_gpus_to_ask(self, ask_id: int, gpus: int) -> bool:
@@ -530,34 +568,3 @@ class OrderBook:
     def __contains__(self, order_id: object) -> bool:
         """Whether a bid or ask with this id rests in the book."""
         return order_id in self._bid_ix or order_id in self._ask_ix
-
-    # ------------------------------------------------------------------ restore
-
-    def rest_bid(self, bid: Bid) -> None:
-        """Put a bid that already rested (e.g. loaded from the database) back in the book
-        WITHOUT matching it; its ``seq`` keeps its time priority.
-
-        Raises:
-            ValueError: invalid bid or duplicate id; nothing changes.
-        """
-        if bid.price <= 0 or bid.gpus <= 0 or bid.gang <= 0 or bid.gpus % bid.gang:
-            raise ValueError(f"invalid bid {bid!r}")
-        if bid.id in self._bid_ix or bid.id in self._ask_ix:
-            raise ValueError(f"duplicate order id {bid.id}")
-        cell = [bid]
-        _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, bid.gpus)
-        self._bid_ix[bid.id] = cell
-
-    def rest_ask(self, ask: Ask) -> None:
-        """Put an ask that already rested back in the book WITHOUT matching it.
-
-        Raises:
-            ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
-        """
-        if ask.price <= 0 or ask.gpus <= 0:
-            raise ValueError(f"invalid ask {ask!r}")
-        if ask.id in self._ask_ix or ask.id in self._bid_ix:
-            raise ValueError(f"duplicate order id {ask.id}")
-        cell = [ask]
-        _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
-        self._ask_ix[ask.id] = cell

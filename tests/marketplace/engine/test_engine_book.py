@@ -472,3 +472,34 @@ def test_many_cancels_behind_a_resting_head_are_compacted(monkeypatch):
     assert b.depth() == ([(2_000_000, 1)], [])
     r = b.submit_ask(ask(900, 2_000_000, 2), NOW)
     assert r.fills == [Fill(1, 900, 900, 1, 2_000_000)]
+
+
+# ---------------------------------------------------------------- rebuilding a saved book
+
+
+def test_rest_bid_and_ask_load_without_matching_and_seq_sets_priority():
+    b = OrderBook()
+    # a saved book: bid 3 could not use ask 1 (gang 4 > 2 GPUs), so the book is crossed
+    b.rest_ask(ask(1, 2_500_000, 2, seq=1))
+    b.rest_bid(bid(3, 2_600_000, 4, gang=4, seq=3))
+    b.rest_bid(bid(2, 2_600_000, 1, seq=2))  # loaded later but earlier by seq
+    assert b.depth() == ([(2_600_000, 5)], [(2_500_000, 2)])
+    assert [x.id for x in b.bids()] == [2, 3]
+    r = b.submit_ask(ask(9, 2_400_000, 5), NOW)
+    assert r.fills == [Fill(2, 9, 9, 1, 2_600_000), Fill(3, 9, 9, 4, 2_600_000)]
+    assert b.bids() == []
+
+
+def test_rest_rejects_invalid_and_duplicate_orders():
+    b = OrderBook()
+    b.rest_ask(ask(1, 2_500_000, 2))
+    with pytest.raises(ValueError, match="duplicate"):
+        b.rest_bid(bid(1, 2_000_000, 1))
+    with pytest.raises(ValueError, match="duplicate"):
+        b.rest_ask(ask(1, 2_500_000, 2))
+    with pytest.raises(ValueError, match="invalid bid"):
+        b.rest_bid(bid(2, 2_000_000, 3, gang=2))
+    with pytest.raises(ValueError, match="invalid ask"):
+        b.rest_ask(ask(3, 2_500_000, 0))
+    assert [x.id for x in b.asks()] == [1]
+    assert b.bids() == []
