@@ -16,7 +16,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace import engine
-from marketplace.book import MAX_DURATION_SECONDS, free_gpu_count, get_market, lock_market
+from marketplace.book import (
+    MAX_DURATION_SECONDS,
+    checked_hold_amount,
+    free_gpu_count,
+    get_market,
+    lock_market,
+)
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
 from marketplace.models import Auction, SealedBid
@@ -55,6 +61,12 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
     if reserve_price <= 0:
         raise InvalidInput("must be greater than zero", field="reserve_price")
+    if gpus > 0:
+        try:
+            checked_hold_amount(price=reserve_price, gpus=gpus,
+                                duration_seconds=max(duration_seconds, 1))
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, field="reserve_price") from None
     if gpus <= 0:
         raise InvalidInput("must be at least 1", field="gpus")
     if not 0 < duration_seconds <= MAX_DURATION_SECONDS:
@@ -119,14 +131,15 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise InvalidInput("must be between 1 and gpus", field="min_gpus")
         if price < auction.reserve_price:
             raise InvalidInput("is below the reserve price", field="price")
+        hold_amount = checked_hold_amount(price=price, gpus=gpus,
+                                          duration_seconds=auction.duration_seconds)
         previous = SealedBid.objects.filter(auction=auction, bidder_id=bidder_id,
                                             status=SealedBid.Status.ACTIVE).first()
         if previous is not None:
             _withdraw(previous, cause="replaced by a new bid")
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, hold_id=0)
-        hold = ledger.hold_place(buyer_id=bidder_id,
-                                 amount=lease_cost(price, gpus, auction.duration_seconds),
+        hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
         bid.save()

@@ -22,7 +22,7 @@ from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenie
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
-from settlement.money import lease_cost
+from settlement.money import MAX_USD_MICROS, lease_cost
 
 log = logging.getLogger("gpumarket.market")
 
@@ -45,6 +45,19 @@ def get_market(slug: str) -> GpuClass:
 def bid_hold_amount(*, price: int, gpus: int, duration_seconds: int) -> int:
     """What a bid holds: its whole cost at its limit price (micro-USD)."""
     return lease_cost(price, gpus, duration_seconds)
+
+
+def checked_hold_amount(*, price: int, gpus: int, duration_seconds: int) -> int:
+    """bid_hold_amount, refused (InvalidInput on `price`) when it floors to zero or
+    exceeds the largest amount the ledger accepts."""
+    amount = bid_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
+    if amount <= 0:
+        raise InvalidInput("price × gpus × duration rounds down to 0 micro-USD: raise the "
+                           "price or the duration", field="price")
+    if amount > MAX_USD_MICROS:
+        raise InvalidInput("price × gpus × duration is larger than the largest amount "
+                           "accepted", field="price")
+    return amount
 
 
 def _epoch(dt: datetime) -> int:
@@ -124,6 +137,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
         raise InvalidInput(f"must divide gpus ({gpus})", field="gang_size")
     if time_in_force not in Order.TimeInForce.values:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
+    hold_amount = checked_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
     now = now or timezone.now()
     with transaction.atomic():
         market = lock_market(market.pk)
@@ -132,11 +146,8 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
             remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
             time_in_force=time_in_force, image=image, command=command,
         )
-        hold = ledger.hold_place(
-            buyer_id=buyer_id,
-            amount=bid_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds),
-            reference=f"order:{order.pk}",
-        )
+        hold = ledger.hold_place(buyer_id=buyer_id, amount=hold_amount,
+                                 reference=f"order:{order.pk}")
         order.hold_id = hold.pk
         order.save(update_fields=["hold_id"])
         order.events.create(from_status="", to_status="open", at=now, cause="bid placed")
