@@ -273,7 +273,12 @@ def _levels(levels: list[dict]) -> str:
 def main() -> int:
     demo = Demo()
     oneshot = os.environ.get("DEMO_ONESHOT") == "1"
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # Explicit handlers: a shell that starts us in the background ignores SIGINT otherwise.
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         status = demo.run()
         if oneshot or status != 0:

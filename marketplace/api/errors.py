@@ -22,8 +22,12 @@ from settlement.services import InsufficientFunds, SettlementError
 def _flatten(data, prefix=""):
     if isinstance(data, dict):
         for key, value in data.items():
-            name = key if key != "non_field_errors" else ""
-            yield from _flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name)
+            if isinstance(key, int):  # DRF keys errors of list items by their index
+                path = f"{prefix}[{key}]"
+            else:
+                name = "" if key == "non_field_errors" else key
+                path = f"{prefix}.{name}" if prefix and name != "" else (prefix or name)
+            yield from _flatten(value, path)
     elif isinstance(data, list):
         if all(not isinstance(v, dict | list) for v in data):
             for v in data:

@@ -59,8 +59,8 @@ def _bid(**changes):
     return {k: v for k, v in body.items() if v is not _MISSING}
 
 
-def _ask(node, **changes):
-    body = {"side": "ask", "node": node.pk, "price": "1.50", "gpus": 2,
+def _ask(node_obj, /, **changes):
+    body = {"side": "ask", "node": node_obj.pk, "price": "1.50", "gpus": 2,
             "available_until": in_a_day().isoformat()}
     body.update(changes)
     return {k: v for k, v in body.items() if v is not _MISSING}
@@ -137,29 +137,46 @@ def test_bid_beyond_balance(market):
     assert r.json()["detail"].startswith("price: insufficient balance")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "settlement/services.py hold_place creates the Hold row before any balance check, so "
-    "a bid whose hold (price × gpus × seconds // 3600) exceeds PostgreSQL bigint "
-    "(9.2e18 micro-USD) fails with DataError → 500 instead of a 400 naming price"))
-def test_bid_whose_hold_overflows_bigint_is_a_400(market):
+def test_bid_whose_hold_overflows_is_a_400(market):
+    # 10^12 USD × 16 GPUs × 1 h is beyond PostgreSQL bigint: once a 500 (DataError)
     provider, _, buyer = market
     _refused_and_unchanged(client_for(buyer), "/api/v1/orders/",
                            _bid(price="999999999999.999999", gpus=16, gang_size=1),
-                           "price", [buyer, provider])
+                           "price", [buyer, provider], contains="largest amount")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "marketplace/book.py place_bid passes a zero hold (lease_cost floors to 0 for "
-    "price 0.000001 × 1 GPU × 1 s) to settlement hold_place, which raises ValueError "
-    "('a hold must be positive') → 500 instead of a 400"))
 def test_bid_whose_cost_floors_to_zero_is_a_400(market):
+    # 0.000001 USD × 1 GPU × 1 s floors to 0 micro-USD: once a 500 (zero hold)
     provider, _, buyer = market
-    before = snapshot(buyer, provider)
-    r = client_for(buyer).post("/api/v1/orders/", _bid(price="0.000001", gpus=1, hours=_MISSING,
-                                                      duration_seconds=1), format="json")
-    assert r.status_code == 400, r.status_code
-    assert r.json()["errors"]
-    assert snapshot(buyer, provider) == before
+    _refused_and_unchanged(client_for(buyer), "/api/v1/orders/",
+                           _bid(price="0.000001", gpus=1, hours=_MISSING, duration_seconds=1),
+                           "price", [buyer, provider], contains="rounds down to 0")
+
+
+def test_sealed_bid_whose_cost_floors_to_zero_is_a_400(market):
+    provider, node, buyer = market
+    # the lot as a whole costs 8 × 1 × 450 // 3600 = 1 micro-USD; 8 GPUs × 1 s is 0
+    _auction_unchanged(
+        client_for(provider),
+        _auction(node, reserve_price="0.000001", hours=_MISSING, duration_seconds=1),
+        "reserve_price", [buyer, provider])
+    r = client_for(provider).post(
+        "/api/v1/auctions/",
+        _auction(node, reserve_price="0.000001", hours=_MISSING, duration_seconds=450),
+        format="json")
+    assert r.status_code == 201, r.content
+    _refused_and_unchanged(client_for(buyer), f"/api/v1/auctions/{r.json()['id']}/bids/",
+                           {"price": "0.000001", "gpus": 1}, "price", [buyer, provider])
+
+
+def test_sealed_bid_whose_hold_overflows_is_a_400(market):
+    provider, node, buyer = market
+    r = client_for(provider).post("/api/v1/auctions/", _auction(node, hours=8784),
+                                  format="json")
+    assert r.status_code == 201, r.content
+    _refused_and_unchanged(client_for(buyer), f"/api/v1/auctions/{r.json()['id']}/bids/",
+                           {"price": "999999999999.999999", "gpus": 8}, "price",
+                           [buyer, provider])
 
 
 # --- asks -------------------------------------------------------------------------------
@@ -201,8 +218,8 @@ def test_ask_bad_fields(market):
 
 # --- auctions ---------------------------------------------------------------------------
 
-def _auction(node, **changes):
-    body = {"node": node.pk, "gpus": 8, "reserve_price": "1.10", "hours": 1,
+def _auction(node_obj, /, **changes):
+    body = {"node": node_obj.pk, "gpus": 8, "reserve_price": "1.10", "hours": 1,
             "rule": "uniform_price",
             "closes_at": (timezone.now() + timedelta(minutes=5)).isoformat()}
     body.update(changes)
