@@ -17,6 +17,8 @@ Variables (default in brackets):
 - GPUMARKET_LEASE_GRACE_SECONDS [30]: how long past ends_at the marketplace waits for
   the runner before ending a lease itself.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
+- STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
+  [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300].
 """
 
 from __future__ import annotations
@@ -195,3 +197,10 @@ if GPUMARKET_DEV_CREDIT and not DEBUG:
     raise ImproperlyConfigured("GPUMARKET_DEV_CREDIT must stay off when DEBUG is off")
 GPUMARKET_DEFAULT_IMAGE = env.str("GPUMARKET_DEFAULT_IMAGE", default="gpumarket/busybox:local")
 GPUMARKET_LEASE_GRACE_SECONDS = env.int("GPUMARKET_LEASE_GRACE_SECONDS", default=30)
+
+# Stripe (off unless STRIPE_SECRET_KEY is set). STRIPE_API_BASE points the official
+# library elsewhere (tests: localstripe on 127.0.0.1).
+STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com")
+STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)

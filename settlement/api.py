@@ -4,6 +4,10 @@ credit (only when GPUMARKET_DEV_CREDIT is on)."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.http import JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.response import Response
@@ -97,3 +101,57 @@ class LedgerEntries(generics.ListAPIView):
     def get_queryset(self):
         return (JournalEntry.objects.filter(postings__account__owner=self.request.user)
                 .distinct().prefetch_related("postings__account").order_by("-pk"))
+
+
+class TopUpIn(serializers.Serializer):
+    amount = UsdField()
+
+    def validate_amount(self, value: int) -> int:
+        from settlement.stripe_payments import MICROS_PER_CENT
+
+        if value % MICROS_PER_CENT:
+            raise serializers.ValidationError("must be whole cents, such as \"25.00\"")
+        return value
+
+
+class TopUpCreate(APIView):
+    """Start a Stripe top-up; confirm the returned client_secret with Stripe.js. The
+    wallet is credited when Stripe's `payment_intent.succeeded` webhook arrives."""
+
+    @extend_schema(request=TopUpIn)
+    def post(self, request):
+        from settlement import stripe_payments
+
+        data = TopUpIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        cents = data.validated_data["amount"] // stripe_payments.MICROS_PER_CENT
+        try:
+            created = stripe_payments.topup_create(buyer_id=request.user.pk, amount_cents=cents)
+        except stripe_payments.StripeDisabled as exc:
+            return Response({"detail": str(exc)}, status=404)
+        except ValueError as exc:
+            return Response({"detail": f"amount: {exc}", "errors": {"amount": [str(exc)]}},
+                            status=400)
+        except stripe_payments.stripe.StripeError as exc:
+            return Response({"detail": f"Stripe refused the payment: {exc.user_message or exc}"},
+                            status=502)
+        return Response({"id": created.topup.pk, "amount": data.initial_data["amount"],
+                         "payment_intent": created.topup.payment_intent_id,
+                         "client_secret": created.client_secret}, status=201)
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+class StripeWebhook(View):
+    """Stripe's webhook endpoint: the signature is checked on the raw body."""
+
+    def post(self, request):
+        from settlement import stripe_payments
+
+        try:
+            outcome = stripe_payments.webhook_handle(
+                request.body, request.headers.get("Stripe-Signature"))
+        except stripe_payments.StripeDisabled as exc:
+            return JsonResponse({"detail": str(exc)}, status=404)
+        except stripe_payments.WebhookRefused as exc:
+            return JsonResponse({"detail": str(exc)}, status=400)
+        return JsonResponse({"detail": outcome})

@@ -60,6 +60,7 @@ class JournalEntry(models.Model):
         HOLD_RELEASE = "hold_release", "hold released"
         HOLD_REDUCE = "hold_reduce", "hold reduced"
         LEASE_SETTLE = "lease_settle", "lease settled"
+        STRIPE_TOPUP = "stripe_topup", "Stripe top-up"
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     memo = models.CharField(max_length=200, blank=True)
@@ -126,3 +127,37 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"hold #{self.pk} {self.status} {self.amount}"
+
+
+class TopUp(models.Model):
+    """A buyer's wallet top-up through a Stripe PaymentIntent. The wallet is credited
+    only by the verified `payment_intent.succeeded` webhook, never by this row."""
+
+    class Status(models.TextChoices):
+        CREATED = "created"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="topups")
+    amount_cents = models.PositiveIntegerField()
+    payment_intent_id = models.CharField(max_length=100, unique=True, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED)
+    credited = models.BigIntegerField(default=0, help_text="micro-USD credited by the webhook")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"top-up #{self.pk} {self.amount_cents} cents ({self.status})"
+
+
+class StripeEvent(models.Model):
+    """Every verified Stripe webhook event, once: the unique event id makes a repeated
+    delivery a no-op."""
+
+    event_id = models.CharField(max_length=100, unique=True)
+    type = models.CharField(max_length=100)
+    received_at = models.DateTimeField(auto_now_add=True)
+    outcome = models.CharField(max_length=200, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.type}"
