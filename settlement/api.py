@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from settlement import services
 from settlement.fields import UsdField
-from settlement.models import Hold, JournalEntry, Posting
+from settlement.models import Hold, JournalEntry, Payout, Posting
 
 
 class HoldSerializer(serializers.ModelSerializer):
@@ -155,3 +155,52 @@ class StripeWebhook(View):
         except stripe_payments.WebhookRefused as exc:
             return JsonResponse({"detail": str(exc)}, status=400)
         return JsonResponse({"detail": outcome})
+
+
+class PayoutSerializer(serializers.ModelSerializer):
+    amount = UsdField(positive=False)
+
+    class Meta:
+        model = Payout
+        fields = ["id", "status", "amount", "amount_cents", "transfer_id", "failure",
+                  "created_at", "closed_at"]
+
+
+class ConnectOnboard(APIView):
+    """Set up Stripe payouts: returns the Stripe-hosted onboarding link."""
+
+    @extend_schema(request=None)
+    def post(self, request):
+        from settlement import stripe_payments, stripe_payouts
+
+        back = request.build_absolute_uri("/")
+        try:
+            url = stripe_payouts.connect_onboard(user_id=request.user.pk, return_url=back,
+                                                 refresh_url=back)
+        except stripe_payments.StripeDisabled as exc:
+            return Response({"detail": str(exc)}, status=404)
+        except stripe_payments.stripe.StripeError as exc:
+            return Response({"detail": f"Stripe refused: {exc.user_message or exc}"},
+                            status=502)
+        return Response({"url": url})
+
+
+class PayoutListCreate(APIView):
+    """Your payouts; POST pays out your earned balance in whole cents."""
+
+    @extend_schema(responses=PayoutSerializer(many=True))
+    def get(self, request):
+        payouts = Payout.objects.filter(provider=request.user).order_by("-pk")[:200]
+        return Response(PayoutSerializer(payouts, many=True).data)
+
+    @extend_schema(request=None, responses={201: PayoutSerializer})
+    def post(self, request):
+        from settlement import stripe_payments, stripe_payouts
+
+        try:
+            payout = stripe_payouts.payout_create(provider_id=request.user.pk)
+        except stripe_payments.StripeDisabled as exc:
+            return Response({"detail": str(exc)}, status=404)
+        except stripe_payouts.PayoutRefused as exc:
+            return Response({"detail": str(exc)}, status=409)
+        return Response(PayoutSerializer(payout).data, status=201)

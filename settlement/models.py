@@ -19,6 +19,7 @@ class Account(models.Model):
         BUYER_AVAILABLE = "buyer_available", "buyer: available"
         BUYER_HELD = "buyer_held", "buyer: held in escrow"
         PROVIDER_EARNED = "provider_earned", "provider: earned, not paid out"
+        PROVIDER_PAYOUT_PENDING = "provider_payout_pending", "provider: payout in flight"
         PLATFORM_REVENUE = "platform_revenue", "platform: revenue (take rate)"
         EXTERNAL_DEV_CREDIT = "external_dev_credit", "external: development credit"
         EXTERNAL_STRIPE = "external_stripe", "external: Stripe"
@@ -61,6 +62,9 @@ class JournalEntry(models.Model):
         HOLD_REDUCE = "hold_reduce", "hold reduced"
         LEASE_SETTLE = "lease_settle", "lease settled"
         STRIPE_TOPUP = "stripe_topup", "Stripe top-up"
+        PAYOUT_RESERVE = "payout_reserve", "payout reserved"
+        PAYOUT_SENT = "payout_sent", "payout sent"
+        PAYOUT_REVERSED = "payout_reversed", "payout failed, reversed"
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     memo = models.CharField(max_length=200, blank=True)
@@ -161,3 +165,43 @@ class StripeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.type}"
+
+
+class ConnectedAccount(models.Model):
+    """A provider's Stripe Connect (Express) account, the destination of its payouts."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                related_name="stripe_connected_account")
+    stripe_account_id = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.stripe_account_id
+
+
+class Payout(models.Model):
+    """A transfer of a provider's earnings in whole cents: pending → paid | failed.
+    The sub-cent rest stays in the provider's earned balance."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        PAID = "paid"
+        FAILED = "failed"
+
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="payouts")
+    amount_cents = models.PositiveBigIntegerField()
+    amount = models.BigIntegerField(help_text="micro-USD = amount_cents × 10,000")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    transfer_id = models.CharField(max_length=100, blank=True)
+    failure = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"payout #{self.pk} {self.amount_cents} cents ({self.status})"
+
+    @property
+    def idempotency_key(self) -> str:
+        """Our key for Stripe's Transfer create: one per payout, stable across retries."""
+        return f"gpumarket-payout-{self.pk}"
