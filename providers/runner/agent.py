@@ -9,7 +9,15 @@ Reconciliation follows docs/RUNNER_PROTOCOL.md, once per poll:
 - a `running` lease whose workload exited on its own is reported `completed` (exit code 0)
   or `failed` ("container exited with status N"), then the workload is removed;
 - a `running` lease whose workload is gone is reported `failed`;
-- a workload whose lease is absent from the list is stopped and removed.
+- a workload whose lease is absent from the list is stopped and removed;
+- a lease holding a GPU with a fatal health finding (health.py) is reported `failed` with
+  the cause "GPU <uuid>: <rule>: <evidence>" and its workload stopped and removed; a
+  pending lease on such a GPU is failed at once and never started. Leases on the node's
+  other GPUs are left alone.
+Health is evaluated on every heartbeat: the readings and the XIDs since the last one go
+through health.evaluate; the heartbeat carries the non-ok findings. A fatal XID keeps its
+GPU out of service until the runner restarts (after the GPU reset NVIDIA's catalog asks
+for); a fatal reading holds while the reading stays fatal.
 A 409 answer means "the marketplace already knows": logged, and the runner moves on.
 Events are reported before workloads are removed, so a lost report is simply retried on the
 next poll. Stopping the loop (SIGTERM/SIGINT) leaves workloads running for re-adoption.
@@ -25,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 
 from . import __version__
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
+from .health import Finding, evaluate
+from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 
 MAX_BACKOFF_S = 30.0
@@ -68,6 +78,10 @@ class Agent:
         self._uuids = [g.uuid for g in gpus.inventory().gpus]
         self._next_heartbeat = 0.0
         self._skew = timedelta(0)  # server clock minus ours, from the last heartbeat
+        self.findings: list[Finding] = []  # the last evaluation, ok ones included
+        self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
+        self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
+        self._xid_note_logged = False
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -86,9 +100,47 @@ class Agent:
             self.runtime.node = str(self.node.get("id") or self.node.get("name") or "default")
         return self.node
 
+    def evaluate_health(self, readings: list[dict] | None = None) -> list[Finding]:
+        """Run the health rules on `readings` (default: read the GPUs now) and the XIDs
+        since the last call; update `fatal` (GPU → finding); return the non-ok findings to
+        send. Logs each GPU that turns fatal, once."""
+        if readings is None:
+            readings = self.gpus.sample_health(self._uuids)
+        xids = self.gpus.xid_events() if hasattr(self.gpus, "xid_events") else []
+        note = getattr(self.gpus, "xid_note", None)
+        if note and not self._xid_note_logged:
+            self.log(note)
+            self._xid_note_logged = True
+        self.findings = evaluate(readings, xids)
+        fatal: dict[str, Finding] = {}
+        for finding in self.findings:
+            if finding.severity != "fatal":
+                continue
+            if finding.rule == "xid":
+                self._xid_fatal.setdefault(finding.uuid, finding)
+            fatal.setdefault(finding.uuid, finding)
+        for uuid, finding in self._xid_fatal.items():
+            fatal.setdefault(uuid, finding)
+        for uuid, finding in fatal.items():
+            if uuid not in self.fatal:
+                self.log(f"GPU {uuid}: fatal: {finding.rule}: {finding.evidence}")
+        self.fatal = fatal
+        sent = [f for f in self.findings if f.severity != "ok"]
+        sent += [f for u, f in self._xid_fatal.items() if f not in sent]
+        return sent
+
     def heartbeat(self) -> None:
-        """POST health readings now, and learn the server's clock from the answer."""
-        answer = self.client.heartbeat(self.runtime.name, self.gpus.sample_health(self._uuids))
+        """Evaluate health, POST the readings and non-ok findings now, and learn the
+        server's clock from the answer."""
+        readings = self.gpus.sample_health(self._uuids)
+        findings = self.evaluate_health(readings)
+        gpus = [{k: r.get(k) for k in PROTOCOL_KEYS} for r in readings]
+        for item in gpus:  # the server takes whole numbers for these
+            for key in ("temperature_c", "utilization_pct", "ecc_uncorrectable"):
+                if isinstance(item[key], float):
+                    item[key] = round(item[key])
+        answer = self.client.heartbeat(self.runtime.name, gpus,
+                                       findings=[f.as_protocol() for f in findings])
         server_time = _parse_time(answer.get("server_time"))
         if server_time is not None:
             self._skew = server_time - datetime.now(UTC)
@@ -131,8 +183,30 @@ class Agent:
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
                      f"container {_short(handles[lease_id])} stopped and removed")
 
+    def _unhealthy(self, lease: dict) -> Finding | None:
+        """The fatal finding of the first leased GPU that has one, else None."""
+        for uuid in lease.get("gpu_uuids") or []:
+            if uuid in self.fatal:
+                return self.fatal[uuid]
+        return None
+
+    def _fail_unhealthy(self, lease: dict, handle: str | None, finding: Finding) -> None:
+        """Report the lease `failed` with the finding as cause, then stop its workload."""
+        lease_id, status = int(lease["id"]), lease.get("status")
+        usage = self._usage(lease) if status == "running" else None
+        self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
+                    usage_seconds=usage)
+        if handle is not None:
+            self.runtime.stop(lease_id, self.grace_s)
+        where = f"container {_short(handle)} stopped and removed" if handle else "not started"
+        self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
+
     def _reconcile_lease(self, lease: dict, handle: str | None) -> None:
         lease_id, status = int(lease["id"]), lease.get("status")
+        unhealthy = self._unhealthy(lease)
+        if unhealthy is not None and status in ("pending", "starting", "running"):
+            self._fail_unhealthy(lease, handle, unhealthy)
+            return
         if status in ("pending", "starting"):
             if handle is None:
                 if status == "pending":

@@ -3,14 +3,24 @@
     gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
     gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--heartbeat-interval S]
                          [--network MODE] [--runtime auto|docker|process] [--grace S]
+                         [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
+    gpumarket-runner status [--state-dir DIR]
+    gpumarket-runner doctor [--state-dir DIR] [--url URL] [--token TOKEN]
+    gpumarket-runner benchmark [--json]
+
+`--replay-xid LOG` feeds the XID lines of a kernel log (as `dmesg` prints them) to the health
+rules on the first heartbeat; `--replay-health JSON` lays readings over the dump's, e.g.
+'{"GPU-…": {"temperature_c": 95, "ecc_uncorrectable": 3}}' (inline or a file). Both need
+--simulate: on a real host XIDs come from NVML events and readings from NVML.
 
 Environment: GPUMARKET_URL, GPUMARKET_RUNNER_TOKEN, GPUMARKET_RUNNER_STATE_DIR stand in for
 --url, --token, --state-dir. `register` saves {url, token, simulate, node} in
 <state dir>/config.json (mode 0600); `run` reads it.
 
-Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump; 3 the
-marketplace refused the runner token; 1 any other error. Errors are one line on stderr.
+Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
+`benchmark` without a GPU; 3 the marketplace refused the runner token; 1 any other error,
+and `doctor` with a failed check. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -21,13 +31,17 @@ import os
 import signal
 import sys
 import threading
+import time
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from . import __version__
 from .agent import Agent, print_line
+from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
-from .nvml import DumpGpus, NoDriverError, NvmlGpus
+from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure, docker_host
 
@@ -48,10 +62,20 @@ def _state_dir(value: str | None) -> Path:
     return Path(raw).expanduser()
 
 
-def load_gpus(simulate: str | None):
-    """NvmlGpus, or DumpGpus(simulate) when a dump is given; CliError(code 2) otherwise."""
+def load_gpus(simulate: str | None, replay_xid: str | None = None,
+              replay_health: str | None = None):
+    """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays); CliError
+    (code 2) without a driver; CliError (code 1) for a replay without --simulate or an
+    unusable replay."""
+    if (replay_xid or replay_health) and not simulate:
+        raise CliError("--replay-xid and --replay-health need --simulate FILE: on a real host "
+                       "XIDs come from NVML events and readings from NVML")
     if simulate:
-        return DumpGpus(simulate)
+        try:
+            health = load_replay_health(replay_health) if replay_health else None
+            return DumpGpus(simulate, replay_xid=replay_xid, replay_health=health)
+        except ReplayError as exc:
+            raise CliError(str(exc)) from None
     try:
         return NvmlGpus()
     except NoDriverError as exc:
@@ -151,7 +175,7 @@ def _cmd_run(args) -> int:
     config = load_config(_state_dir(args.state_dir))
     url, token = _url_and_token(args, config)
     simulate = args.simulate or config.get("simulate")
-    gpus = load_gpus(simulate)
+    gpus = load_gpus(simulate, args.replay_xid, args.replay_health)
     node = (config.get("node") or {}).get("id")
     runtime = _pick_runtime(args, simulate=bool(simulate), node=None if node is None else str(node))
     client = MarketplaceClient(url, token)
@@ -173,6 +197,161 @@ def _cmd_run(args) -> int:
     finally:
         client.close()
     return EXIT_OK
+
+
+CLOCK_MAX_OFFSET_S = 5.0
+
+
+def _check_line(ok: bool | None, name: str, detail: str, fix: str = "") -> str:
+    mark = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
+    line = f"{mark}  {name}: {detail}"
+    return f"{line} — fix: {fix}" if fix and ok is not True else line
+
+
+def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None, str]]:
+    """Run every check; return (passed: True/False, or None when skipped, line) pairs."""
+    out: list[tuple[bool | None, str]] = []
+
+    def add(ok, name, detail, fix=""):
+        out.append((ok, _check_line(ok, name, detail, fix)))
+
+    try:
+        inventory = NvmlGpus().inventory()
+        add(True, "NVIDIA driver / NVML",
+            f"driver {inventory.driver_version}, CUDA {inventory.cuda_version}, "
+            f"{len(inventory.gpus)} GPU(s)")
+    except (NoDriverError, UnknownGpuProduct) as exc:
+        fix = ("install the NVIDIA datacenter driver for this GPU (e.g. `apt install "
+               "nvidia-driver-550-server`), reboot or `modprobe nvidia`, and check that "
+               "`nvidia-smi` lists the GPUs")
+        if isinstance(exc, UnknownGpuProduct):
+            fix = "this GPU model has no marketplace class; ask the marketplace to add it"
+        add(False, "NVIDIA driver / NVML", str(exc), fix)
+
+    engine = None
+    try:
+        import docker
+
+        engine = docker.from_env(timeout=10)
+        version = engine.version().get("Version", "?")
+        add(True, "Docker Engine", f"version {version} at {docker_host()}")
+    except Exception as exc:  # DockerException, socket errors
+        add(False, "Docker Engine", f"no engine answers at {docker_host()} "
+            f"({exc.__class__.__name__})",
+            "install Docker Engine (docs.docker.com/engine/install), start it "
+            "(`systemctl enable --now docker`) and add this user to the `docker` group")
+        engine = None
+    runtime_fix = ("install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime "
+                   "configure --runtime=docker && sudo systemctl restart docker`")
+    if engine is None:
+        add(False, "NVIDIA container runtime", "cannot ask: no Docker Engine", runtime_fix)
+    else:
+        try:
+            runtimes = sorted((engine.info().get("Runtimes") or {}).keys())
+            if "nvidia" in runtimes:
+                add(True, "NVIDIA container runtime", "Docker lists the `nvidia` runtime")
+            else:
+                add(False, "NVIDIA container runtime",
+                    f"Docker's runtimes are {', '.join(runtimes) or 'none'}, no `nvidia`",
+                    runtime_fix)
+        except Exception as exc:
+            add(False, "NVIDIA container runtime", f"`docker info` failed: {exc}", runtime_fix)
+        finally:
+            engine.close()
+
+    if not url or not token:
+        why = "no marketplace configured (run `gpumarket-runner register` or pass --url/--token)"
+        add(None, "marketplace connectivity and token", why)
+        add(None, "clock offset", why)
+        return out
+    client = MarketplaceClient(url, token, timeout=10)
+    try:
+        before = time.time()
+        client.leases()
+        after = time.time()
+        add(True, "marketplace connectivity and token", f"{url} answers and accepts the token")
+    except Unauthorized:
+        add(False, "marketplace connectivity and token", f"{url} refused the runner token (401)",
+            "re-register the node: create a new runner token in the provider portal and run "
+            "`gpumarket-runner register --url URL --token TOKEN`")
+        after = time.time()
+        before = None
+    except MarketplaceError as exc:
+        add(False, "marketplace connectivity and token", str(exc),
+            "check the URL, DNS, proxy and firewall (outbound HTTPS to the marketplace)")
+        before = after = None
+    finally:
+        client.close()
+    date = client.last_date
+    if date is None or after is None:
+        add(None, "clock offset", "the marketplace gave no Date header to compare with")
+        return out
+    server = parsedate_to_datetime(date).astimezone(UTC).timestamp()
+    local = ((before if before is not None else after) + after) / 2
+    offset = server - local
+    # The Date header has 1 s resolution: an offset under a second cannot be seen.
+    if abs(offset) <= CLOCK_MAX_OFFSET_S:
+        add(True, "clock offset", f"{offset:+.1f} s against the marketplace (limit "
+            f"±{CLOCK_MAX_OFFSET_S:g} s)")
+    else:
+        add(False, "clock offset", f"{offset:+.1f} s against the marketplace (limit "
+            f"±{CLOCK_MAX_OFFSET_S:g} s)",
+            "enable time synchronisation (`timedatectl set-ntp true`, or chrony/ntpd)")
+    return out
+
+
+def _cmd_doctor(args) -> int:
+    config = load_config(_state_dir(args.state_dir))
+    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
+    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    results = doctor_checks(url, token)
+    for _ok, line in results:
+        print(line, flush=True)
+    failed = sum(1 for ok, _ in results if ok is False)
+    print(f"{failed} check(s) failed" if failed else "all checks passed")
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _cmd_status(args) -> int:
+    state_dir = _state_dir(args.state_dir)
+    config = load_config(state_dir)
+    node = config.get("node") or {}
+    token = os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    print(f"state dir:   {state_dir}")
+    print(f"marketplace: {os.environ.get('GPUMARKET_URL') or config.get('url') or 'not set'}")
+    print(f"token:       {'set (not shown)' if token else 'not set'}")
+    print(f"node:        {node.get('name') or '?'} (id {node.get('id') or '?'})"
+          if node else "node:        not registered")
+    simulated = config.get("simulate")
+    print(f"GPUs:        {'simulated from ' + simulated if simulated else 'NVML'}")
+    runtime = None
+    if node.get("id") is not None:
+        try:
+            runtime = DockerRuntime(str(node["id"]))
+        except RuntimeFailure:
+            runtime = None
+    if runtime is None and (state_dir / "processes" / "processes.json").exists():
+        runtime = ProcessRuntime(state_dir)
+    if runtime is None:
+        print("leases:      none found (no Docker Engine answers, or not registered)")
+        return EXIT_OK
+    workloads = runtime.describe()
+    print(f"leases:      {len(workloads)} workload(s) in the {runtime.name} runtime")
+    for w in workloads:
+        handle = w["handle"] if w["handle"].startswith("pid-") else w["handle"][:12]
+        gpus = f"  GPUs {w['gpus']}" if w["gpus"] else ""
+        print(f"  lease {w['lease']}  {handle}  {w['state']}{gpus}")
+    return EXIT_OK
+
+
+def _cmd_benchmark(args) -> int:
+    result = run_benchmark()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        for line in result.lines():
+            print(line)
+    return EXIT_OK if result.ran else EXIT_NO_GPU
 
 
 def _positive(value: str) -> float:
@@ -225,7 +404,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Docker network mode of lease containers (default: engine default)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto: Docker if an engine answers, else local processes")
+    run.add_argument("--replay-xid", metavar="LOG",
+                     help="with --simulate: replay the XID lines of this kernel log")
+    run.add_argument("--replay-health", metavar="JSON",
+                     help='with --simulate: readings over the dump\'s, e.g. '
+                          '\'{"GPU-…": {"temperature_c": 95}}\' (inline or a file)')
     run.set_defaults(func=_cmd_run)
+
+    doc = sub.add_parser("doctor", help="check driver, Docker, NVIDIA runtime, clock and "
+                                        "marketplace; one PASS/FAIL line each")
+    doc.add_argument("--state-dir", metavar="DIR", help=state_help)
+    doc.add_argument("--url", help="marketplace base URL (default: the registered one)")
+    doc.add_argument("--token", help="runner token (default: the registered one)")
+    doc.set_defaults(func=_cmd_doctor)
+
+    st = sub.add_parser("status", help="print the configuration (never the token) and the "
+                                       "lease workloads this runner manages")
+    st.add_argument("--state-dir", metavar="DIR", help=state_help)
+    st.set_defaults(func=_cmd_status)
+
+    bench = sub.add_parser("benchmark", help="measure matmul throughput and memory bandwidth "
+                                             "(needs a GPU and torch or CuPy)")
+    bench.add_argument("--json", action="store_true", help="print JSON")
+    bench.set_defaults(func=_cmd_benchmark)
 
     inv = sub.add_parser("inventory", help="print this host's GPUs; contacts nobody")
     inv.add_argument("--simulate", metavar="FILE", help=simulate_help)

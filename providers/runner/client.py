@@ -64,6 +64,7 @@ class MarketplaceClient:
             timeout=timeout,
             transport=transport,
         )
+        self.last_date: str | None = None  # the Date header of the last answer
 
     def __repr__(self) -> str:
         return f"MarketplaceClient({self.url!r})"
@@ -74,6 +75,7 @@ class MarketplaceClient:
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         try:
             response = self._http.request(method, path, json=body)
+            self.last_date = response.headers.get("date")
         except httpx.TimeoutException:
             raise Unreachable(self.url, "timed out") from None
         except httpx.TransportError as exc:
@@ -99,9 +101,14 @@ class MarketplaceClient:
         """POST /api/v1/runner/inventory/ → {"node": {"id", "name", "gpus": [...]}}."""
         return self._call("POST", "/api/v1/runner/inventory/", inventory)
 
-    def heartbeat(self, runtime: str, gpus: list[dict]) -> dict:
-        """POST /api/v1/runner/heartbeat/ → {"server_time": ISO 8601 UTC}."""
-        return self._call("POST", "/api/v1/runner/heartbeat/", {"runtime": runtime, "gpus": gpus})
+    def heartbeat(self, runtime: str, gpus: list[dict], findings: list[dict] | None = None
+                  ) -> dict:
+        """POST /api/v1/runner/heartbeat/ → {"server_time": ISO 8601 UTC}. `findings`
+        (health findings, not ok ones) is sent when given."""
+        body = {"runtime": runtime, "gpus": gpus}
+        if findings is not None:
+            body["findings"] = findings
+        return self._call("POST", "/api/v1/runner/heartbeat/", body)
 
     def leases(self) -> list[dict]:
         """GET /api/v1/runner/leases/ → the node's pending/starting/running leases."""

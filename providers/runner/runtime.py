@@ -137,6 +137,22 @@ class DockerRuntime:
                 continue  # a label someone else set by hand; not ours
         return out
 
+    def describe(self) -> list[dict]:
+        """For `status`: one dict per lease container of this node — lease (int), handle
+        (container id), name, state ("running", "exited", …), gpus (NVIDIA_VISIBLE_DEVICES)."""
+        out = []
+        for container in self._containers():
+            try:
+                lease_id = int(container.labels[LEASE_LABEL])
+            except (KeyError, ValueError):
+                continue
+            env = dict(item.split("=", 1) for item in
+                       (container.attrs.get("Config", {}).get("Env") or []) if "=" in item)
+            out.append({"lease": lease_id, "handle": container.id, "name": container.name,
+                        "state": container.status,
+                        "gpus": env.get("NVIDIA_VISIBLE_DEVICES", "")})
+        return sorted(out, key=lambda d: d["lease"])
+
     def exit_status(self, lease_id: int) -> int | None:
         """None while the container runs (or is created/restarting), else its exit code.
 
@@ -269,6 +285,16 @@ class ProcessRuntime:
     def list_leases(self) -> dict[int, str]:
         """{lease id: "pid-<pid>"} for every process started and not yet stopped."""
         return {lease_id: f"pid-{e['pid']}" for lease_id, e in self._load().items()}
+
+    def describe(self) -> list[dict]:
+        """For `status`: lease, handle ("pid-N"), name (the log file), state ("running" or
+        "exited"), gpus ("" — processes get the GPUs through their env only)."""
+        out = []
+        for lease_id, entry in sorted(self._load().items()):
+            out.append({"lease": lease_id, "handle": f"pid-{entry['pid']}",
+                        "name": entry.get("log", ""),
+                        "state": "running" if self._alive(entry) else "exited", "gpus": ""})
+        return out
 
     def exit_status(self, lease_id: int) -> int | None:
         """None while it runs; its exit code after (128+N for signal N; 255 if the exit

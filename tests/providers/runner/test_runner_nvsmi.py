@@ -70,11 +70,26 @@ def test_a10_and_titan_v_hosts():
 def test_simulated_health_comes_from_the_dump():
     gpus = DumpGpus(H100)
     [reading] = gpus.sample_health([H100_UUIDS[0]])
-    assert reading == {"uuid": H100_UUIDS[0], "temperature_c": 36, "power_w": 71.97,
-                       "utilization_pct": 0, "ecc_uncorrectable": 0}
+    protocol = {k: reading[k] for k in ("uuid", "temperature_c", "power_w", "utilization_pct",
+                                        "ecc_uncorrectable")}
+    assert protocol == {"uuid": H100_UUIDS[0], "temperature_c": 36, "power_w": 71.97,
+                        "utilization_pct": 0, "ecc_uncorrectable": 0}
+    # T.Limit mode: 36 °C + 50 °C margin − (−2 °C slowdown margin) = slowdown at 88 °C.
+    assert reading["slowdown_temp_c"] == 88
+    assert (reading["remapped_rows_pending"], reading["remapping_failure"]) == (False, False)
+    assert (reading["hw_thermal_slowdown"], reading["hw_power_brake"]) == (False, False)
+    assert (reading["pcie_gen_current"], reading["pcie_gen_max"]) == (5, 5)
+    assert (reading["pcie_width_current"], reading["pcie_width_max"]) == (16, 16)
+    assert reading["retired_pages"] is None  # "N/A" on an H100 (row remapping instead)
+    assert reading["lost"] is False
     [titan] = DumpGpus(TITAN_V).sample_health(["GPU-f4c353ff-b56c-c1de-bcb9-7dad861b589a"])
     assert titan["temperature_c"] == 44
     assert titan["ecc_uncorrectable"] is None  # ECC N/A on a TITAN V
+    assert titan["slowdown_temp_c"] == 97  # "GPU Slowdown Temp : 97 C", absolute
+    assert titan["remapped_rows_pending"] is None  # "Remapped Rows : N/A" before Ampere
+    a10_gpus = DumpGpus(A10)
+    [a10] = a10_gpus.sample_health([a10_gpus.inventory().gpus[0].uuid])
+    assert a10["remapped_rows_pending"] is True  # the recorded A10 has a remap pending
 
 
 def test_truncated_dump_is_refused_naming_file_and_lines():
