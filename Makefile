@@ -43,3 +43,20 @@ bench: $(STAMP_TEST)
 
 clean:
 	rm -rf var/ .pytest_cache
+
+# --- contracts (on-chain settlement; see contracts/README.md) -------------------------
+# `make contracts` installs the pinned npm toolchain (solc, OpenZeppelin, Hardhat 2) and
+# rebuilds the committed artifacts in contracts/build/. `make test` installs the toolchain
+# first when npm is present, so the chain tests (recompile check, Hardhat node) can run.
+CONTRACTS_NODE_MODULES := contracts/node_modules/.package-lock.json
+CONTRACTS_TEST_DEPS    := $(if $(shell command -v npm 2>/dev/null),$(CONTRACTS_NODE_MODULES))
+
+.PHONY: contracts
+$(CONTRACTS_NODE_MODULES): contracts/package.json contracts/package-lock.json
+	npm ci --prefix contracts --no-audit --no-fund
+	touch $@
+
+contracts: $(CONTRACTS_NODE_MODULES)
+	npm run --prefix contracts build
+
+test: $(CONTRACTS_TEST_DEPS)
