@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class MarketplaceConfig(AppConfig):
     name = "marketplace"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from marketplace.health import on_gpu_health_changed
+        from providers.signals import gpu_health_changed
+
+        gpu_health_changed.connect(on_gpu_health_changed,
+                                   dispatch_uid="marketplace.health.on_gpu_health_changed")

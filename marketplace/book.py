@@ -11,10 +11,12 @@ the lock is held; broadcasts and runner pushes go out on commit.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from marketplace import engine
@@ -28,6 +30,8 @@ log = logging.getLogger("gpumarket.market")
 
 MAX_GPUS = 4096
 MAX_DURATION_SECONDS = 366 * 24 * 3600
+CLIENT_ORDER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
+CLIENT_ID_CONSTRAINT = "order_client_id_unique_per_owner"
 
 
 def lock_market(market_id: int) -> GpuClass:
@@ -77,23 +81,103 @@ def _engine_ask(order: Order) -> engine.Ask:
                       available_until=_epoch(order.available_until), seq=order.pk)
 
 
-def _load_book(market: GpuClass, *, exclude: int | None = None) -> engine.OrderBook:
-    """The market's resting orders as an engine book (caller holds the market lock)."""
+def _load_book(market: GpuClass, *, exclude: int | None = None,
+               now: datetime | None = None) -> engine.OrderBook:
+    """The market's resting orders as an engine book (caller holds the market lock, or
+    only reads it). With `now`, orders past their expiry are left out even if the
+    expiry sweep has not closed them yet."""
     book = engine.OrderBook()
-    resting = (Order.objects.filter(market=market, status__in=Order.ACTIVE)
-               .exclude(pk=exclude).order_by("pk"))
-    for order in resting:
-        if order.side == Order.Side.BID:
-            book.rest_bid(_engine_bid(order))
-        elif order.remaining_gpus > 0:
-            book.rest_ask(_engine_ask(order))
+    resting = _resting(market, now=now).exclude(pk=exclude).order_by("pk")
+    # plain tuples, not model instances: this runs on every order (bench/README.md)
+    rows = resting.values_list("pk", "side", "owner_id", "price", "remaining_gpus",
+                               "gang_size", "duration_seconds", "time_in_force", "node_id",
+                               "available_until")
+    rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
+    for pk, side, owner, price, gpus, gang, duration, tif, node, until in rows:
+        if side == Order.Side.BID:
+            rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
+                         duration_s=duration, seq=pk, tif=tif))
+        elif gpus > 0:
+            rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
+                         available_until=_epoch(until), seq=pk))
     return book
+
+
+def _resting(market: GpuClass, *, now: datetime | None = None):
+    """The market's active orders; with `now`, without those past their expiry."""
+    resting = Order.objects.filter(market=market, status__in=Order.ACTIVE)
+    if now is not None:
+        resting = resting.exclude(Q(expires_at__lte=now) | Q(available_until__lte=now))
+    return resting
 
 
 @dataclass(frozen=True)
 class Placed:
+    """The order placed and the leases its matching made. `created` is False when a
+    `client_order_id` was already used: `order` is then the first order with that id and
+    `leases` every lease made from its fills so far."""
+
     order: Order
     leases: list[Lease]
+    created: bool = True
+
+
+def _check_client_order_id(client_order_id: str | None) -> None:
+    if client_order_id is not None and not CLIENT_ORDER_ID.fullmatch(client_order_id):
+        raise InvalidInput("must be 1 to 64 characters of A–Z, a–z, 0–9, '.', '_', ':' or '-'",
+                           field="client_order_id")
+
+
+def _replay(owner_id: int, client_order_id: str | None) -> Placed | None:
+    """The first order of `owner_id` with `client_order_id`, as a Placed, or None."""
+    if client_order_id is None:
+        return None
+    order = Order.objects.filter(owner_id=owner_id, client_order_id=client_order_id).first()
+    if order is None:
+        return None
+    leases = list(Lease.objects.filter(Q(fill__bid=order) | Q(fill__ask=order)).order_by("pk"))
+    return Placed(order=order, leases=leases, created=False)
+
+
+def _is_client_id_clash(exc: IntegrityError) -> bool:
+    diag = getattr(exc.__cause__, "diag", None)
+    if diag is not None:
+        return getattr(diag, "constraint_name", None) == CLIENT_ID_CONSTRAINT
+    return "client_order_id" in str(exc)  # SQLite names the columns instead
+
+
+def _expire_due(market: GpuClass, now: datetime) -> list[int]:
+    """Expire the market's active orders past their time: bids past `expires_at` (hold
+    released), asks past `available_until`. The caller holds the market lock."""
+    due = (Order.objects.filter(market=market, status__in=Order.ACTIVE)
+           .filter(Q(expires_at__lte=now) | Q(available_until__lte=now)).order_by("pk"))
+    expired = []
+    for order in due:
+        if order.side == Order.Side.BID:
+            cause = f"expires_at {order.expires_at.isoformat()} passed"
+        else:
+            cause = f"available_until {order.available_until.isoformat()} passed"
+        _close_order(order, "expired", cause, now)
+        expired.append(order.pk)
+    return expired
+
+
+def expire_orders(*, now: datetime | None = None) -> list[int]:
+    """Expire every active order past its expires_at (bids) or available_until (asks),
+    one market at a time under its lock; returns the ids expired. Safe to run
+    concurrently and again: an order already expired is no longer active."""
+    now = now or timezone.now()
+    market_ids = sorted(set(
+        Order.objects.filter(status__in=Order.ACTIVE)
+        .filter(Q(expires_at__lte=now) | Q(available_until__lte=now))
+        .values_list("market_id", flat=True)))
+    expired: list[int] = []
+    for market_id in market_ids:
+        with transaction.atomic():
+            expired += _expire_due(lock_market(market_id), now)
+    if expired:
+        log.info("expired orders %s", expired)
+    return expired
 
 
 def free_gpu_count(node: Node, market: GpuClass) -> int:
@@ -120,14 +204,23 @@ def _check_common(*, price: int, gpus: int) -> None:
 def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
               duration_seconds: int, gang_size: int | None = None,
               time_in_force: str = "GTC", image: str = "", command: list[str] | None = None,
+              expires_at: datetime | None = None, client_order_id: str | None = None,
               now: datetime | None = None) -> Placed:
-    """Place a bid: hold its cost, match it, rest what is left (GTC).
+    """Place a bid: hold its cost, match it, rest what is left (GTC) until cancelled,
+    filled or `expires_at`.
 
     price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
-    gang_size: GPUs per node (default all on one node). Raises InvalidInput naming the
-    field, and settlement.InsufficientFunds when the hold cannot be placed; in every
-    refusal nothing is written.
+    gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
+    id, unique per buyer — placing it again returns the first order (created=False) and
+    writes nothing. Raises InvalidInput naming the field, and
+    settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
+    is written.
     """
+    now = now or timezone.now()
+    _check_client_order_id(client_order_id)
+    replayed = _replay(buyer_id, client_order_id)
+    if replayed is not None:
+        return replayed
     market = get_market(market_slug)
     gang_size = gpus if gang_size is None else gang_size
     _check_common(price=price, gpus=gpus)
@@ -137,35 +230,52 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
         raise InvalidInput(f"must divide gpus ({gpus})", field="gang_size")
     if time_in_force not in Order.TimeInForce.values:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
+    if expires_at is not None and expires_at <= now:
+        raise InvalidInput("must be in the future", field="expires_at")
     hold_amount = checked_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
-    now = now or timezone.now()
-    with transaction.atomic():
-        market = lock_market(market.pk)
-        order = Order.objects.create(
-            market=market, owner_id=buyer_id, side=Order.Side.BID, price=price, gpus=gpus,
-            remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
-            time_in_force=time_in_force, image=image, command=command,
-        )
-        hold = ledger.hold_place(buyer_id=buyer_id, amount=hold_amount,
-                                 reference=f"order:{order.pk}")
-        order.hold_id = hold.pk
-        order.save(update_fields=["hold_id"])
-        order.events.create(from_status="", to_status="open", at=now, cause="bid placed")
-        book = _load_book(market, exclude=order.pk)
-        result = book.submit_bid(_engine_bid(order), _epoch(now))
-        leases = _apply(market, order, result, now)
+    try:
+        with transaction.atomic():
+            market = lock_market(market.pk)
+            _expire_due(market, now)
+            order = Order.objects.create(
+                market=market, owner_id=buyer_id, side=Order.Side.BID, price=price, gpus=gpus,
+                remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
+                time_in_force=time_in_force, image=image, command=command,
+                expires_at=expires_at, client_order_id=client_order_id or "",
+            )
+            hold = ledger.hold_place(buyer_id=buyer_id, amount=hold_amount,
+                                     reference=f"order:{order.pk}")
+            order.hold_id = hold.pk
+            order.save(update_fields=["hold_id"])
+            order.events.create(from_status="", to_status="open", at=now, cause="bid placed")
+            book = _load_book(market, exclude=order.pk)
+            result = book.submit_bid(_engine_bid(order), _epoch(now))
+            leases = _apply(market, order, result, now)
+    except IntegrityError as exc:
+        # the same client_order_id raced in from another request (possibly another
+        # market): that one committed first and stands
+        replayed = _replay(buyer_id, client_order_id) if _is_client_id_clash(exc) else None
+        if replayed is None:
+            raise
+        return replayed
     return Placed(order=order, leases=leases)
 
 
 def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price: int,
-              gpus: int, available_until: datetime, now: datetime | None = None) -> Placed:
+              gpus: int, available_until: datetime, client_order_id: str | None = None,
+              now: datetime | None = None) -> Placed:
     """Offer `gpus` GPUs of a node at `price` micro-USD per GPU-hour until
-    `available_until`, matching resting bids at their prices.
+    `available_until` (then it expires), matching resting bids at their prices.
 
-    Raises NotFound/PermissionDenied for a node that is not the provider's, and
-    InvalidInput naming the field for more GPUs than are free or a past window.
+    client_order_id: as for place_bid. Raises NotFound/PermissionDenied for a node that
+    is not the provider's, and InvalidInput naming the field for more GPUs than are free
+    or a past window.
     """
     now = now or timezone.now()
+    _check_client_order_id(client_order_id)
+    replayed = _replay(provider_id, client_order_id)
+    if replayed is not None:
+        return replayed
     try:
         node = Node.objects.select_related("provider").get(pk=node_id)
     except Node.DoesNotExist:
@@ -186,20 +296,28 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     _check_common(price=price, gpus=gpus)
     if available_until <= now:
         raise InvalidInput("must be in the future", field="available_until")
-    with transaction.atomic():
-        market = lock_market(market.pk)
-        free = free_gpu_count(node, market)
-        if gpus > free:
-            raise InvalidInput(f"only {free} GPUs of node {node.name} are free to offer",
-                               field="gpus")
-        order = Order.objects.create(
-            market=market, owner_id=provider_id, side=Order.Side.ASK, price=price, gpus=gpus,
-            remaining_gpus=gpus, node=node, available_until=available_until,
-        )
-        order.events.create(from_status="", to_status="open", at=now, cause="ask placed")
-        book = _load_book(market, exclude=order.pk)
-        result = book.submit_ask(_engine_ask(order), _epoch(now))
-        leases = _apply(market, order, result, now)
+    try:
+        with transaction.atomic():
+            market = lock_market(market.pk)
+            _expire_due(market, now)
+            free = free_gpu_count(node, market)
+            if gpus > free:
+                raise InvalidInput(f"only {free} GPUs of node {node.name} are free to offer",
+                                   field="gpus")
+            order = Order.objects.create(
+                market=market, owner_id=provider_id, side=Order.Side.ASK, price=price,
+                gpus=gpus, remaining_gpus=gpus, node=node, available_until=available_until,
+                client_order_id=client_order_id or "",
+            )
+            order.events.create(from_status="", to_status="open", at=now, cause="ask placed")
+            book = _load_book(market, exclude=order.pk)
+            result = book.submit_ask(_engine_ask(order), _epoch(now))
+            leases = _apply(market, order, result, now)
+    except IntegrityError as exc:
+        replayed = _replay(provider_id, client_order_id) if _is_client_id_clash(exc) else None
+        if replayed is None:
+            raise
+        return replayed
     return Placed(order=order, leases=leases)
 
 
@@ -279,10 +397,11 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     ask = Order.objects.get(pk=ask_id)
     if ask.status not in (*Order.ACTIVE, "filled") or ask.available_until <= now:
         return []
+    market = ask.market
+    _expire_due(market, now)  # an expired resting bid must not take the returned GPUs
     ask.remaining_gpus += gpus
     ask.set_status("partially_filled", cause=f"{gpus} GPUs returned from an ended lease",
                    at=now, update_fields=("remaining_gpus",))
-    market = ask.market
     book = _load_book(market, exclude=ask.pk)
     result = book.submit_ask(_engine_ask(ask), _epoch(now))
     return _apply(market, ask, result, now)
@@ -290,9 +409,19 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
 
 def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],
                                                           list[tuple[int, int]]]:
-    """Order book depth: (bids high→low, asks low→high) as (price, GPUs) per level."""
-    book = _load_book(market)
-    return book.depth(levels)
+    """Order book depth: (bids high→low, asks low→high) as (price, GPUs) per level —
+    the engine's OrderBook.depth, aggregated by the database (no book is loaded)."""
+    if levels <= 0:
+        return [], []
+    resting = _resting(market, now=timezone.now()).filter(remaining_gpus__gt=0)
+
+    def side(name: str, order_by: str) -> list[tuple[int, int]]:
+        rows = (resting.filter(side=name).order_by().values("price")
+                .annotate(gpus=Sum("remaining_gpus")).order_by(order_by)[:levels])
+        return [(r["price"], r["gpus"]) for r in rows]
+
+    return side(Order.Side.BID, "-price"), side(Order.Side.ASK, "price")
 
 
-__all__ = ["Placed", "cancel_order", "depth", "place_ask", "place_bid", "return_gpus_to_ask"]
+__all__ = ["Placed", "cancel_order", "depth", "expire_orders", "place_ask", "place_bid",
+           "return_gpus_to_ask"]

@@ -1,6 +1,7 @@
 """`make demo`: the whole job on recorded real input, as one process group.
 
-Migrates the database (SQLite under var/ by default), starts the ASGI server
+Migrates the database (a fresh SQLite file under var/demo/ each run unless
+DATABASE_URL is set), starts the ASGI server
 (uvicorn, 127.0.0.1:8000), a Celery worker with beat, and two runners in
 `--simulate` mode on the recorded 8 × H100 and 8 × RTX 4090 hosts
 (data/nvidia-smi/), then plays a scenario through the REST API and prints each
@@ -49,8 +50,16 @@ class Demo:
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "marketplace.settings",
                     "GPUMARKET_DEV_CREDIT": "1", "PYTHONUNBUFFERED": "1",
                     "GPUMARKET_VAR_DIR": str(self.var)}
+        if "DATABASE_URL" not in os.environ:
+            # The scenario registers the recorded hosts' GPU UUIDs, which are unique: each
+            # run starts from its own fresh SQLite file so that it can run again.
+            self.db_file = self.var / "demo" / "gpumarket-demo.sqlite3"
+            self.env["DATABASE_URL"] = f"sqlite:///{self.db_file}"
+        else:
+            self.db_file = None
         self.http = httpx.Client(base_url=self.base, timeout=30)
         self.tokens: dict[str, str] = {}
+        self.node_uids: list[str] = []
 
     # -- processes ---------------------------------------------------------------
     def spawn(self, name: str, args: list[str], log: bool = False) -> subprocess.Popen:
@@ -71,6 +80,25 @@ class Demo:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+        self.remove_containers()
+
+    def remove_containers(self) -> None:
+        """The runners leave running leases' containers for re-adoption when they stop;
+        the demo's own nodes go away with it, so their containers do too."""
+        if not self.node_uids:
+            return
+        try:
+            import docker
+
+            client = docker.from_env(timeout=5)
+            for uid in self.node_uids:
+                for c in client.containers.list(all=True,
+                                                filters={"label": f"gpumarket.node={uid}"}):
+                    c.remove(force=True)
+                    say("cleanup", f"removed container {c.short_id} of lease "
+                        f"{c.labels.get('gpumarket.lease')}")
+        except Exception:  # no Docker: the process runtime's children ended with the runners
+            return
 
     def check_alive(self) -> None:
         for proc in self.procs:
@@ -122,8 +150,14 @@ class Demo:
     def run(self) -> int:
         (self.var / "demo").mkdir(parents=True, exist_ok=True)
         py = sys.executable
-        say("database", "migrating " + os.environ.get(
-            "DATABASE_URL", str(self.var / "gpumarket.sqlite3")).split("@")[-1])
+        if self.db_file is not None:
+            self.db_file.unlink(missing_ok=True)
+            say("database", f"migrating a fresh SQLite database {self.db_file}")
+        else:
+            say("database", "migrating " + self.env["DATABASE_URL"].split("@")[-1])
+        if not self._port_free():
+            raise SystemExit(f"[demo] port {self.port} on 127.0.0.1 is in use: stop what "
+                             "listens there or choose another with DEMO_PORT=8001")
         subprocess.run([py, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
                        env=self.env, check=True)
         runtime = self.runtime()
@@ -150,6 +184,7 @@ class Demo:
         nodes = {}
         for name, dump in HOSTS.items():
             node = self.call("POST", "/api/v1/nodes/", "provider", json={"name": name})
+            self.node_uids.append(node["uid"])
             state = self.var / "demo" / f"runner-{name}"
             shutil.rmtree(state, ignore_errors=True)
             reg = subprocess.run(
@@ -157,7 +192,9 @@ class Demo:
                  node["runner_token"], "--simulate", str(dump), "--state-dir", str(state)],
                 cwd=ROOT, env=self.env, capture_output=True, text=True)
             if reg.returncode != 0:
-                raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}")
+                hint = (" (the recorded GPUs are already registered in this DATABASE_URL by an "
+                        "earlier run: use a fresh database)" if "409" in reg.stderr else "")
+                raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}{hint}")
             self.spawn(f"runner-{name}", [py, "-m", "providers.runner", "run", "--state-dir",
                                           str(state), "--poll-interval", "0.5", "--runtime",
                                           runtime, "--network", "none"])
@@ -193,7 +230,7 @@ class Demo:
             "side": "bid", "gpu_class": "h100-sxm-80gb", "gpus": 2, "price": "2.60",
             "duration_seconds": LEASE_SECONDS, "image": IMAGE, "command": ["sleep", "3600"]})
         say("fill", f"alice bids 2 × h100-sxm-80gb at 2.60 → {bid['status']} at the ask's "
-            f"{ask_price}; lease {bid['leases']}")
+            f"{ask_price}; lease {bid['leases']} ({LEASE_SECONDS} s, billed per second)")
         book = self.call("GET", "/api/v1/gpu-classes/h100-sxm-80gb/book/")
         say("order book", "h100-sxm-80gb bids " + _levels(book["bids"]) + " | asks "
             + _levels(book["asks"]))
@@ -245,8 +282,19 @@ class Demo:
         say("ledger check", verdict)
         if check.returncode != 0:
             return 1
-        say("done", f"scenario complete; browse {self.base}/ and {self.base}/api/docs/")
+        say("done", "scenario complete")
         return 0
+
+    def _port_free(self) -> bool:
+        import socket
+
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            try:
+                s.bind(("127.0.0.1", self.port))
+            except OSError:
+                return False
+        return True
 
     def _web_up(self) -> bool:
         try:
@@ -283,7 +331,8 @@ def main() -> int:
         status = demo.run()
         if oneshot or status != 0:
             return status
-        say("serving", f"{demo.base}/ — press Ctrl-C to stop every process")
+        say("serving", f"browse {demo.base}/ and {demo.base}/api/docs/ — press Ctrl-C to "
+            "stop every process")
         while True:
             demo.check_alive()
             time.sleep(1)

@@ -8,7 +8,10 @@ pending/starting → failed | cancelled. Each move is recorded with time and cau
 Billing: the lease clock starts when the runner reports `running`; at the end the
 buyer pays price × gpus × seconds // 3600 for the seconds that ran (capped at the
 leased duration), the provider gets 85 % and the platform 15 % (settlement.split),
-and the rest of the lease's hold returns to the buyer — one journal entry.
+and the rest of the lease's hold returns to the buyer — one journal entry. A long
+lease is also metered every GPUMARKET_METER_INTERVAL_SECONDS (default hourly):
+what it owes so far is captured and split then, so the provider is paid for what
+ran even if the lease later fails; the final settlement captures only the rest.
 """
 
 from __future__ import annotations
@@ -25,17 +28,18 @@ from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
 from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
 from settlement import services as ledger
+from settlement.models import Hold
 from settlement.money import lease_cost
 
 log = logging.getLogger("gpumarket.leases")
 
 
 def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
-    """`count` GPUs of the class on `node` that are in no active lease, by bus id.
+    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id.
     The partial unique index on LeaseGpu makes a double booking fail even if two
     writers raced here."""
     free = list(
-        Gpu.objects.filter(node=node, gpu_class=market)
+        Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
         .exclude(lease_gpus__active=True)
         .order_by("pci_bus_id")[:count]
     )
@@ -142,15 +146,21 @@ def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = 
         if lease.started_at is not None:
             seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
             seconds = max(seconds, 0)
-        cost = lease_cost(lease.price, lease.gpu_count, seconds)
+            reported = (detail or {}).get("runner_usage_seconds")
+            if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
+                # a failure: the buyer pays only the healthy seconds the runner saw
+                seconds = reported
+        # never below what periodic settlement already paid out of the hold
+        cost = max(lease_cost(lease.price, lease.gpu_count, seconds),
+                   Hold.objects.values_list("captured", flat=True).get(pk=lease.hold_id))
         settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
                                      provider_id=lease.provider_id,
                                      reference=f"lease:{lease.pk}")
         lease.ended_at = now
         lease.cause = cause[:300]
         lease.cost = cost
-        lease.provider_amount = settled.split.provider
-        lease.platform_fee = settled.split.platform_fee
+        lease.platform_fee = settled.fee_total  # periodic captures included
+        lease.provider_amount = cost - settled.fee_total
         lease.settled_at = now
         _move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
               update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
@@ -159,8 +169,8 @@ def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = 
         if lease.ask_id:
             return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
     log.info("lease %s: %s after %s s; cost %s = provider %s + platform %s; released %s",
-             lease.pk, status, seconds, cost, settled.split.provider,
-             settled.split.platform_fee, settled.released)
+             lease.pk, status, seconds, cost, lease.provider_amount, lease.platform_fee,
+             settled.released)
     return lease
 
 
@@ -179,3 +189,42 @@ def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
             continue  # ended by the runner meanwhile
         ended.append(lease_id)
     return ended
+
+
+def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:
+    """Capture what a running lease owes up to `now` (whole metering periods only).
+
+    The period index is floor(seconds run / GPUMARKET_METER_INTERVAL_SECONDS); each
+    index is captured at most once (settlement.hold_capture's idempotency key), so a
+    retried or duplicated run changes nothing. Returns the micro-USD captured, or None.
+    """
+    now = now or timezone.now()
+    interval = settings.GPUMARKET_METER_INTERVAL_SECONDS
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.status != Lease.Status.RUNNING or lease.started_at is None:
+            return None
+        ran = min(int((now - lease.started_at).total_seconds()), lease.duration_seconds)
+        period = ran // interval
+        if period <= 0:
+            return None
+        through = lease_cost(lease.price, lease.gpu_count, period * interval)
+        settled = ledger.hold_capture(hold_id=lease.hold_id, through_cost=through,
+                                      provider_id=lease.provider_id,
+                                      reference=f"lease:{lease.pk}", period=str(period))
+    if settled is None:
+        return None
+    log.info("lease %s: metered through %s s, captured %s", lease_id, period * interval,
+             settled.split.gross)
+    return settled.split.gross
+
+
+def meter_running_leases(*, now: datetime | None = None) -> list[int]:
+    """Meter every running lease; returns the ids that were charged this run."""
+    now = now or timezone.now()
+    charged = []
+    for lease_id in Lease.objects.filter(status=Lease.Status.RUNNING).values_list("pk",
+                                                                                  flat=True):
+        if meter_lease(lease_id=lease_id, now=now):
+            charged.append(lease_id)
+    return charged

@@ -79,6 +79,13 @@ class Order(StateMachine):
     image = models.CharField(max_length=255, blank=True)
     command = models.JSONField(null=True, blank=True)
     hold_id = models.BigIntegerField(null=True, blank=True, help_text="settlement.Hold id")
+    expires_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="bid: when what is left of it expires (empty: good till cancelled)")
+    client_order_id = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="the owner's own id for this order, unique per owner (idempotent "
+                  "placement); empty: none")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -91,6 +98,9 @@ class Order(StateMachine):
             models.CheckConstraint(condition=Q(gpus__gt=0), name="order_gpus_positive"),
             models.CheckConstraint(condition=Q(remaining_gpus__lte=models.F("gpus")),
                                    name="order_remaining_within_size"),
+            models.UniqueConstraint(fields=["owner", "client_order_id"],
+                                    condition=~Q(client_order_id=""),
+                                    name="order_client_id_unique_per_owner"),
         ]
         indexes = [models.Index(fields=["market", "side", "status"])]
 

@@ -16,6 +16,7 @@ Variables (default in brackets):
 - GPUMARKET_DEFAULT_IMAGE [gpumarket/busybox:local]: image of a lease that names none.
 - GPUMARKET_LEASE_GRACE_SECONDS [30]: how long past ends_at the marketplace waits for
   the runner before ending a lease itself.
+- GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
   [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300].
@@ -66,6 +67,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "settlement",
     "providers",
@@ -75,6 +77,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -127,13 +130,14 @@ else:
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue = VAR_DIR / "celery"
-    for sub in ("in", "processed"):
+    for sub in ("in", "processed", "control"):
         (_queue / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue / "in"),
         "data_folder_out": str(_queue / "in"),
         "processed_folder": str(_queue / "processed"),
         "store_processed": False,
+        "control_folder": str(_queue / "control"),
     }
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -145,14 +149,19 @@ CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULE = {
     "close-due-auctions": {"task": "marketplace.tasks.close_due_auctions", "schedule": 1.0},
     "end-overdue-leases": {"task": "marketplace.tasks.end_overdue_leases", "schedule": 5.0},
+    "expire-orders": {"task": "marketplace.tasks.expire_orders", "schedule": 5.0},
+    "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
+                             "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        "marketplace.api.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    "DEFAULT_PARSER_CLASSES": ["marketplace.api.parsers.StrictJSONParser"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
@@ -165,6 +174,10 @@ SPECTACULAR_SETTINGS = {
     "USD strings per GPU-hour with at most 6 places; amounts are decimal USD strings.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from the installed drf-spectacular-sidecar: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -177,6 +190,10 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise serves static files from the ASGI app itself; with DEBUG it finds them in the
+# apps (no collectstatic needed for the demo), in production run `manage.py collectstatic`.
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {
     "version": 1,
@@ -197,6 +214,7 @@ if GPUMARKET_DEV_CREDIT and not DEBUG:
     raise ImproperlyConfigured("GPUMARKET_DEV_CREDIT must stay off when DEBUG is off")
 GPUMARKET_DEFAULT_IMAGE = env.str("GPUMARKET_DEFAULT_IMAGE", default="gpumarket/busybox:local")
 GPUMARKET_LEASE_GRACE_SECONDS = env.int("GPUMARKET_LEASE_GRACE_SECONDS", default=30)
+GPUMARKET_METER_INTERVAL_SECONDS = env.int("GPUMARKET_METER_INTERVAL_SECONDS", default=3600)
 
 # Stripe (off unless STRIPE_SECRET_KEY is set). STRIPE_API_BASE points the official
 # library elsewhere (tests: localstripe on 127.0.0.1).

@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, leases
+from marketplace import auctions, book, leases
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -37,3 +37,17 @@ def close_due_auctions() -> list[int]:
 def end_overdue_leases() -> list[int]:
     """Beat sweep: end running leases the runner did not end in time."""
     return leases.end_overdue_leases()
+
+
+@shared_task(name="marketplace.tasks.expire_orders")
+def expire_orders() -> list[int]:
+    """Beat sweep: expire bids past expires_at (releasing their holds) and asks past
+    available_until; each with its cause recorded."""
+    return book.expire_orders()
+
+
+@shared_task(name="marketplace.tasks.meter_running_leases")
+def meter_running_leases() -> list[int]:
+    """Beat: charge running leases for each whole metering period they ran. Safe to
+    retry or to run on several workers: each period is captured once."""
+    return leases.meter_running_leases()

@@ -1,12 +1,13 @@
 """URL map: pages at /, the REST API under /api/v1/, its schema and docs, admin."""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.authtoken.views import obtain_auth_token
 
 from marketplace.api import accounts, runner
 from marketplace.api import views as market
+from marketplace.api.errors import api_not_found
 from providers import api as providers_api
 from settlement import api as settlement_api
 
@@ -49,5 +50,6 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    re_path(r"^api(/.*)?$", api_not_found),
     path("admin/", admin.site.urls),
 ]

@@ -25,7 +25,7 @@ class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
         fields = ["uuid", "gpu_class", "product_name", "memory_mib", "pci_bus_id", "mig_mode",
-                  "last_health"]
+                  "last_health", "healthy", "findings", "unhealthy_since"]
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -33,7 +33,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "hostname", "driver_version", "cuda_version", "runtime",
+        fields = ["id", "uid", "name", "hostname", "driver_version", "cuda_version", "runtime",
                   "inventory_source", "registered_at", "last_heartbeat_at", "gpus"]
 
 
@@ -123,9 +123,17 @@ class HealthIn(serializers.Serializer):
     ecc_uncorrectable = serializers.IntegerField(required=False, allow_null=True)
 
 
+class FindingIn(serializers.Serializer):
+    uuid = serializers.CharField(max_length=64)
+    rule = serializers.CharField(max_length=40)
+    severity = serializers.ChoiceField(choices=["warn", "fatal"])
+    evidence = serializers.CharField(max_length=1000, allow_blank=True, default="")
+
+
 class HeartbeatIn(serializers.Serializer):
     runtime = serializers.CharField(max_length=16, allow_blank=True, default="")
     gpus = HealthIn(many=True, required=False, default=list)
+    findings = FindingIn(many=True, required=False, default=list, max_length=512)
 
 
 class RunnerHeartbeat(RunnerView):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
 
 from django.conf import settings
 from django.db import models
@@ -34,6 +35,8 @@ class Node(models.Model):
     """One GPU host, served by one runner authenticated by its token."""
 
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="nodes")
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False,
+                           help_text="labels the node's containers (unique across databases)")
     name = models.CharField(max_length=100)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     hostname = models.CharField(max_length=255, blank=True)
@@ -68,6 +71,11 @@ class Gpu(models.Model):
     pci_bus_id = models.CharField(max_length=32)
     mig_mode = models.CharField(max_length=16, blank=True)
     last_health = models.JSONField(default=dict, blank=True)
+    healthy = models.BooleanField(
+        default=True, help_text="false while the runner reports a fatal finding for it")
+    findings = models.JSONField(default=list, blank=True,
+                                help_text="the runner's latest non-ok health findings")
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

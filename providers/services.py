@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from providers.models import Gpu, Node, Provider, hash_token, new_token
+from providers.signals import gpu_health_changed
 
 MAX_GPUS_PER_NODE = 64
 
@@ -29,12 +30,15 @@ class InventoryConflict(ProviderError):
 
 
 def provider_onboard(*, user_id: int, display_name: str) -> Provider:
-    """Make a user a provider (idempotent)."""
+    """Make a user a provider; again later, rename it (idempotent)."""
     if not display_name.strip():
         raise ProviderError("must not be empty", field="display_name")
-    provider, _ = Provider.objects.get_or_create(
+    provider, created = Provider.objects.get_or_create(
         user_id=user_id, defaults={"display_name": display_name.strip()[:100]}
     )
+    if not created and provider.display_name != display_name.strip()[:100]:
+        provider.display_name = display_name.strip()[:100]
+        provider.save(update_fields=["display_name"])
     return provider
 
 
@@ -115,16 +119,39 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     return node
 
 
-def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]]) -> None:
-    """Store the node's heartbeat time and each GPU's latest health reading."""
+def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
+                     findings: list[dict[str, Any]] | None = None) -> None:
+    """Store the node's heartbeat time, each GPU's latest reading and health findings.
+
+    A GPU with a `fatal` finding becomes unhealthy; one whose heartbeat carries no fatal
+    finding any more is healthy again. On a change, `gpu_health_changed` is sent after
+    commit, and the market takes the GPU out of (or back into) the node's asks.
+    """
     now = timezone.now()
-    node.last_heartbeat_at = now
-    node.runtime = runtime[:16]
-    node.save(update_fields=["last_heartbeat_at", "runtime"])
+    found: dict[str, list[dict[str, Any]]] = {}
+    for f in findings or []:
+        found.setdefault(f["uuid"], []).append(f)
     by_uuid = {g["uuid"]: g for g in gpus}
-    for gpu in node.gpus.filter(uuid__in=list(by_uuid)):
-        gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
-        gpu.save(update_fields=["last_health"])
+    unhealthy, recovered = [], []
+    with transaction.atomic():
+        node.last_heartbeat_at = now
+        node.runtime = runtime[:16]
+        node.save(update_fields=["last_heartbeat_at", "runtime"])
+        for gpu in node.gpus.select_for_update():
+            fatal = any(f["severity"] == "fatal" for f in found.get(gpu.uuid, []))
+            if gpu.uuid in by_uuid:
+                gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
+            gpu.findings = found.get(gpu.uuid, [])
+            if fatal and gpu.healthy:
+                gpu.healthy, gpu.unhealthy_since = False, now
+                unhealthy.append(gpu.uuid)
+            elif not fatal and not gpu.healthy:
+                gpu.healthy, gpu.unhealthy_since = True, None
+                recovered.append(gpu.uuid)
+            gpu.save(update_fields=["last_health", "findings", "healthy", "unhealthy_since"])
+    if unhealthy or recovered:
+        transaction.on_commit(lambda: gpu_health_changed.send(
+            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered))
 
 
 def user_create(*, username: str, password: str | None = None, email: str = ""):

@@ -61,6 +61,7 @@ class JournalEntry(models.Model):
         HOLD_RELEASE = "hold_release", "hold released"
         HOLD_REDUCE = "hold_reduce", "hold reduced"
         LEASE_SETTLE = "lease_settle", "lease settled"
+        LEASE_METER = "lease_meter", "lease metered (periodic settlement)"
         STRIPE_TOPUP = "stripe_topup", "Stripe top-up"
         PAYOUT_RESERVE = "payout_reserve", "payout reserved"
         PAYOUT_SENT = "payout_sent", "payout sent"
@@ -113,7 +114,9 @@ class Hold(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     original = models.BigIntegerField(help_text="micro-USD placed")
     amount = models.BigIntegerField(help_text="micro-USD still held")
-    captured = models.BigIntegerField(default=0)
+    captured = models.BigIntegerField(default=0, help_text="micro-USD paid out of the hold")
+    captured_fee = models.BigIntegerField(
+        default=0, help_text="micro-USD of `captured` that went to the platform")
     released = models.BigIntegerField(default=0)
     reference = models.CharField(max_length=64, help_text="what it secures, e.g. 'order:7'")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -27,20 +27,35 @@ def parse_usd(text: object) -> int:
     """'2.49' → 2_490_000 micro-USD.
 
     Accepts only a JSON string of digits with an optional '.' and 1–6 decimals
-    ("2.49", "2.490000", "0.000001"). Rejects numbers (floats lose cents),
-    signs, exponents, NaN, Infinity, spaces, more than 6 places and values above
-    MAX_USD_MICROS, raising MoneyFormatError with the reason.
+    ("2.49", "2.490000", "0.000001"). Rejects numbers (floats lose cents), signs,
+    exponents, NaN, Infinity, spaces, more than 6 places and values above
+    MAX_USD_MICROS, raising MoneyFormatError with the precise reason.
     """
-    if not isinstance(text, str):
+    if isinstance(text, bool) or not isinstance(text, str):
         raise MoneyFormatError("must be a decimal string in USD such as \"2.49\", not a number")
-    if not _USD_RE.match(text):
-        raise MoneyFormatError(
-            "must be a decimal string in USD with at most 6 decimal places, such as \"2.49\""
-        )
-    micros = int(Decimal(text) * MICROS_PER_USD)
-    if micros > MAX_USD_MICROS:
-        raise MoneyFormatError("is larger than the largest amount accepted")
-    return micros
+    if _USD_RE.match(text):
+        micros = int(Decimal(text) * MICROS_PER_USD)
+        if micros > MAX_USD_MICROS:
+            raise MoneyFormatError(f"is larger than the largest amount accepted "
+                                   f"({format_usd(MAX_USD_MICROS)} USD)")
+        return micros
+    stripped = text.strip()
+    if stripped != text or not text:
+        reason = "must not be empty" if not stripped else "must not contain spaces"
+    elif text.startswith("-"):
+        reason = "must not be negative"
+    elif text.startswith("+"):
+        reason = "must be written without a sign, such as \"2.49\""
+    elif re.fullmatch(r"[0-9]+(\.[0-9]+)?[eE][-+]?[0-9]+", text):
+        reason = "must be a plain decimal, not an exponent, such as \"2.49\""
+    elif re.fullmatch(r"[0-9]+\.[0-9]{7,}", text):
+        reason = "has more than 6 decimal places (1 micro-USD is the smallest unit)"
+    elif re.fullmatch(r"[0-9]{14,}(\.[0-9]{1,6})?", text):
+        reason = (f"is larger than the largest amount accepted "
+                  f"({format_usd(MAX_USD_MICROS)} USD)")
+    else:
+        reason = "must be a decimal string in USD with at most 6 decimal places, such as \"2.49\""
+    raise MoneyFormatError(reason)
 
 
 def format_usd(micros: int) -> str:

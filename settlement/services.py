@@ -179,45 +179,92 @@ def hold_reduce(*, hold_id: int, to_amount: int, cause: str) -> int:
 
 @dataclass(frozen=True)
 class Settled:
-    split: Split   # gross (= cost), platform_fee, provider, in micro-USD
-    released: int  # micro-USD of the hold returned to the buyer
+    split: Split   # this capture: gross, platform_fee, provider (micro-USD)
+    released: int  # micro-USD of the hold returned to the buyer (0 for a periodic capture)
     entry_id: int
+    captured_total: int  # micro-USD captured from the hold so far, this capture included
+    fee_total: int       # of which the platform's
+
+
+def _capture(hold: Hold, *, amount: int, provider_id: int, release: int, kind: str,
+             reference: str, idempotency_key: str) -> Settled:
+    parts = split(amount, settings.GPUMARKET_TAKE_RATE_BPS)
+    entry = post_entry(
+        kind=kind,
+        postings=[
+            (account(Kind.BUYER_HELD, hold.buyer_id), -(amount + release)),
+            (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
+            (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
+            (account(Kind.BUYER_AVAILABLE, hold.buyer_id), release),
+        ],
+        memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
+             f"platform {format_usd(parts.platform_fee)}; released {format_usd(release)}",
+        reference=reference, hold=hold, idempotency_key=idempotency_key,
+    )
+    hold.captured += amount
+    hold.captured_fee += parts.platform_fee
+    hold.released += release
+    hold.amount -= amount + release
+    return Settled(split=parts, released=release, entry_id=entry.pk,
+                   captured_total=hold.captured, fee_total=hold.captured_fee)
+
+
+def hold_capture(*, hold_id: int, through_cost: int, provider_id: int, reference: str,
+                 period: str) -> Settled | None:
+    """Periodic settlement: capture what a running lease owes so far.
+
+    `through_cost` is the lease's whole cost up to now (micro-USD); what was captured
+    before is subtracted, and the difference is split and paid now; the hold stays
+    active. Idempotent per `period` (the entry's key is `meter:<reference>:<period>`):
+    a repeated call returns None and changes nothing, as does a cost not above what was
+    already captured. Raises HoldClosed, and ValueError when through_cost exceeds the
+    hold's original amount.
+
+    Rounding: each capture is split on its own (fee = amount × bps // 10000), so over a
+    lease the platform gets Σ floor(p_i × bps / 10000) ≤ floor(Σ p_i × bps / 10000):
+    at most one micro-USD per period less than the split of the whole, and that dust
+    goes to the provider, as DESIGN.md's rule does for a single split.
+    """
+    key = f"meter:{reference}:{period}"
+    with transaction.atomic():
+        hold = _locked_active_hold(hold_id)
+        if JournalEntry.objects.filter(idempotency_key=key).exists():
+            return None
+        if through_cost > hold.original - hold.released:
+            raise ValueError(f"cost {through_cost} is beyond hold {hold_id}")
+        amount = through_cost - hold.captured
+        if amount <= 0:
+            return None
+        settled = _capture(hold, amount=amount, provider_id=provider_id, release=0,
+                           kind=JournalEntry.Kind.LEASE_METER, reference=reference,
+                           idempotency_key=key)
+        hold.save(update_fields=["captured", "captured_fee", "released", "amount"])
+    return settled
 
 
 def hold_settle(*, hold_id: int, cost: int, provider_id: int, reference: str) -> Settled:
-    """Capture `cost` micro-USD of an active hold and close it.
+    """Final settlement: the lease's whole cost is `cost` micro-USD; capture what periodic
+    captures have not yet paid, split it (settlement.split, GPUMARKET_TAKE_RATE_BPS),
+    return the rest of the hold to the buyer and close the hold — one journal entry.
 
-    One journal entry: the buyer's held account pays `cost`; the provider earns
-    cost − fee and the platform the fee (settlement.split, take rate from
-    GPUMARKET_TAKE_RATE_BPS); the rest of the hold returns to the buyer.
-    Exactly once: the entry's idempotency key is `settle:<reference>`, and a closed
-    hold raises HoldClosed. Raises ValueError when cost exceeds the hold.
+    Exactly once: the entry's idempotency key is `settle:<reference>`, and a closed hold
+    raises HoldClosed. Raises ValueError when cost is below what was already captured or
+    beyond the hold.
     """
     with transaction.atomic():
         hold = _locked_active_hold(hold_id)
-        if not 0 <= cost <= hold.amount:
-            raise ValueError(f"cost {cost} is outside hold {hold_id} ({hold.amount} held)")
-        parts = split(cost, settings.GPUMARKET_TAKE_RATE_BPS)
-        rest = hold.amount - cost
-        entry = post_entry(
-            kind=JournalEntry.Kind.LEASE_SETTLE,
-            postings=[
-                (account(Kind.BUYER_HELD, hold.buyer_id), -hold.amount),
-                (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
-                (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
-                (account(Kind.BUYER_AVAILABLE, hold.buyer_id), rest),
-            ],
-            memo=f"cost {format_usd(cost)} USD: provider {format_usd(parts.provider)}, "
-                 f"platform {format_usd(parts.platform_fee)}, released {format_usd(rest)}",
-            reference=reference, hold=hold, idempotency_key=f"settle:{reference}",
-        )
-        hold.captured += cost
-        hold.released += rest
-        hold.amount = 0
+        amount = cost - hold.captured
+        if amount < 0 or amount > hold.amount:
+            raise ValueError(f"cost {cost} is outside hold {hold_id} "
+                             f"({hold.captured} captured, {hold.amount} held)")
+        settled = _capture(hold, amount=amount, provider_id=provider_id,
+                           release=hold.amount - amount, kind=JournalEntry.Kind.LEASE_SETTLE,
+                           reference=reference, idempotency_key=f"settle:{reference}")
         hold.status = Hold.Status.CAPTURED
         hold.closed_at = timezone.now()
-        hold.save(update_fields=["captured", "released", "amount", "status", "closed_at"])
-    return Settled(split=parts, released=rest, entry_id=entry.pk)
+        hold.save(update_fields=["captured", "captured_fee", "released", "amount", "status",
+                                 "closed_at"])
+    return settled
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ traceback to the client: DEBUG pages are off for the API).
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
@@ -47,7 +49,11 @@ def _body(errors: dict[str, list[str]]) -> dict:
 
 
 def error_response(message: str, *, field: str | None, status_code: int) -> Response:
-    return Response(_body({field or "": [message]}), status=status_code)
+    """`{"detail": "<field>: <message>", "errors": {"<field>": [message]}}`, or just
+    `{"detail": message}` when no single field is at fault."""
+    if not field:
+        return Response({"detail": message}, status=status_code)
+    return Response(_body({field: [message]}), status=status_code)
 
 
 def exception_handler(exc, context):
@@ -61,10 +67,29 @@ def exception_handler(exc, context):
         return error_response(str(exc), field=None, status_code=status.HTTP_409_CONFLICT)
     if isinstance(exc, MoneyFormatError):
         return error_response(str(exc), field=None, status_code=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, RequestDataTooBig):
+        return error_response("the request body is too large", field=None,
+                              status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     response = drf_handler(exc, context)
-    if response is not None and response.status_code == 400:
+    if response is not None and isinstance(exc, ValidationError):
         errors: dict[str, list[str]] = {}
         for field, message in _flatten(response.data):
             errors.setdefault(field, []).append(message)
         response.data = _body(errors or {"": ["bad request"]})
     return response
+
+
+def api_not_found(request, *args, **kwargs):
+    """JSON 404 for any unknown URL under /api/ (also when the trailing slash is missing,
+    which Django would otherwise answer with an HTML error for a POST)."""
+    from django.http import JsonResponse
+    from django.urls import Resolver404, resolve
+
+    detail = f"no API endpoint at {request.path}"
+    if not request.path.endswith("/"):
+        try:
+            resolve(request.path + "/")
+            detail += f": did you mean {request.path}/ ?"
+        except Resolver404:
+            pass
+    return JsonResponse({"detail": detail}, status=404)

@@ -3,6 +3,9 @@ leases; report starting / running / completed / failed."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -57,8 +60,12 @@ class RunnerLeaseEvent(RunnerView):
                 raise serializers.ValidationError({"container_id": "is required for running"})
             lease = lease_services.mark_running(lease=lease, container_id=v["container_id"])
         else:
-            default = ("lease time is over" if v["status"] == "completed"
-                       else "the runner reported a failure")
+            if v["status"] == "failed":
+                default = "the runner reported a failure"
+            elif lease.ends_at and timezone.now() < lease.ends_at - timedelta(seconds=2):
+                default = "the container exited by itself before the lease time was over"
+            else:
+                default = "lease time is over"
             lease = lease_services.end_lease(
                 lease_id=lease.pk, status=v["status"], cause=v["cause"] or default,
                 detail={"runner_usage_seconds": v.get("usage_seconds")},

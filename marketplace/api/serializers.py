@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.utils import timezone
 from rest_framework import serializers
 
+from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from settlement.fields import StrictIntegerField, UsdField
 
@@ -20,6 +21,21 @@ def resolve_duration(attrs: dict) -> dict:
         raise serializers.ValidationError({"hours": "give either hours or duration_seconds"})
     attrs["duration_seconds"] = seconds if seconds is not None else hours * 3600
     return attrs
+
+
+class ClientOrderIdField(serializers.RegexField):
+    """A client order id: a JSON string of 1–64 of A–Z a–z 0–9 . _ : - (a number is
+    refused, not turned into a string)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(CLIENT_ORDER_ID, max_length=64, error_messages={
+            "invalid": "must be 1 to 64 characters of A–Z, a–z, 0–9, '.', '_', ':' or '-'",
+        }, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class GpuClassSerializer(serializers.ModelSerializer):
@@ -43,8 +59,10 @@ class DepthSerializer(serializers.Serializer):
 
 
 class OrderInSerializer(serializers.Serializer):
-    """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, image, command)
-    or an ask (node, gpus, price, available_until, optional gpu_class)."""
+    """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, expires_at, image,
+    command) or an ask (node, gpus, price, available_until, optional gpu_class); either
+    with an optional client_order_id (yours, unique per user: placing it again returns
+    the first order with 200)."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = serializers.CharField(required=False, max_length=40)
@@ -60,8 +78,12 @@ class OrderInSerializer(serializers.Serializer):
                                     allow_null=True, max_length=64, default=None)
     node = StrictIntegerField(min_value=1, required=False)
     available_until = serializers.DateTimeField(required=False)
+    expires_at = serializers.DateTimeField(required=False)
+    client_order_id = ClientOrderIdField(required=False)
 
     def validate(self, attrs):
+        # expires_at in the past is refused by the service (after a client_order_id
+        # replay, which must answer with the first order whatever the clock says)
         if attrs["side"] == Order.Side.BID:
             if "gpu_class" not in attrs:
                 raise serializers.ValidationError({"gpu_class": "is required for a bid"})
@@ -70,6 +92,9 @@ class OrderInSerializer(serializers.Serializer):
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
         else:
+            if "expires_at" in attrs:
+                raise serializers.ValidationError(
+                    {"expires_at": "is for bids; an ask ends at available_until"})
             for name in ("node", "available_until"):
                 if name not in attrs:
                     raise serializers.ValidationError({name: "is required for an ask"})
@@ -86,8 +111,8 @@ class OrderSerializer(serializers.ModelSerializer):
     class Meta:
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
-                  "hours", "gang_size", "time_in_force", "node", "available_until",
-                  "created_at"]
+                  "hours", "gang_size", "time_in_force", "expires_at", "client_order_id",
+                  "node", "available_until", "created_at"]
 
     def get_hours(self, order) -> int | None:
         return order.duration_seconds // 3600 if order.duration_seconds else None

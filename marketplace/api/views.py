@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace import auctions, book
 from marketplace.api import serializers as s
+from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 
 
@@ -47,14 +48,35 @@ class RecentFills(generics.ListAPIView):
 
 
 class OrderListCreate(APIView):
-    """Your orders; POST places a bid or an ask."""
+    """Your orders, newest first (at most 500); `?status=open,partially_filled` and
+    `?side=bid` filter them. POST places a bid or an ask: 201, or 200 with the first
+    order when its client_order_id was used before."""
 
-    @extend_schema(responses=s.OrderSerializer(many=True))
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, description="comma-separated: "
+                             + ", ".join(Order.Status.values)),
+            OpenApiParameter("side", str, enum=Order.Side.values),
+        ],
+        responses=s.OrderSerializer(many=True),
+    )
     def get(self, request):
         orders = Order.objects.filter(owner=request.user).select_related("market").order_by("-pk")
+        if "status" in request.query_params:
+            wanted = [x for x in request.query_params["status"].split(",") if x]
+            unknown = [x for x in wanted if x not in Order.Status.values]
+            if unknown or not wanted:
+                raise InvalidInput(f"must be one or more of {', '.join(Order.Status.values)}",
+                                   field="status")
+            orders = orders.filter(status__in=wanted)
+        if "side" in request.query_params:
+            if request.query_params["side"] not in Order.Side.values:
+                raise InvalidInput("must be bid or ask", field="side")
+            orders = orders.filter(side=request.query_params["side"])
         return Response(s.OrderSerializer(orders[:500], many=True).data)
 
-    @extend_schema(request=s.OrderInSerializer, responses={201: s.OrderSerializer})
+    @extend_schema(request=s.OrderInSerializer,
+                   responses={201: s.OrderSerializer, 200: s.OrderSerializer})
     def post(self, request):
         data = s.OrderInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -64,18 +86,20 @@ class OrderListCreate(APIView):
                 buyer_id=request.user.pk, market_slug=v["gpu_class"], price=v["price"],
                 gpus=v["gpus"], duration_seconds=v["duration_seconds"],
                 gang_size=v.get("gang_size"), time_in_force=v["time_in_force"],
-                image=v["image"], command=v["command"],
+                image=v["image"], command=v["command"], expires_at=v.get("expires_at"),
+                client_order_id=v.get("client_order_id"),
             )
         else:
             placed = book.place_ask(
                 provider_id=request.user.pk, node_id=v["node"],
                 market_slug=v.get("gpu_class"), price=v["price"], gpus=v["gpus"],
                 available_until=v["available_until"],
+                client_order_id=v.get("client_order_id"),
             )
         placed.order.refresh_from_db()
         body = s.OrderSerializer(placed.order).data
         body["leases"] = [lease.pk for lease in placed.leases]
-        return Response(body, status=201)
+        return Response(body, status=201 if placed.created else 200)
 
 
 class OrderDetail(generics.RetrieveAPIView):

@@ -97,7 +97,9 @@ class Agent:
         }
         self.node = self.client.post_inventory(body).get("node") or {}
         if getattr(self.runtime, "node", "") is None:  # label containers with the node id
-            self.runtime.node = str(self.node.get("id") or self.node.get("name") or "default")
+            # the node's uid is unique across marketplace databases; ids are not
+            self.runtime.node = str(self.node.get("uid") or self.node.get("id")
+                                    or self.node.get("name") or "default")
         return self.node
 
     def evaluate_health(self, readings: list[dict] | None = None) -> list[Finding]:

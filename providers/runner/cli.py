@@ -147,7 +147,8 @@ def _cmd_register(args) -> int:
     finally:
         client.close()
     save_config(state_dir, {"url": url, "token": token, "simulate": simulate,
-                            "node": {"id": node.get("id"), "name": node.get("name")}})
+                            "node": {"id": node.get("id"), "uid": node.get("uid"),
+                                     "name": node.get("name")}})
     print(f"registered node {node.get('name', '?')}: {inventory.summary()}")
     return EXIT_OK
 
@@ -171,13 +172,20 @@ def _pick_runtime(args, simulate: bool, node: str | None):
     return ProcessRuntime(_state_dir(args.state_dir))
 
 
+def _node_label(node: dict) -> str | None:
+    """The `gpumarket.node` container label: the node's uid (unique across marketplace
+    databases), else its id from an older registration."""
+    value = node.get("uid") or node.get("id")
+    return None if value is None else str(value)
+
+
 def _cmd_run(args) -> int:
     config = load_config(_state_dir(args.state_dir))
     url, token = _url_and_token(args, config)
     simulate = args.simulate or config.get("simulate")
     gpus = load_gpus(simulate, args.replay_xid, args.replay_health)
-    node = (config.get("node") or {}).get("id")
-    runtime = _pick_runtime(args, simulate=bool(simulate), node=None if node is None else str(node))
+    node = _node_label(config.get("node") or {})
+    runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
     client = MarketplaceClient(url, token)
     agent = Agent(client, gpus, runtime, poll_interval=args.poll_interval,
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace)
@@ -325,9 +333,9 @@ def _cmd_status(args) -> int:
     simulated = config.get("simulate")
     print(f"GPUs:        {'simulated from ' + simulated if simulated else 'NVML'}")
     runtime = None
-    if node.get("id") is not None:
+    if _node_label(node) is not None:
         try:
-            runtime = DockerRuntime(str(node["id"]))
+            runtime = DockerRuntime(_node_label(node))
         except RuntimeFailure:
             runtime = None
     if runtime is None and (state_dir / "processes" / "processes.json").exists():

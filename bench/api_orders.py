@@ -1,0 +1,188 @@
+"""Order placement through the HTTP API: concurrent clients against a running ASGI
+server (uvicorn, marketplace.asgi:application) on 127.0.0.1 with PostgreSQL.
+
+Setup (not timed): a fresh database (dropped and created, then migrated), one
+provider whose node has 8 H100s offered by a standing ask at 2.49 USD/GPU-hour, and
+`--buyers` funded buyers with API tokens. Then `--concurrency` asyncio clients (httpx,
+one connection each) POST bids to /api/v1/orders/ — 1–2 GPUs, 1 hour, prices seeded
+normal around 2.30 (sigma 0.10, 0.01 tick), so a few cross the ask and most rest — until
+`--orders` bids are answered or `--seconds` pass. Prints orders/s over the whole run,
+p50/p99 latency of each request, and the status codes.
+
+The server runs with DEBUG off and no access log; it shares the machine's cores with
+PostgreSQL and with this client. The DESIGN.md target is >= 500 orders/s with p99 <
+100 ms on a 2-core machine.
+
+Run:  .venv/bin/python bench/api_orders.py [--orders 3000] [--concurrency 16]
+          [--workers 2] [--buyers 50] [--seconds 60] [--db gpumarket_bench]
+          [--pg postgres://postgres@127.0.0.1:5432] [--port 8391] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def fresh_database(pg: str, name: str) -> str:
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{pg}/{name}"
+
+
+def server_env(database_url: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": database_url, "DEBUG": "0",
+            "SECRET_KEY": "bench-only-not-a-secret", "LOG_LEVEL": "WARNING",
+            "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
+
+
+def set_up_market(n_buyers: int) -> list[str]:
+    """Provider, node with 8 H100s, a standing ask; funded buyers. Returns their tokens."""
+    from datetime import timedelta
+
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+    from rest_framework.authtoken.models import Token
+
+    from marketplace import book
+    from providers import services as provider_services
+    from providers.runner.nvsmi import parse_dump
+    from settlement import services as ledger
+
+    User = get_user_model()
+    dump = ROOT / "data" / "nvidia-smi" / "h100-80gb-hbm3-x8.driver-535.183.01.txt"
+    owner = User.objects.create(username="bench-provider", password="!")
+    provider = provider_services.provider_onboard(user_id=owner.pk, display_name="Bench")
+    node = provider_services.node_create(provider=provider, name="bench-node").node
+    inv = parse_dump(dump)
+    provider_services.inventory_record(
+        node=node, hostname="bench-node", driver_version=inv.driver_version,
+        cuda_version=inv.cuda_version, runner_version="bench", source="simulate",
+        gpus=[g.as_protocol() for g in inv.gpus])
+    book.place_ask(provider_id=owner.pk, node_id=node.pk, market_slug=None,
+                   price=2_490_000, gpus=8, available_until=timezone.now() + timedelta(days=2))
+    tokens = []
+    for i in range(n_buyers):
+        user = User.objects.create(username=f"bench-buyer-{i}", password="!")
+        ledger.dev_credit(user_id=user.pk, amount=10**12)
+        tokens.append(Token.objects.create(user=user).key)
+    return tokens
+
+
+async def wait_until_up(base: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            try:
+                r = await client.get(f"{base}/api/v1/gpu-classes/")
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    raise SystemExit("the server did not come up")
+
+
+async def drive(base: str, tokens: list[str], *, orders: int, concurrency: int,
+                seconds: float, seed: int) -> tuple[list[float], Counter, float]:
+    rng = random.Random(seed)
+    bodies = [{"side": "bid", "gpu_class": "h100-sxm-80gb", "gpus": rng.choice((1, 2)),
+               "hours": 1,
+               "price": f"{max(0.01, round(rng.gauss(2.30, 0.10), 2)):.2f}"}
+              for _ in range(orders)]
+    latencies: list[float] = []
+    codes: Counter = Counter()
+    next_index = 0
+    deadline = time.monotonic() + seconds
+
+    async def client_loop(k: int) -> None:
+        nonlocal next_index
+        headers = {"Authorization": f"Token {tokens[k % len(tokens)]}"}
+        limits = httpx.Limits(max_connections=1)
+        async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits,
+                                     timeout=30) as client:
+            while next_index < orders and time.monotonic() < deadline:
+                body = bodies[next_index]
+                next_index += 1
+                t0 = time.perf_counter()
+                r = await client.post("/api/v1/orders/", json=body)
+                latencies.append(time.perf_counter() - t0)
+                codes[r.status_code] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop(k) for k in range(concurrency)))
+    return latencies, codes, time.perf_counter() - start
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 \
+        else values[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--orders", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--buyers", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60.0, help="stop after this long")
+    ap.add_argument("--db", default="gpumarket_bench")
+    ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
+    ap.add_argument("--port", type=int, default=8391)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    database_url = fresh_database(args.pg, args.db)
+    env = server_env(database_url)
+    os.environ.update(env)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
+                   check=True)
+    tokens = set_up_market(args.buyers)
+    from django.db import connections
+
+    connections.close_all()
+
+    base = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
+         "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
+         "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)
+    try:
+        asyncio.run(wait_until_up(base))
+        latencies, codes, elapsed = asyncio.run(drive(
+            base, tokens, orders=args.orders, concurrency=args.concurrency,
+            seconds=args.seconds, seed=args.seed))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    ms = sorted(x * 1000 for x in latencies)
+    print(f"python {platform.python_version()} ({platform.python_implementation()}), "
+          f"{os.cpu_count()} CPUs; uvicorn workers {args.workers}, clients "
+          f"{args.concurrency}, buyers {args.buyers}, database {args.db}")
+    print(f"orders {len(ms)} in {elapsed:.2f} s: {len(ms) / elapsed:,.0f} orders/s; "
+          f"p50 {pct(ms, 50):.1f} ms, p99 {pct(ms, 99):.1f} ms, max {ms[-1]:.1f} ms; "
+          f"status {dict(sorted(codes.items()))}")
+
+
+if __name__ == "__main__":
+    main()

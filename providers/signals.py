@@ -1,0 +1,8 @@
+"""Signals the providers app sends; the market listens (marketplace/apps.py), so that
+providers never imports marketplace."""
+
+from django.dispatch import Signal
+
+# Sent after a heartbeat changed the health of GPUs of `node` (kwargs: node, unhealthy:
+# list of GPU UUIDs that turned unhealthy, recovered: list that turned healthy again).
+gpu_health_changed = Signal()
