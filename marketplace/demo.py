@@ -199,7 +199,7 @@ class Demo:
                                           str(state), "--poll-interval", "0.5", "--runtime",
                                           runtime, "--network", "none"])
             nodes[name] = node["id"]
-        for node in self.call("GET", "/api/v1/nodes/", "provider"):
+        for node in self.call("GET", "/api/v1/nodes/", "provider")["results"]:
             models = {}
             for g in node["gpus"]:
                 models.setdefault((g["product_name"], g["gpu_class"]), 0)
@@ -212,7 +212,7 @@ class Demo:
             self.call("POST", "/api/v1/wallet/dev-credit/", who, json={"amount": "500.00"})
         say("wallets", "alice, bob and carol credited 500.00 USD each (development credit)")
 
-        classes = {c["slug"]: c for c in self.call("GET", "/api/v1/gpu-classes/")}
+        classes = {c["slug"]: c for c in self.call("GET", "/api/v1/gpu-classes/")["results"]}
         h100_ref = Decimal(classes["h100-sxm-80gb"]["reference_price"])
         rtx_ref = Decimal(classes["rtx-4090"]["reference_price"])
         until = (datetime.now(UTC) + timedelta(days=1)).isoformat()

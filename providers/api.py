@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from providers import services
 from providers.auth import IsRunner, RunnerTokenAuthentication
 from providers.models import Gpu, Node, Provider
+from settlement.fields import StrictCharField, StrictInputSerializer
 
 
 class ProviderSerializer(serializers.ModelSerializer):
@@ -57,8 +58,8 @@ class ProviderOnboard(APIView):
         return Response(ProviderSerializer(provider).data)
 
 
-class NodeCreateIn(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+class NodeCreateIn(StrictInputSerializer):
+    name = StrictCharField(max_length=100)
 
 
 class NodeList(APIView):
@@ -66,8 +67,13 @@ class NodeList(APIView):
 
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request):
-        nodes = Node.objects.filter(provider__user=request.user).prefetch_related("gpus__gpu_class")
-        return Response(NodeSerializer(nodes, many=True).data)
+        from rest_framework.pagination import LimitOffsetPagination
+
+        nodes = (Node.objects.filter(provider__user=request.user).order_by("pk")
+                 .prefetch_related("gpus__gpu_class"))
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(nodes, request, view=self)
+        return paginator.get_paginated_response(NodeSerializer(page, many=True).data)
 
     @extend_schema(request=NodeCreateIn, responses={201: NodeSerializer})
     def post(self, request):

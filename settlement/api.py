@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from settlement import services
-from settlement.fields import UsdField
+from settlement.fields import StrictInputSerializer, UsdField
 from settlement.models import Hold, JournalEntry, Payout, Posting
 
 
@@ -52,7 +52,7 @@ def wallet_body(user) -> dict:
                              "holds": holds}).data
 
 
-class DevCreditIn(serializers.Serializer):
+class DevCreditIn(StrictInputSerializer):
     amount = UsdField()
 
     def validate_amount(self, value: int) -> int:
@@ -103,7 +103,7 @@ class LedgerEntries(generics.ListAPIView):
                 .distinct().prefetch_related("postings__account").order_by("-pk"))
 
 
-class TopUpIn(serializers.Serializer):
+class TopUpIn(StrictInputSerializer):
     amount = UsdField()
 
     def validate_amount(self, value: int) -> int:

@@ -38,3 +38,27 @@ class StrictIntegerField(serializers.IntegerField):
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A string that must be a JSON string: 123 or true are refused (DRF's CharField
+    turns them into "123" and "True")."""
+
+    default_error_messages = {"not_a_string": "must be a string"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
+class StrictInputSerializer(serializers.Serializer):
+    """An input serializer that refuses fields it does not know, naming them, instead of
+    ignoring them silently (a misspelt `gang_sise` must not place a different order)."""
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) \
+            if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
+        return super().validate(attrs)

@@ -9,8 +9,10 @@ from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from settlement.fields import StrictInputSerializer
 
-class SignupIn(serializers.Serializer):
+
+class SignupIn(StrictInputSerializer):
     username = serializers.RegexField(r"^[A-Za-z0-9_.@+-]{3,150}$", max_length=150)
     password = serializers.CharField(min_length=8, max_length=128, write_only=True)
     email = serializers.EmailField(required=False, allow_blank=True, default="")

@@ -8,7 +8,12 @@ from rest_framework import serializers
 
 from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-from settlement.fields import StrictIntegerField, UsdField
+from settlement.fields import (
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+    UsdField,
+)
 
 MAX_HOURS = 366 * 24
 
@@ -58,14 +63,14 @@ class DepthSerializer(serializers.Serializer):
     asks = LevelSerializer(many=True)
 
 
-class OrderInSerializer(serializers.Serializer):
+class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, expires_at, image,
     command) or an ask (node, gpus, price, available_until, optional gpu_class); either
     with an optional client_order_id (yours, unique per user: placing it again returns
     the first order with 200)."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
-    gpu_class = serializers.CharField(required=False, max_length=40)
+    gpu_class = StrictCharField(required=False, max_length=40)
     price = UsdField()
     gpus = StrictIntegerField(min_value=1, max_value=4096)
     hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
@@ -73,8 +78,8 @@ class OrderInSerializer(serializers.Serializer):
                                           required=False)
     gang_size = StrictIntegerField(min_value=1, max_value=4096, required=False)
     time_in_force = serializers.ChoiceField(choices=Order.TimeInForce.choices, default="GTC")
-    image = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    command = serializers.ListField(child=serializers.CharField(max_length=1000), required=False,
+    image = StrictCharField(required=False, allow_blank=True, max_length=255, default="")
+    command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     node = StrictIntegerField(min_value=1, required=False)
     available_until = serializers.DateTimeField(required=False)
@@ -82,6 +87,7 @@ class OrderInSerializer(serializers.Serializer):
     client_order_id = ClientOrderIdField(required=False)
 
     def validate(self, attrs):
+        attrs = super().validate(attrs)
         # expires_at in the past is refused by the service (after a client_order_id
         # replay, which must answer with the first order whatever the clock says)
         if attrs["side"] == Order.Side.BID:
@@ -111,11 +117,13 @@ class OrderSerializer(serializers.ModelSerializer):
     class Meta:
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
-                  "hours", "gang_size", "time_in_force", "expires_at", "client_order_id",
-                  "node", "available_until", "created_at"]
+                  "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
+                  "client_order_id", "node", "available_until", "created_at"]
 
     def get_hours(self, order) -> int | None:
-        return order.duration_seconds // 3600 if order.duration_seconds else None
+        """Whole hours, or null when the bid was given in seconds that are not."""
+        d = order.duration_seconds
+        return d // 3600 if d and d % 3600 == 0 else None
 
 
 class FillSerializer(serializers.ModelSerializer):
@@ -154,9 +162,9 @@ class LeaseSerializer(serializers.ModelSerializer):
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
 
 
-class AuctionInSerializer(serializers.Serializer):
+class AuctionInSerializer(StrictInputSerializer):
     node = StrictIntegerField(min_value=1)
-    gpu_class = serializers.CharField(required=False, max_length=40)
+    gpu_class = StrictCharField(required=False, max_length=40)
     gpus = StrictIntegerField(min_value=1, max_value=4096)
     reserve_price = UsdField()
     hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
@@ -167,7 +175,7 @@ class AuctionInSerializer(serializers.Serializer):
     closes_at = serializers.DateTimeField()
 
     def validate(self, attrs):
-        return resolve_duration(attrs)
+        return resolve_duration(super().validate(attrs))
 
 
 class AuctionSerializer(serializers.ModelSerializer):
@@ -207,12 +215,12 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(serializers.Serializer):
+class SealedBidInSerializer(StrictInputSerializer):
     price = UsdField()
     gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
-    image = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
-    command = serializers.ListField(child=serializers.CharField(max_length=1000), required=False,
+    image = StrictCharField(required=False, allow_blank=True, max_length=255, default="")
+    command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
 
 

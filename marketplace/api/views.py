@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,12 +16,19 @@ from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 
 
+def paginated(view, request, queryset, serializer_class) -> Response:
+    """Every list answers {count, next, previous, results}: ?limit= (default 100) and
+    ?offset= page through it."""
+    paginator = LimitOffsetPagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+
+
 class GpuClassList(generics.ListAPIView):
     """GPU classes: one market each, with datasheet figures and a reference price."""
 
     permission_classes = [permissions.AllowAny]
     serializer_class = s.GpuClassSerializer
-    pagination_class = None
     queryset = GpuClass.objects.all()
 
 
@@ -73,7 +81,7 @@ class OrderListCreate(APIView):
             if request.query_params["side"] not in Order.Side.values:
                 raise InvalidInput("must be bid or ask", field="side")
             orders = orders.filter(side=request.query_params["side"])
-        return Response(s.OrderSerializer(orders[:500], many=True).data)
+        return paginated(self, request, orders, s.OrderSerializer)
 
     @extend_schema(request=s.OrderInSerializer,
                    responses={201: s.OrderSerializer, 200: s.OrderSerializer})
@@ -126,8 +134,8 @@ class AuctionListCreate(APIView):
 
     @extend_schema(responses=s.AuctionSerializer(many=True))
     def get(self, request):
-        qs = Auction.objects.select_related("market").order_by("-pk")[:200]
-        return Response(s.AuctionSerializer(qs, many=True).data)
+        qs = Auction.objects.select_related("market").order_by("-pk")
+        return paginated(self, request, qs, s.AuctionSerializer)
 
     @extend_schema(request=s.AuctionInSerializer, responses={201: s.AuctionSerializer})
     def post(self, request):

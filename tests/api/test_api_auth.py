@@ -126,7 +126,7 @@ def test_other_users_orders_and_leases_are_hidden():
     provider, node, _ = registered_node(RTX4090_DUMP)
     buyer, stranger = funded_buyer(100), funded_buyer(100)
     lease_id = _lease_on(node, provider, buyer)
-    order_id = client_for(buyer).get("/api/v1/orders/").json()[0]["id"]
+    order_id = client_for(buyer).get("/api/v1/orders/").json()["results"][0]["id"]
     s = client_for(stranger)
     assert s.get(f"/api/v1/orders/{order_id}/").status_code == 404
     assert s.get(f"/api/v1/leases/{lease_id}/").status_code == 404

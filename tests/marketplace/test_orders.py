@@ -275,7 +275,7 @@ def test_orders_filter_by_status_and_side():
     def ids(query):
         r = api.get(ORDERS + query)
         assert r.status_code == 200, r.json()
-        return [o["id"] for o in r.json()]
+        return [o["id"] for o in r.json()["results"]]
 
     assert ids("") == [cancelled, resting, filled]
     assert ids("?status=open") == [resting]
@@ -284,7 +284,7 @@ def test_orders_filter_by_status_and_side():
     assert ids("?status=expired") == []
     assert ids("?side=bid&status=filled") == [filled]
     assert ids("?side=ask") == []  # the ask is the provider's
-    assert [o["id"] for o in client_for(provider).get(ORDERS + "?side=ask").json()] != []
+    assert client_for(provider).get(ORDERS + "?side=ask").json()["results"] != []
     assert_refused(api.get(ORDERS + "?status=nope"), "status")
     assert_refused(api.get(ORDERS + "?status="), "status")
     assert_refused(api.get(ORDERS + "?side=both"), "side")
