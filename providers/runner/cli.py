@@ -128,9 +128,13 @@ def _url_and_token(args, config: dict) -> tuple[str, str]:
     url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
     token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
     if not url or not token:
-        missing = " and ".join(n for n, v in (("--url", url), ("--token", token)) if not v)
-        raise CliError(f"missing {missing}: pass it on the command line, set GPUMARKET_URL / "
-                       "GPUMARKET_RUNNER_TOKEN, or run `gpumarket-runner register` first")
+        missing = [n for n, v in (("--url", url), ("--token", token)) if not v]
+        them = "them" if len(missing) == 2 else "it"
+        raise CliError(f"missing {' and '.join(missing)}: pass {them} on the command line, set "
+                       "GPUMARKET_URL / GPUMARKET_RUNNER_TOKEN, or run "
+                       "`gpumarket-runner register` first")
+    if not url.startswith(("http://", "https://")):
+        raise CliError(f"invalid --url {url!r}: it must start with http:// or https://")
     return url, token
 
 
@@ -144,6 +148,10 @@ def _cmd_register(args) -> int:
     try:
         agent = Agent(client, gpus, runtime=_NoRuntime(), log=lambda _m: None)
         node = agent.announce()
+    except Unauthorized as exc:
+        exc.args = ("the marketplace does not know this runner token (401): use the token "
+                    "shown once when the node was created (POST /api/v1/nodes/)",)
+        raise
     finally:
         client.close()
     save_config(state_dir, {"url": url, "token": token, "simulate": simulate,
@@ -179,7 +187,29 @@ def _node_label(node: dict) -> str | None:
     return None if value is None else str(value)
 
 
+def _lock_state_dir(state_dir: Path):
+    """One `run` per state dir: a second one would start every lease twice. Returns the
+    open lock file (held until the process exits); raises CliError when taken."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(state_dir / "run.lock", "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        pid = lock.read().strip() or "?"
+        raise CliError(f"another `gpumarket-runner run` (pid {pid}) is using {state_dir}; "
+                       "stop it first, or give this one its own --state-dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
 def _cmd_run(args) -> int:
+    lock = _lock_state_dir(_state_dir(args.state_dir))  # noqa: F841 - held until exit
     config = load_config(_state_dir(args.state_dir))
     url, token = _url_and_token(args, config)
     simulate = args.simulate or config.get("simulate")
@@ -451,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         message, code = str(exc), exc.code
     except DumpError as exc:
-        message, code = f"malformed nvidia-smi dump: {exc}", EXIT_NO_GPU
+        what = "cannot read the nvidia-smi dump" if "cannot read the file" in str(exc) \
+            else "malformed nvidia-smi dump"
+        message, code = f"{what}: {exc}", EXIT_NO_GPU
     except Unauthorized as exc:
         message, code = str(exc), EXIT_UNAUTHORIZED
     except (MarketplaceError, UnknownGpuProduct, RuntimeFailure) as exc:

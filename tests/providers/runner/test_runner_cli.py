@@ -90,7 +90,8 @@ def test_refused_token_exits_3(marketplace, tmp_path):
                   "--simulate", str(A10), "--state-dir", str(tmp_path))
     assert done.returncode == 3
     assert done.stderr.strip() == (
-        "gpumarket-runner: the marketplace refused the runner token (401): re-register the node"
+        "gpumarket-runner: the marketplace does not know this runner token (401): use the "
+        "token shown once when the node was created (POST /api/v1/nodes/)"
     )
     assert not (tmp_path / "config.json").exists()
     run = runner("run", "--url", marketplace.url, "--token", "not-the-token",
