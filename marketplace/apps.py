@@ -11,3 +11,9 @@ class MarketplaceConfig(AppConfig):
 
         gpu_health_changed.connect(on_gpu_health_changed,
                                    dispatch_uid="marketplace.health.on_gpu_health_changed")
+
+        from marketplace import checks as market_checks
+        from settlement import checks
+
+        checks.register(market_checks.holds_match_open_bids_and_leases)
+        checks.register(market_checks.provider_earnings_match_settled_leases)

@@ -1,7 +1,7 @@
 import pytest
 
 from settlement import services as ledger
-from settlement.checks import first_violation
+from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import Account, Hold, JournalEntry
 from tests.factories import UserFactory, funded_buyer
 
@@ -25,7 +25,7 @@ def test_hold_then_settle_pays_85_15_and_releases_the_rest():
     assert ledger.wallet(user_id=buyer.pk).held == 0
     platform = Account.objects.get(kind=Account.Kind.PLATFORM_REVENUE)
     assert platform.balance == 499_999
-    assert first_violation() is None
+    assert first_violation(LEDGER_CHECKS) is None
 
 
 def test_settle_happens_once():
@@ -71,5 +71,5 @@ def test_database_refuses_a_negative_balance_even_past_the_service():
 def test_ledger_check_names_a_violation():
     buyer = funded_buyer(1)
     Account.objects.filter(owner=buyer, kind="buyer_available").update(balance=7)
-    problem = first_violation()
+    problem = first_violation(LEDGER_CHECKS)
     assert problem is not None and "differs from its postings' sum" in problem

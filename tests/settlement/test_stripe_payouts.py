@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from settlement import services as ledger
 from settlement import stripe_payouts
-from settlement.checks import first_violation
+from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import Account, JournalEntry, Payout
 from tests.factories import UserFactory, funded_buyer
 from tests.settlement.stripe_connect_standin import ConnectStandIn
@@ -72,7 +72,7 @@ def test_payout_in_whole_cents_with_our_idempotency_key(standin):
     assert transfer["key"] == f"gpumarket-payout-{payout.pk}"
     assert payout.transfer_id.startswith("tr_standin")
     assert ledger.wallet(user_id=provider.pk).earned == 4_567  # the sub-cent rest stays
-    assert first_violation() is None
+    assert first_violation(LEDGER_CHECKS) is None
 
 
 def test_failed_transfer_leaves_the_balances_as_they_were(standin):
@@ -89,7 +89,7 @@ def test_failed_transfer_leaves_the_balances_as_they_were(standin):
     assert {k: v for k, v in after.items() if k in before} == before
     assert all(v == 0 for k, v in after.items() if k not in before)
     assert ledger.wallet(user_id=provider.pk).earned == 5_000_000
-    assert first_violation() is None
+    assert first_violation(LEDGER_CHECKS) is None
 
 
 def test_network_error_then_retry_pays_once_with_the_same_key(standin):
@@ -108,7 +108,7 @@ def test_network_error_then_retry_pays_once_with_the_same_key(standin):
     assert len({t for t in standin.by_key if t.startswith("gpumarket-payout")}) == 1
     assert JournalEntry.objects.filter(kind="payout_sent").count() == 1
     assert ledger.wallet(user_id=provider.pk).earned == 0
-    assert first_violation() is None
+    assert first_violation(LEDGER_CHECKS) is None
 
 
 def test_refusals_write_nothing(standin):

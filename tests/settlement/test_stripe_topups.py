@@ -22,7 +22,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from settlement import services as ledger
-from settlement.checks import first_violation
+from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import JournalEntry, StripeEvent, TopUp
 from settlement.stripe_payments import cents_to_micros, micros_to_whole_cents
 from tests.conftest import require_or_skip
@@ -128,7 +128,7 @@ def test_topup_credited_by_localstripe_webhook_once(stripe_on, live_server):
         assert resp.status_code == 200
     assert ledger.wallet(user_id=buyer.pk).available == 25_000_000
     assert JournalEntry.objects.filter(kind="stripe_topup").count() == 1
-    assert first_violation() is None
+    assert first_violation(LEDGER_CHECKS) is None
 
 
 @pytest.mark.django_db

@@ -1,0 +1,59 @@
+"""The ledger invariants that need the market's models, registered with
+settlement.checks (so `manage.py ledger_check` and `first_violation` run them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Sum
+
+from marketplace.models import Lease, Order, SealedBid
+from settlement.models import Account, Hold, Payout
+
+
+def holds_match_open_bids_and_leases() -> str | None:
+    """Every active hold secures exactly one open bid, active sealed bid or unended lease,
+    and each of those has an active hold."""
+    owners: dict[int, list[str]] = defaultdict(list)
+    for pk, hold in Order.objects.filter(side="bid", status__in=Order.ACTIVE) \
+            .values_list("pk", "hold_id"):
+        owners[hold].append(f"order {pk}")
+    for pk, hold in SealedBid.objects.filter(status="active").values_list("pk", "hold_id"):
+        owners[hold].append(f"sealed bid {pk}")
+    for pk, hold in Lease.objects.filter(status__in=Lease.ACTIVE).values_list("pk", "hold_id"):
+        owners[hold].append(f"lease {pk}")
+    active = set(Hold.objects.filter(status=Hold.Status.ACTIVE).values_list("pk", flat=True))
+    for hold_id, things in sorted(owners.items()):
+        if hold_id not in active:
+            return f"{things[0]} is secured by hold {hold_id}, which is not active"
+        if len(things) > 1:
+            return f"hold {hold_id} secures several things at once: {', '.join(things)}"
+    orphan = sorted(active - set(owners))
+    return f"hold {orphan[0]} is active but secures no open bid or lease" if orphan else None
+
+
+def provider_earnings_match_settled_leases() -> str | None:
+    """Each provider's earnings in the ledger (earned + in flight + paid out) equal its
+    share of what its leases were charged (settled leases, and the metered part of
+    running ones), by the take-rate split."""
+    expected: dict[int, int] = defaultdict(int)
+    for provider, amount in Lease.objects.filter(settled_at__isnull=False) \
+            .values_list("provider_id", "provider_amount"):
+        expected[provider] += amount
+    running = Lease.objects.filter(status__in=Lease.ACTIVE).values_list("provider_id", "hold_id")
+    holds = {h.pk: h for h in Hold.objects.filter(pk__in=[h for _, h in running])}
+    for provider, hold_id in running:
+        expected[provider] += holds[hold_id].captured - holds[hold_id].captured_fee
+    ledger: dict[int, int] = defaultdict(int)
+    for owner, balance in Account.objects.filter(
+            kind__in=[Account.Kind.PROVIDER_EARNED, Account.Kind.PROVIDER_PAYOUT_PENDING]) \
+            .values_list("owner_id", "balance"):
+        ledger[owner] += balance
+    for owner, paid in Payout.objects.filter(status=Payout.Status.PAID).values("provider") \
+            .annotate(t=Sum("amount")).values_list("provider", "t"):
+        ledger[owner] += paid
+    for provider in sorted(set(expected) | set(ledger)):
+        if expected.get(provider, 0) != ledger.get(provider, 0):
+            return (f"provider {provider}: the ledger holds {ledger.get(provider, 0)} micro-USD "
+                    f"of earnings, its leases account for {expected.get(provider, 0)}")
+    return None
