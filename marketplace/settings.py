@@ -18,6 +18,8 @@ Variables (default in brackets):
   the runner before ending a lease itself.
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
+- GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
+  [unset: on-chain settlement off].
 - STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
   [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300].
 """
@@ -222,3 +224,12 @@ STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
 STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
 STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com")
 STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
+
+# On-chain settlement (off unless GPUMARKET_CHAIN_RPC_URL is set): the JSON-RPC node, the
+# deployed Settlement contract, and the operator account the node signs for.
+GPUMARKET_CHAIN_RPC_URL = env.str("GPUMARKET_CHAIN_RPC_URL", default="")
+GPUMARKET_CHAIN_SETTLEMENT_ADDRESS = env.str("GPUMARKET_CHAIN_SETTLEMENT_ADDRESS", default="")
+GPUMARKET_CHAIN_OPERATOR = env.str("GPUMARKET_CHAIN_OPERATOR", default="")
+if GPUMARKET_CHAIN_RPC_URL:
+    CELERY_BEAT_SCHEDULE["mirror-on-chain"] = {"task": "settlement.tasks.mirror_on_chain",
+                                               "schedule": 30.0}

@@ -36,6 +36,7 @@ api_v1 = [
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),
     path("payouts/", settlement_api.PayoutListCreate.as_view(), name="payouts"),
     path("payouts/connect/", settlement_api.ConnectOnboard.as_view(), name="payouts-connect"),
+    path("chain/address/", settlement_api.ChainAddressView.as_view(), name="chain-address"),
     path("stripe/webhook/", settlement_api.StripeWebhook.as_view(), name="stripe-webhook"),
     path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),

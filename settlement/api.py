@@ -204,3 +204,26 @@ class PayoutListCreate(APIView):
         except stripe_payouts.PayoutRefused as exc:
             return Response({"detail": str(exc)}, status=409)
         return Response(PayoutSerializer(payout).data, status=201)
+
+
+class ChainAddressIn(StrictInputSerializer):
+    address = serializers.CharField(max_length=42)
+
+
+class ChainAddressView(APIView):
+    """Register your chain address: where you deposit escrow from (buyers) and where your
+    share is credited (providers)."""
+
+    @extend_schema(request=ChainAddressIn)
+    def post(self, request):
+        from settlement import onchain
+
+        data = ChainAddressIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            row = onchain.address_register(user_id=request.user.pk,
+                                           address=data.validated_data["address"])
+        except ValueError as exc:
+            return Response({"detail": f"address: {exc}", "errors": {"address": [str(exc)]}},
+                            status=400)
+        return Response({"address": row.address})

@@ -74,3 +74,21 @@ def first_violation(checks=None) -> str | None:
         if problem:
             return problem
     return None
+
+
+def ledger_matches_chain() -> str | None:
+    """With on-chain settlement on: every ledger charge between parties with chain
+    addresses has its LeaseSettled event with equal amounts, and no event lacks one."""
+    from settlement import onchain
+
+    cfg = onchain.from_settings()
+    if cfg is None:
+        return None
+    mismatches = onchain.reconcile(cfg)
+    if mismatches:
+        m = mismatches[0]
+        return f"chain {m.kind} for lease id 0x{m.lease_id.hex()}: {m.detail}"
+    return None
+
+
+CHECKS.append(ledger_matches_chain)

@@ -63,6 +63,7 @@ class JournalEntry(models.Model):
         LEASE_SETTLE = "lease_settle", "lease settled"
         LEASE_METER = "lease_meter", "lease metered (periodic settlement)"
         STRIPE_TOPUP = "stripe_topup", "Stripe top-up"
+        CHAIN_DEPOSIT = "chain_deposit", "on-chain escrow deposit"
         PAYOUT_RESERVE = "payout_reserve", "payout reserved"
         PAYOUT_SENT = "payout_sent", "payout sent"
         PAYOUT_REVERSED = "payout_reversed", "payout failed, reversed"
@@ -208,3 +209,52 @@ class Payout(models.Model):
     def idempotency_key(self) -> str:
         """Our key for Stripe's Transfer create: one per payout, stable across retries."""
         return f"gpumarket-payout-{self.pk}"
+
+
+class ChainAddress(models.Model):
+    """A user's address on the settlement chain: where a buyer deposits from, where a
+    provider's share is credited."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                related_name="chain_address")
+    address = models.CharField(max_length=42, unique=True, help_text="0x… checksummed")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.address
+
+
+class ChainDeposit(models.Model):
+    """A `Deposited` event credited to the buyer's wallet, once (unique tx + log index)."""
+
+    tx_hash = models.CharField(max_length=66)
+    log_index = models.PositiveIntegerField()
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                              related_name="chain_deposits")
+    amount = models.BigIntegerField(help_text="micro-USD (= token base units)")
+    block_number = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tx_hash", "log_index"],
+                                               name="chain_deposit_once")]
+
+    def __str__(self) -> str:
+        return f"deposit {self.amount} in {self.tx_hash}:{self.log_index}"
+
+
+class ChainSettlement(models.Model):
+    """A ledger settlement entry (lease_settle or lease_meter) mirrored on chain, once."""
+
+    entry = models.OneToOneField(JournalEntry, on_delete=models.PROTECT,
+                                 related_name="chain_settlement")
+    lease_key = models.CharField(max_length=66, unique=True, help_text="0x… bytes32 id")
+    cost = models.BigIntegerField()
+    provider_amount = models.BigIntegerField()
+    platform_fee = models.BigIntegerField()
+    tx_hash = models.CharField(max_length=66, blank=True,
+                               help_text="empty when found settled after a crash")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.lease_key} {self.cost}"
