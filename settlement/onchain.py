@@ -18,6 +18,7 @@ Units: micro-USD = token base units.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -143,12 +144,10 @@ def _pending() -> list[_Row]:
 
 
 def _record(row: _Row, tx_hash: str) -> None:
-    try:
+    with contextlib.suppress(IntegrityError), transaction.atomic():  # a concurrent run won
         ChainSettlement.objects.create(
             entry=row.entry, lease_key=Web3.to_hex(row.key), cost=row.cost,
             provider_amount=row.provider_amount, platform_fee=row.platform_fee, tx_hash=tx_hash)
-    except IntegrityError:
-        pass  # recorded by a concurrent run
 
 
 def mirror_settlements(cfg: ChainConfig, *, batch_size: int = chain.DEFAULT_BATCH_SIZE
