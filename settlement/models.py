@@ -21,6 +21,7 @@ class Account(models.Model):
         PROVIDER_EARNED = "provider_earned", "provider: earned, not paid out"
         PROVIDER_PAYOUT_PENDING = "provider_payout_pending", "provider: payout in flight"
         PLATFORM_REVENUE = "platform_revenue", "platform: revenue (take rate)"
+        BUYER_DEBT = "buyer_debt", "buyer: owes (refund or dispute beyond the balance)"
         EXTERNAL_DEV_CREDIT = "external_dev_credit", "external: development credit"
         EXTERNAL_STRIPE = "external_stripe", "external: Stripe"
         EXTERNAL_CHAIN = "external_chain", "external: chain"
@@ -28,6 +29,9 @@ class Account(models.Model):
     EXTERNAL_KINDS = frozenset(
         {Kind.EXTERNAL_DEV_CREDIT, Kind.EXTERNAL_STRIPE, Kind.EXTERNAL_CHAIN}
     )
+    # may go below zero: external accounts, and what a buyer owes after a refund or a
+    # dispute took back money it had already spent (a receivable, negative by design)
+    NEGATIVE_KINDS = EXTERNAL_KINDS | {Kind.BUYER_DEBT}
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     owner = models.ForeignKey(
@@ -64,6 +68,9 @@ class JournalEntry(models.Model):
         LEASE_METER = "lease_meter", "lease metered (periodic settlement)"
         STRIPE_TOPUP = "stripe_topup", "Stripe top-up"
         CHAIN_DEPOSIT = "chain_deposit", "on-chain escrow deposit"
+        STRIPE_REFUND = "stripe_refund", "Stripe refund"
+        STRIPE_DISPUTE = "stripe_dispute", "Stripe dispute (funds withdrawn)"
+        STRIPE_DISPUTE_REINSTATED = "stripe_dispute_reinstated", "Stripe dispute won"
         PAYOUT_RESERVE = "payout_reserve", "payout reserved"
         PAYOUT_SENT = "payout_sent", "payout sent"
         PAYOUT_REVERSED = "payout_reversed", "payout failed, reversed"

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 
-from settlement.models import Account, JournalEntry, StripeEvent, TopUp
+from settlement.models import Account, JournalEntry, Posting, StripeEvent, TopUp
 from settlement.services import account, post_entry
 
 log = logging.getLogger("gpumarket.stripe")
@@ -134,6 +135,8 @@ def webhook_handle(payload: bytes, signature: str | None) -> str:
 
 
 def _apply(event: stripe.Event) -> str:
+    if event.type in _DEBITS:
+        return _debit(event)
     if event.type != "payment_intent.succeeded":
         return f"ignored {event.type}"
     intent = event.data.object
@@ -165,3 +168,68 @@ def _apply(event: stripe.Event) -> str:
         topup.credited = micros
         topup.save(update_fields=["status", "credited"])
     return f"credited {micros} micro-USD to user {user_id}"
+
+
+# Money Stripe takes back (Stripe docs, "Refunds" and "Disputes": `charge.refunded`
+# carries the cumulative `amount_refunded`; `charge.dispute.created` withdraws the
+# disputed `amount`; `charge.dispute.funds_reinstated` gives it back when we win).
+_DEBITS = {"charge.refunded", "charge.dispute.created", "charge.dispute.funds_reinstated"}
+
+
+def _buyer_of(payment_intent_id: str | None) -> int | None:
+    topup = TopUp.objects.filter(payment_intent_id=payment_intent_id).first() \
+        if payment_intent_id else None
+    return topup.buyer_id if topup else None
+
+
+def _debt_account(user_id: int) -> Account:
+    acct, _ = Account.objects.get_or_create(kind=Account.Kind.BUYER_DEBT, owner_id=user_id,
+                                            defaults={"allow_negative": True})
+    return acct
+
+
+def _debit(event: stripe.Event) -> str:
+    """Refunds and disputes debit the buyer's wallet; what the buyer already spent becomes
+    debt (a negative `buyer_debt` account), so no other balance goes below zero. A won
+    dispute credits the amount back. Idempotent per refund total / dispute."""
+    obj = event.data.object
+    if event.type == "charge.refunded":
+        buyer = _buyer_of(getattr(obj, "payment_intent", None))
+        charge_id = obj.id
+        refunded_before = Posting.objects.filter(
+            entry__kind=JournalEntry.Kind.STRIPE_REFUND, entry__reference=f"charge:{charge_id}",
+            account__kind=Account.Kind.EXTERNAL_STRIPE).aggregate(t=Sum("amount"))["t"] or 0
+        cents = int(obj.amount_refunded)
+        amount = cents_to_micros(cents) - refunded_before  # amount_refunded is cumulative
+        kind, key = JournalEntry.Kind.STRIPE_REFUND, f"stripe-refund:{charge_id}:{cents}"
+        sign = -1
+    else:
+        dispute = obj
+        charge_id = dispute.charge
+        buyer = _buyer_of(getattr(dispute, "payment_intent", None))
+        amount = cents_to_micros(int(dispute.amount))
+        if event.type == "charge.dispute.created":
+            kind, key, sign = (JournalEntry.Kind.STRIPE_DISPUTE,
+                               f"stripe-dispute:{dispute.id}", -1)
+        else:
+            kind, key, sign = (JournalEntry.Kind.STRIPE_DISPUTE_REINSTATED,
+                               f"stripe-dispute-won:{dispute.id}", 1)
+    if buyer is None:
+        return f"ignored {event.type}: charge {charge_id} is not a gpumarket top-up"
+    if amount <= 0 or JournalEntry.objects.filter(idempotency_key=key).exists():
+        return f"{event.type} for charge {charge_id} already applied"
+    available = Account.objects.select_for_update().filter(
+        kind=Account.Kind.BUYER_AVAILABLE, owner_id=buyer).first()
+    debt = _debt_account(buyer)
+    if sign < 0:
+        from_wallet = min(amount, available.balance if available else 0)
+        postings = [(account(Account.Kind.EXTERNAL_STRIPE), amount),
+                    (account(Account.Kind.BUYER_AVAILABLE, buyer), -from_wallet),
+                    (debt, -(amount - from_wallet))]
+    else:
+        owed = min(amount, -debt.balance)
+        postings = [(account(Account.Kind.EXTERNAL_STRIPE), -amount), (debt, owed),
+                    (account(Account.Kind.BUYER_AVAILABLE, buyer), amount - owed)]
+    post_entry(kind=kind, postings=postings, memo=f"{event.type} {obj.id}",
+               reference=f"charge:{charge_id}", idempotency_key=key)
+    return f"{event.type}: {'debited' if sign < 0 else 'credited'} {amount} micro-USD, user {buyer}"

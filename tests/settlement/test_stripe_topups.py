@@ -169,3 +169,53 @@ def test_topup_input_is_checked(stripe_on, settings):
     settings.STRIPE_SECRET_KEY = ""
     r = api.post("/api/v1/wallet/topups/", {"amount": "25.00"}, format="json")
     assert r.status_code == 404
+
+
+def _charge_event(event_type: str, obj: dict, event_id: str) -> bytes:
+    return json.dumps({"id": event_id, "object": "event", "type": event_type,
+                       "created": int(time.time()), "data": {"object": obj}}).encode()
+
+
+def _deliver(body: bytes):
+    return APIClient().post("/api/v1/stripe/webhook/", body, content_type="application/json",
+                            HTTP_STRIPE_SIGNATURE=_signed(body))
+
+
+@pytest.mark.django_db
+def test_refunds_and_disputes_debit_the_wallet_once_and_never_below_zero(stripe_on):
+    buyer = UserFactory()
+    TopUp.objects.create(buyer=buyer, amount_cents=5000, payment_intent_id="pi_refundme")
+    paid = {"id": "pi_refundme", "object": "payment_intent", "amount": 5000,
+            "amount_received": 5000, "metadata": {}}
+    assert _deliver(_event(paid, "evt_paid")).status_code == 200
+    assert ledger.wallet(user_id=buyer.pk).available == 50_000_000
+
+    charge = {"id": "ch_1", "object": "charge", "payment_intent": "pi_refundme",
+              "amount": 5000, "amount_refunded": 1000}
+    for _ in range(2):  # the same refund delivered twice
+        assert _deliver(_charge_event("charge.refunded", charge, "evt_ref1")).status_code == 200
+    assert ledger.wallet(user_id=buyer.pk).available == 40_000_000
+    # a second partial refund: amount_refunded is cumulative (1000 + 1500 cents)
+    charge2 = {**charge, "amount_refunded": 2500}
+    assert _deliver(_charge_event("charge.refunded", charge2, "evt_ref2")).status_code == 200
+    assert ledger.wallet(user_id=buyer.pk).available == 25_000_000
+
+    # the buyer spends 20 of the remaining 25 USD (held), then disputes the whole 50
+    ledger.hold_place(buyer_id=buyer.pk, amount=20_000_000, reference="order:x")
+    dispute = {"id": "dp_1", "object": "dispute", "charge": "ch_1",
+               "payment_intent": "pi_refundme", "amount": 2500}
+    assert _deliver(_charge_event("charge.dispute.created", dispute, "evt_dp")).status_code == 200
+    assert _deliver(_charge_event("charge.dispute.created", dispute, "evt_dp_again")).status_code \
+        == 200
+    assert ledger.wallet(user_id=buyer.pk).available == 0
+    from settlement.models import Account
+
+    debt = Account.objects.get(kind="buyer_debt", owner=buyer)
+    assert debt.balance == -20_000_000  # 25 disputed, 5 were still available
+    # we win the dispute: the debt is cleared first, the rest returns to the wallet
+    assert _deliver(_charge_event("charge.dispute.funds_reinstated", dispute,
+                                  "evt_dp_won")).status_code == 200
+    debt.refresh_from_db()
+    assert debt.balance == 0
+    assert ledger.wallet(user_id=buyer.pk).available == 5_000_000
+    assert first_violation(LEDGER_CHECKS) is None
