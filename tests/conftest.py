@@ -49,3 +49,26 @@ def docker_client():
 @pytest.fixture(scope="session")
 def test_image(docker_client) -> str:
     return TEST_IMAGE
+
+
+@pytest.fixture(autouse=True)
+def ledger_guard(request):
+    """After every database test, the ledger's invariants must still hold: a code path
+    that changes money or state without its journal entry fails loudly here, naming the
+    violation. `@pytest.mark.ledger("ledger_only")` checks only the ledger's own
+    invariants (tests that move money without a market); `@pytest.mark.ledger("violates")`
+    is for the tests that break an invariant on purpose to see it caught."""
+    if "_django_db_helper" not in request.fixturenames:
+        yield
+        return
+    request.getfixturevalue("_django_db_helper")  # set up first, so torn down after us
+    yield
+    marker = request.node.get_closest_marker("ledger")
+    mode = marker.args[0] if marker else "all"
+    if mode == "violates":
+        return
+    from settlement.checks import LEDGER_CHECKS, first_violation
+
+    problem = first_violation(LEDGER_CHECKS if mode == "ledger_only" else None)
+    if problem:
+        pytest.fail(f"ledger invariant broken at the end of the test: {problem}")

@@ -31,6 +31,7 @@ def test_a_consistent_market_passes_ledger_check(capsys):
     assert "ledger is consistent" in capsys.readouterr().out
 
 
+@pytest.mark.ledger("violates")
 def test_an_orphan_hold_is_named():
     _, buyer = _market_with_a_bid()
     orphan = ledger.hold_place(buyer_id=buyer.pk, amount=1, reference="nothing")
@@ -39,6 +40,7 @@ def test_an_orphan_hold_is_named():
         call_command("ledger_check")
 
 
+@pytest.mark.ledger("violates")
 def test_a_bid_whose_hold_was_released_is_named():
     _market_with_a_bid()
     bid = Order.objects.get(side="bid")
@@ -47,6 +49,7 @@ def test_a_bid_whose_hold_was_released_is_named():
                                  "which is not active")
 
 
+@pytest.mark.ledger("violates")
 def test_earnings_without_a_lease_are_named():
     provider, _ = _market_with_a_bid()
     ledger.post_entry(kind=JournalEntry.Kind.DEV_CREDIT, postings=[

@@ -5,7 +5,7 @@ from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import Account, Hold, JournalEntry
 from tests.factories import UserFactory, funded_buyer
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.ledger("ledger_only")]
 
 
 def test_hold_then_settle_pays_85_15_and_releases_the_rest():
@@ -68,6 +68,7 @@ def test_database_refuses_a_negative_balance_even_past_the_service():
         Account.objects.filter(pk=acct.pk).update(balance=-1)
 
 
+@pytest.mark.ledger("violates")
 def test_ledger_check_names_a_violation():
     buyer = funded_buyer(1)
     Account.objects.filter(owner=buyer, kind="buyer_available").update(balance=7)

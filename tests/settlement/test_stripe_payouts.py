@@ -14,7 +14,7 @@ from settlement.models import Account, JournalEntry, Payout
 from tests.factories import UserFactory, funded_buyer
 from tests.settlement.stripe_connect_standin import ConnectStandIn
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.ledger("ledger_only")]
 
 
 @pytest.fixture

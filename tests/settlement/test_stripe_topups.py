@@ -30,6 +30,7 @@ from tests.e2e.conftest import wait_until
 from tests.factories import UserFactory
 
 WEBHOOK_SECRET = "whsec_gpumarket_test_secret"
+pytestmark = pytest.mark.ledger("ledger_only")
 
 
 def _free_port() -> int:
