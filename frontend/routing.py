@@ -1,4 +1,11 @@
-"""Websocket routes. The live auction feed (/ws/markets/…, /ws/auctions/…, /ws/me/)
-is issue 6's; until then no websocket route is served."""
+"""Websocket routes of the live feed (message formats: frontend/feed.py)."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from frontend import consumers
+
+websocket_urlpatterns = [
+    path("ws/markets/<slug:gpu_class>/", consumers.MarketFeedConsumer.as_asgi()),
+    path("ws/auctions/<int:auction_id>/", consumers.AuctionFeedConsumer.as_asgi()),
+    path("ws/me/", consumers.MeFeedConsumer.as_asgi()),
+]

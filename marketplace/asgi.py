@@ -1,5 +1,5 @@
-"""ASGI entry point: HTTP through Django; websockets through Channels (the live feed
-consumers arrive with the frontend issue)."""
+"""ASGI entry point: HTTP through Django; websockets through Channels (the live feed,
+frontend/routing.py): session authentication, and an Origin in ALLOWED_HOSTS."""
 
 import os
 
@@ -8,11 +8,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": URLRouter(websocket_urlpatterns),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

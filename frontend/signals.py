@@ -1,0 +1,61 @@
+"""post_save receivers that feed the live feed (frontend/feed.py).
+
+The market's services are not touched: every saved Order, Fill, Auction, SealedBid,
+Lease and JournalEntry (and Posting, should one be saved alone; the ledger
+bulk-creates them, which sends no signal, so the entry is what we hook) is noted in
+the current transaction's batch, which is published once, after commit
+(`transaction.on_commit`, like zulip's send_event_on_commit). A rolled-back
+transaction publishes nothing. Connected in FrontendConfig.ready().
+"""
+
+from __future__ import annotations
+
+from django.db.models.signals import post_save
+
+from frontend import feed
+
+DISPATCH = "gpumarket.feed."
+
+
+def _order_saved(sender, instance, **kwargs):
+    feed.note(markets=instance.market_id, orders=instance.pk)
+
+
+def _fill_saved(sender, instance, created, **kwargs):
+    if created:
+        feed.note(fills=instance.pk, markets=instance.market_id)
+
+
+def _auction_saved(sender, instance, **kwargs):
+    feed.note(auctions=instance.pk)
+
+
+def _sealed_bid_saved(sender, instance, **kwargs):
+    # the auction's public count changes; the bid itself goes to its bidder only
+    feed.note(auctions=instance.auction_id, sealed_bids=instance.pk)
+
+
+def _lease_saved(sender, instance, **kwargs):
+    feed.note(leases=instance.pk)
+
+
+def _entry_saved(sender, instance, created, **kwargs):
+    if created:
+        feed.note(entries=instance.pk)
+
+
+def _posting_saved(sender, instance, created, **kwargs):
+    if created:
+        feed.note(entries=instance.entry_id)
+
+
+def connect() -> None:
+    from marketplace.models import Auction, Fill, Lease, Order, SealedBid
+    from settlement.models import JournalEntry, Posting
+
+    for model, receiver in ((Order, _order_saved), (Fill, _fill_saved),
+                            (Auction, _auction_saved), (SealedBid, _sealed_bid_saved),
+                            (Lease, _lease_saved), (JournalEntry, _entry_saved),
+                            (Posting, _posting_saved)):
+        post_save.connect(receiver, sender=model, weak=False,
+                          dispatch_uid=DISPATCH + model.__name__)
