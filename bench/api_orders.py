@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--app", default="marketplace.asgi:application",
+                    help="ASGI application for uvicorn (e.g. a variant for measurement)")
     args = ap.parse_args()
 
     database_url = fresh_database(args.pg, args.db)
@@ -163,7 +165,7 @@ def main() -> None:
 
     base = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
+        [sys.executable, "-m", "uvicorn", args.app, "--host",
          "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
          "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)
     try:

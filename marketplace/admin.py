@@ -52,6 +52,18 @@ class GpuClassAdmin(admin.ModelAdmin):
 
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
+    """Read-only: orders change only through the market's services, under the order
+    book's lock (an edit here would bypass matching, holds and the book cache)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     list_display = ["id", "side", "market", "owner", "status", "price", "gpus", "remaining_gpus",
                     "created_at"]
     list_filter = ["side", "status", "market"]

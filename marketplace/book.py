@@ -6,17 +6,41 @@ start of every transaction that reads or changes that book (PostgreSQL row
 lock; SQLite serialises writers anyway). Lock order everywhere: market row,
 then leases, then ledger accounts. Nothing outside the database is called while
 the lock is held; broadcasts and runner pushes go out on commit.
+
+Book cache: rebuilding the engine book from the database on every order costs
+O(resting orders), so each process keeps the book of each market between orders,
+valid for one version of the market. Taking the lock bumps `GpuClass.book_version`
+(the UPDATE that takes the row lock also returns the versions). book.py's own
+writers (place_bid, place_ask, cancel_order, expire_orders), when they run as the
+outermost transaction, stamp every order they change with that version; every other
+holder of the lock (leases, health, auctions, or a book.py call nested in a caller's
+transaction) also sets `book_rebuild_version`. Under the lock a cached book of
+version c is then (see `_load_book`):
+  * used, after applying the orders this transaction changed, when c is the
+    version before ours;
+  * caught up from the orders stamped after c (one indexed query) when no foreign
+    lock holder came after c, i.e. `book_rebuild_version <= c`;
+  * rebuilt from the database otherwise (or when the row's epoch differs).
+The book is taken out of the cache while a transaction uses it and put back only by
+`transaction.on_commit`, so a rolled-back transaction leaves nothing behind: the
+next writer rebuilds or catches up. Writers that change orders without taking the
+market lock are not allowed (the single-writer rule); the Django admin's order form
+is such a writer and must not be used on live books.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
+from uuid import UUID
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from marketplace import engine
@@ -34,9 +58,79 @@ CLIENT_ORDER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
 CLIENT_ID_CONSTRAINT = "order_client_id_unique_per_owner"
 
 
+@dataclass
+class _Writer:
+    """book.py's own write transaction on one market (thread-local, outermost only)."""
+
+    market_id: int
+    version: int | None = None          # the market's book_version in this transaction
+    rebuild_version: int = 0
+    epoch: UUID | None = None
+    touched: dict[int, Order] = field(default_factory=dict)  # orders changed, by pk
+    loaded: bool = False
+
+
+_local = threading.local()
+
+
+def _writer_for(market_id: int) -> _Writer | None:
+    """This thread's tracked transaction on `market_id`, once it holds the lock."""
+    w = getattr(_local, "writer", None)
+    if w is not None and w.market_id == market_id and w.version is not None:
+        return w
+    return None
+
+
+@contextmanager
+def _tracked(market_id: int):
+    """Run the body (which opens the transaction and calls lock_market first) as one of
+    book.py's own writers, which may use the book cache. Nested in a caller's
+    transaction it is an ordinary lock holder instead: that caller may change orders
+    afterwards, so the cache must not trust this transaction."""
+    if transaction.get_connection().in_atomic_block or getattr(_local, "writer", None):
+        yield None
+        return
+    _local.writer = _Writer(market_id)
+    try:
+        yield _local.writer
+    finally:
+        _local.writer = None
+
+
+_LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" + 1{} '
+             'WHERE "id" = %s RETURNING *')
+
+
 def lock_market(market_id: int) -> GpuClass:
-    """Take the order book's single-writer lock for the rest of the transaction."""
-    return GpuClass.objects.select_for_update().get(pk=market_id)
+    """Take the order book's single-writer lock for the rest of the transaction (the row
+    lock of an UPDATE of the GPU class row, which bumps its book_version).
+
+    Called by anyone but book.py's own writers it also marks the in-process book
+    caches stale (book_rebuild_version): such a caller may change orders directly."""
+    if not transaction.get_connection().in_atomic_block:
+        raise TransactionManagementError("lock_market needs a transaction (atomic block)")
+    w = getattr(_local, "writer", None)
+    tracked = w is not None and w.market_id == market_id and w.version is None
+    sql = _LOCK_SQL.format("" if tracked else ', "book_rebuild_version" = "book_version" + 1')
+    rows = list(GpuClass.objects.raw(sql, [market_id]))
+    if not rows:
+        raise GpuClass.DoesNotExist(f"GpuClass {market_id} does not exist")
+    market = rows[0]
+    if tracked:
+        w.version, w.rebuild_version = market.book_version, market.book_rebuild_version
+        w.epoch = market.book_epoch
+    return market
+
+
+def _touch(order: Order) -> tuple[str, ...]:
+    """Stamp `order` (about to be saved) with this transaction's book version; returns the
+    field to add to update_fields."""
+    w = _writer_for(order.market_id)
+    if w is not None:
+        order.book_version = w.version
+        if not w.loaded and order.pk is not None:  # (a new order is not in the book yet)
+            w.touched[order.pk] = order
+    return ("book_version",)
 
 
 def get_market(slug: str) -> GpuClass:
@@ -81,17 +175,17 @@ def _engine_ask(order: Order) -> engine.Ask:
                       available_until=_epoch(order.available_until), seq=order.pk)
 
 
-def _load_book(market: GpuClass, *, exclude: int | None = None,
-               now: datetime | None = None) -> engine.OrderBook:
-    """The market's resting orders as an engine book (caller holds the market lock, or
-    only reads it). With `now`, orders past their expiry are left out even if the
-    expiry sweep has not closed them yet."""
+_ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
+        "time_in_force", "node_id", "available_until")
+
+
+def _build_book(market: GpuClass, *, exclude: int | None = None,
+                now: datetime | None = None) -> engine.OrderBook:
+    """The market's resting orders as an engine book, read from the database."""
     book = engine.OrderBook()
     resting = _resting(market, now=now).exclude(pk=exclude).order_by("pk")
-    # plain tuples, not model instances: this runs on every order (bench/README.md)
-    rows = resting.values_list("pk", "side", "owner_id", "price", "remaining_gpus",
-                               "gang_size", "duration_seconds", "time_in_force", "node_id",
-                               "available_until")
+    # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
+    rows = resting.values_list(*_ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
     for pk, side, owner, price, gpus, gang, duration, tif, node, until in rows:
         if side == Order.Side.BID:
@@ -100,6 +194,99 @@ def _load_book(market: GpuClass, *, exclude: int | None = None,
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                          available_until=_epoch(until), seq=pk))
+    return book
+
+
+def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
+             gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
+             until: datetime | None) -> None:
+    """Make `book` hold order `pk` as the database now has it (resting or not)."""
+    book.cancel(pk)
+    if status not in Order.ACTIVE or gpus <= 0:
+        return
+    if side == Order.Side.BID:
+        book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
+                                 duration_s=duration, seq=pk, tif=tif))
+    else:
+        book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
+                                 available_until=_epoch(until), seq=pk))
+
+
+@dataclass
+class _Cached:
+    epoch: UUID
+    version: int
+    book: engine.OrderBook
+
+
+class BookCache:
+    """Each market's engine book as of a committed book_version, one per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._books: dict[int, _Cached] = {}
+        self.stats = {"hit": 0, "caught_up": 0, "rebuilt": 0}
+
+    def take(self, market_id: int) -> _Cached | None:
+        with self._lock:
+            return self._books.pop(market_id, None)
+
+    def put(self, market_id: int, entry: _Cached) -> None:
+        with self._lock:
+            old = self._books.get(market_id)
+            if old is None or old.epoch != entry.epoch or old.version < entry.version:
+                self._books[market_id] = entry
+
+    def peek(self, market_id: int) -> _Cached | None:
+        with self._lock:
+            return self._books.get(market_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._books.clear()
+
+
+book_cache = BookCache()
+
+
+def _load_book(market: GpuClass, *, exclude: int | None = None,
+               now: datetime | None = None) -> engine.OrderBook:
+    """The market's resting orders as an engine book (caller holds the market lock, or
+    only reads it). With `now`, orders past their expiry are left out even if the
+    expiry sweep has not closed them yet.
+
+    In one of book.py's own write transactions the book comes from the process cache
+    (see the module docstring) and goes back to it when the transaction commits; the
+    caller must apply the engine's result in the same transaction."""
+    w = _writer_for(market.pk)
+    if w is None or w.loaded or now is not None:
+        return _build_book(market, exclude=exclude, now=now)
+    w.loaded = True
+    cache = book_cache
+    entry = cache.take(market.pk)
+    base = w.version - 1
+    if (entry is not None and entry.epoch == w.epoch and entry.version == base
+            and w.rebuild_version <= entry.version):
+        book = entry.book  # only this transaction's own changes are missing
+        cache.stats["hit"] += 1
+        for pk, o in w.touched.items():
+            if pk != exclude:
+                _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
+                         o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
+                         o.available_until)
+    elif (entry is not None and entry.epoch == w.epoch
+          and w.rebuild_version <= entry.version < base):
+        book = entry.book  # other processes wrote since: read what they changed
+        cache.stats["caught_up"] += 1
+        changed = (Order.objects.filter(market_id=market.pk, book_version__gt=entry.version)
+                   .exclude(pk=exclude).values_list("status", *_ROW))
+        for status, pk, *rest in changed:
+            _restate(book, pk, status, *rest)
+    else:
+        book = _build_book(market, exclude=exclude)
+        cache.stats["rebuilt"] += 1
+    entry = _Cached(w.epoch, w.version, book)
+    transaction.on_commit(lambda: cache.put(market.pk, entry))
     return book
 
 
@@ -173,7 +360,7 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
         .values_list("market_id", flat=True)))
     expired: list[int] = []
     for market_id in market_ids:
-        with transaction.atomic():
+        with _tracked(market_id), transaction.atomic():
             expired += _expire_due(lock_market(market_id), now)
     if expired:
         log.info("expired orders %s", expired)
@@ -181,17 +368,16 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
 
 
 def free_gpu_count(node: Node, market: GpuClass) -> int:
-    """GPUs of `market`'s class on `node` that no active lease, standing ask or open
-    auction already covers."""
-    total = node.gpus.filter(gpu_class=market).count()
-    leased = Lease.objects.filter(node=node, status__in=Lease.ACTIVE, market=market)
-    leased_gpus = sum(leased.values_list("gpu_count", flat=True))
+    """Healthy GPUs of `market`'s class on `node` that no active lease, standing ask or
+    open auction already covers (an unhealthy GPU is never offered)."""
+    free = (node.gpus.filter(gpu_class=market, healthy=True)
+            .exclude(lease_gpus__active=True).count())
     offered = sum(Order.objects.filter(node=node, market=market, side=Order.Side.ASK,
                                        status__in=Order.ACTIVE)
                   .values_list("remaining_gpus", flat=True))
     auctioned = sum(node.auctions.filter(status="open", market=market)
                     .values_list("gpus", flat=True))
-    return total - leased_gpus - offered - auctioned
+    return max(free - offered - auctioned, 0)
 
 
 def _check_common(*, price: int, gpus: int) -> None:
@@ -234,15 +420,17 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
         raise InvalidInput("must be in the future", field="expires_at")
     hold_amount = checked_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
     try:
-        with transaction.atomic():
+        with _tracked(market.pk), transaction.atomic():
             market = lock_market(market.pk)
             _expire_due(market, now)
-            order = Order.objects.create(
+            order = Order(
                 market=market, owner_id=buyer_id, side=Order.Side.BID, price=price, gpus=gpus,
                 remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
                 time_in_force=time_in_force, image=image, command=command,
                 expires_at=expires_at, client_order_id=client_order_id or "",
             )
+            _touch(order)
+            order.save(force_insert=True)
             hold = ledger.hold_place(buyer_id=buyer_id, amount=hold_amount,
                                      reference=f"order:{order.pk}")
             order.hold_id = hold.pk
@@ -297,18 +485,20 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     if available_until <= now:
         raise InvalidInput("must be in the future", field="available_until")
     try:
-        with transaction.atomic():
+        with _tracked(market.pk), transaction.atomic():
             market = lock_market(market.pk)
             _expire_due(market, now)
             free = free_gpu_count(node, market)
             if gpus > free:
                 raise InvalidInput(f"only {free} GPUs of node {node.name} are free to offer",
                                    field="gpus")
-            order = Order.objects.create(
+            order = Order(
                 market=market, owner_id=provider_id, side=Order.Side.ASK, price=price,
                 gpus=gpus, remaining_gpus=gpus, node=node, available_until=available_until,
                 client_order_id=client_order_id or "",
             )
+            _touch(order)
+            order.save(force_insert=True)
             order.events.create(from_status="", to_status="open", at=now, cause="ask placed")
             book = _load_book(market, exclude=order.pk)
             result = book.submit_ask(_engine_ask(order), _epoch(now))
@@ -327,7 +517,7 @@ def cancel_order(*, user_id: int, order_id: int, cause: str = "cancelled by its 
     order = Order.objects.filter(pk=order_id, owner_id=user_id).first()
     if order is None:
         raise NotFound(f"no order {order_id} of yours", field="order")
-    with transaction.atomic():
+    with _tracked(order.market_id), transaction.atomic():
         lock_market(order.market_id)
         order = Order.objects.get(pk=order_id)
         if order.status not in Order.ACTIVE:
@@ -337,7 +527,7 @@ def cancel_order(*, user_id: int, order_id: int, cause: str = "cancelled by its 
 
 
 def _close_order(order: Order, status: str, cause: str, now: datetime) -> None:
-    order.set_status(status, cause=cause, at=now)
+    order.set_status(status, cause=cause, at=now, update_fields=_touch(order))
     if order.side == Order.Side.BID and order.hold_id:
         ledger.hold_release(hold_id=order.hold_id, cause=f"order {order.pk} {status}")
 
@@ -373,7 +563,7 @@ def _apply(market: GpuClass, incoming: Order, result: engine.MatchResult,
             order.remaining_gpus -= f.gpus
             status = "filled" if order.remaining_gpus == 0 else "partially_filled"
             order.set_status(status, cause=f"fill {fill.pk}: {f.gpus} GPUs at {f.price}",
-                             at=now, update_fields=("remaining_gpus",))
+                             at=now, update_fields=("remaining_gpus", *_touch(order)))
         if bid.remaining_gpus == 0:
             ledger.hold_release(hold_id=bid.hold_id, cause=f"order {bid.pk} filled")
         log.info("fill %s: bid %s × ask %s, %s GPUs at %s", fill.pk, bid.pk, ask.pk,
@@ -401,7 +591,7 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     _expire_due(market, now)  # an expired resting bid must not take the returned GPUs
     ask.remaining_gpus += gpus
     ask.set_status("partially_filled", cause=f"{gpus} GPUs returned from an ended lease",
-                   at=now, update_fields=("remaining_gpus",))
+                   at=now, update_fields=("remaining_gpus", *_touch(ask)))
     book = _load_book(market, exclude=ask.pk)
     result = book.submit_ask(_engine_ask(ask), _epoch(now))
     return _apply(market, ask, result, now)

@@ -4,6 +4,8 @@ seconds; times aware UTC."""
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -25,6 +27,14 @@ class GpuClass(models.Model):
     reference_price = models.BigIntegerField(
         default=0, help_text="micro-USD per GPU-hour, public reference (data/reference-prices.csv)"
     )
+    # The order book's version (marketplace/book.py, "book cache"): bumped by every
+    # transaction that takes the market lock. `book_rebuild_version` is the last version
+    # written by a lock holder outside book.py's own writers (leases, health, auctions):
+    # an in-process book older than that is rebuilt from the database. `book_epoch`
+    # tells a re-created row (or a restored database) from the one a cache was built on.
+    book_version = models.BigIntegerField(default=0, editable=False)
+    book_rebuild_version = models.BigIntegerField(default=0, editable=False)
+    book_epoch = models.UUIDField(default=uuid.uuid4, editable=False)
 
     class Meta:
         ordering = ["slug"]
@@ -91,6 +101,10 @@ class Order(StateMachine):
                              related_name="asks")
     available_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # the market's book_version of the transaction that last changed this order through
+    # marketplace/book.py: another process catches its cached book up by reading the
+    # orders changed since its version
+    book_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         constraints = [
@@ -102,7 +116,9 @@ class Order(StateMachine):
                                     condition=~Q(client_order_id=""),
                                     name="order_client_id_unique_per_owner"),
         ]
-        indexes = [models.Index(fields=["market", "side", "status"])]
+        indexes = [models.Index(fields=["market", "side", "status"]),
+                   models.Index(fields=["market", "book_version"],
+                                name="order_market_book_version")]
 
     def __str__(self) -> str:
         return f"{self.side} #{self.pk} {self.market_id} {self.gpus}×{self.price}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.utils import timezone
 
 from settlement.models import Account, Hold, JournalEntry, Posting
@@ -53,7 +53,61 @@ def account(kind: str, owner_id: int | None = None) -> Account:
         kind=kind, owner_id=owner_id,
         defaults={"allow_negative": kind in Account.EXTERNAL_KINDS},
     )
+    _account_ids[(kind, owner_id)] = acct.pk
     return acct
+
+
+# (kind, owner id) → account id, per process: an account's kind and owner never change
+# once created. Every use is checked on the row it locks (a cached id whose row is gone
+# or belongs to another (kind, owner) — a restored or flushed database — is looked up
+# again), so a stale entry costs a second look-up, never a wrong posting.
+_account_ids: dict[tuple[str, int | None], int] = {}
+
+
+def _lock_accounts(keys: list[tuple[str, int | None]]) -> dict[tuple[str, int | None],
+                                                                 tuple[int, int, bool]]:
+    """Lock the existing accounts of `keys` (SELECT … FOR UPDATE, by id) and return
+    key → (id, balance, allow_negative); a key without an account yet is left out (it is
+    not created here). Runs in the caller's transaction."""
+    for _attempt in range(2):
+        ids = {k: _account_ids[k] for k in keys if k in _account_ids}
+        missing = [k for k in keys if k not in ids]
+        if missing:
+            q = Q()
+            for kind, owner in missing:
+                q |= Q(kind=kind, owner_id=owner)
+            for pk, kind, owner in Account.objects.filter(q).values_list("pk", "kind",
+                                                                         "owner_id"):
+                ids[(kind, owner)] = _account_ids[(kind, owner)] = pk
+        rows = (Account.objects.select_for_update().filter(pk__in=sorted(ids.values()))
+                .order_by("pk").values_list("pk", "kind", "owner_id", "balance",
+                                            "allow_negative"))
+        got = {(kind, owner): (pk, balance, neg) for pk, kind, owner, balance, neg in rows}
+        if all(got.get(k, (None,))[0] == pk for k, pk in ids.items()):
+            return got
+        for k in ids:  # a cached id no longer names that account: look them up again
+            _account_ids.pop(k, None)
+    return got
+
+
+def _write_entry(*, kind: str, rows: list[tuple[int, int]], memo: str = "",
+                 reference: str = "", hold: Hold | None = None,
+                 idempotency_key: str | None = None) -> JournalEntry:
+    """The writes of one balanced entry of (account id, amount) rows whose accounts the
+    caller has locked and checked: entry, postings, and one UPDATE of the balances."""
+    entry = JournalEntry.objects.create(
+        kind=kind, memo=memo[:200], reference=reference, hold=hold,
+        idempotency_key=idempotency_key,
+    )
+    Posting.objects.bulk_create([Posting(entry=entry, account_id=pk, amount=amt)
+                                 for pk, amt in rows])
+    delta: dict[int, int] = {}
+    for pk, amt in rows:
+        delta[pk] = delta.get(pk, 0) + amt
+    Account.objects.filter(pk__in=list(delta)).update(balance=F("balance") + Case(
+        *(When(pk=pk, then=Value(amt)) for pk, amt in delta.items()),
+        default=Value(0), output_field=BigIntegerField()))
+    return entry
 
 
 def post_entry(
@@ -81,15 +135,8 @@ def post_entry(
             current = locked[acct.pk]
             if amt < 0 and not current.allow_negative and current.balance + amt < 0:
                 raise InsufficientFunds(needed=-amt, available=current.balance)
-        entry = JournalEntry.objects.create(
-            kind=kind, memo=memo[:200], reference=reference, hold=hold,
-            idempotency_key=idempotency_key,
-        )
-        Posting.objects.bulk_create(
-            [Posting(entry=entry, account=a, amount=amt) for a, amt in rows]
-        )
-        for acct, amt in rows:
-            Account.objects.filter(pk=acct.pk).update(balance=F("balance") + amt)
+        entry = _write_entry(kind=kind, rows=[(a.pk, amt) for a, amt in rows], memo=memo,
+                             reference=reference, hold=hold, idempotency_key=idempotency_key)
     return entry
 
 
@@ -114,15 +161,24 @@ def hold_place(*, buyer_id: int, amount: int, reference: str) -> Hold:
     """
     if amount <= 0:
         raise ValueError("a hold must be positive")
-    with transaction.atomic():
-        hold = Hold.objects.create(buyer_id=buyer_id, original=amount, amount=amount,
-                                   reference=reference)
-        post_entry(
-            kind=JournalEntry.Kind.HOLD_PLACE,
-            postings=[(account(Kind.BUYER_AVAILABLE, buyer_id), -amount),
-                      (account(Kind.BUYER_HELD, buyer_id), amount)],
-            reference=reference, hold=hold,
-        )
+    available_key, held_key = (Kind.BUYER_AVAILABLE, buyer_id), (Kind.BUYER_HELD, buyer_id)
+    # The hot path of every bid: the accounts are locked and checked before anything is
+    # written, so a refusal needs no savepoint; the refusal is raised outside the block
+    # (a block without savepoint that an exception leaves dooms the caller's transaction).
+    with transaction.atomic(savepoint=False):
+        locked = _lock_accounts([available_key, held_key])
+        available_id, balance, _ = locked.get(available_key, (None, 0, False))
+        ok = balance >= amount
+        if ok:
+            held_id = locked[held_key][0] if held_key in locked else \
+                account(*held_key).pk  # created on first use; new, so nobody else sees it
+            hold = Hold.objects.create(buyer_id=buyer_id, original=amount, amount=amount,
+                                       reference=reference)
+            _write_entry(kind=JournalEntry.Kind.HOLD_PLACE,
+                         rows=[(available_id, -amount), (held_id, amount)],
+                         reference=reference, hold=hold)
+    if not ok:
+        raise InsufficientFunds(needed=amount, available=balance)
     return hold
 
 

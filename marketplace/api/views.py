@@ -104,7 +104,8 @@ class OrderListCreate(APIView):
                 available_until=v["available_until"],
                 client_order_id=v.get("client_order_id"),
             )
-        placed.order.refresh_from_db()
+        # placed.order is current: the service saved every change on this instance (a
+        # replayed order was read from the database)
         body = s.OrderSerializer(placed.order).data
         body["leases"] = [lease.pk for lease in placed.leases]
         return Response(body, status=201 if placed.created else 200)

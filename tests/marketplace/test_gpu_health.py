@@ -70,3 +70,18 @@ def test_failed_lease_pays_only_the_seconds_the_runner_saw_healthy():
                       detail={"runner_usage_seconds": 600})
     assert ended.cost == lease_cost(2_000_000, 2, 600)
     assert first_violation() is None
+
+
+def test_an_ask_never_offers_an_unhealthy_gpu():
+    provider, node, _ = registered_node()
+    sick = node.gpus.order_by("pci_bus_id").first()
+    sick.healthy = False
+    sick.save(update_fields=["healthy"])
+    from marketplace.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="only 7 GPUs"):
+        book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                       price=2_000_000, gpus=8, available_until=in_a_day())
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=2_000_000, gpus=7, available_until=in_a_day()).order
+    assert ask.remaining_gpus == 7
