@@ -1,5 +1,36 @@
+"""Pages: home, accounts, the buyer's bidding UI and the provider portal."""
+
+from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend import views
 
-urlpatterns = [path("", views.home, name="home")]
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("signup/", views.signup, name="signup-page"),
+    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
+                                                redirect_authenticated_user=True,
+                                                next_page="wallet-page"),
+         name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
+    path("wallet/", views.wallet, name="wallet-page"),
+    path("wallet/dev-credit/", views.wallet_dev_credit, name="wallet-dev-credit"),
+    path("wallet/topup/", views.wallet_topup, name="wallet-topup"),
+    path("markets/<slug:slug>/", views.market, name="market"),
+    path("orders/", views.my_orders, name="orders-page"),
+    path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),
+    path("leases/", views.my_leases, name="leases-page"),
+    path("auctions/", views.auction_list, name="auctions-page"),
+    path("auctions/<int:pk>/", views.auction_detail, name="auction"),
+    path("sealed-bids/<int:pk>/withdraw/", views.sealed_bid_withdraw,
+         name="sealed-bid-withdraw-page"),
+    path("provider/", views.portal, name="portal"),
+    path("provider/onboard/", views.portal_onboard, name="portal-onboard"),
+    path("provider/nodes/", views.node_add, name="node-add"),
+    path("provider/nodes/<int:pk>/", views.node_detail, name="node"),
+    path("provider/asks/", views.ask_add, name="ask-add"),
+    path("provider/auctions/", views.auction_add, name="auction-add"),
+    path("provider/payouts/address/", views.payout_address, name="payout-address"),
+    path("provider/payouts/connect/", views.payout_connect, name="payout-connect"),
+    path("provider/earnings/", views.earnings, name="earnings"),
+]

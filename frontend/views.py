@@ -1,19 +1,82 @@
-"""Server-rendered pages. The home page lists markets, open auctions (bid count and
-time left only: sealed bids stay sealed), recent fills and leases."""
+"""Server-rendered pages: the home page, sign up / log in, the buyer's bidding UI
+(wallet, markets, sealed auctions, orders, leases) and the provider portal (onboarding,
+nodes and their runner tokens, asks, auctions, leases, earnings).
+
+Views stay thin: a form parses the input, one service does the work, and a refusal of
+the service (MarketError, ProviderError, SettlementError) is shown next to the field
+it names. Sealed bids: a page shows a user only their own bid; everybody else sees
+the count before close and the anonymous awards after."""
 
 from __future__ import annotations
 
-from django.shortcuts import render
+import json
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.asgi import ASGIRequest
+from django.db.models import Q
+from django.http import Http404, HttpResponseNotAllowed
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
 
+from frontend import forms as f
+from marketplace import auctions as auction_services
 from marketplace import book
-from marketplace.models import Auction, Fill, GpuClass, Lease
-from settlement.money import format_usd
+from marketplace.errors import MarketError
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from providers.models import Node, Provider
+from providers.services import ProviderError, node_create, provider_onboard
+from settlement import services as ledger
+from settlement.models import ChainAddress, Hold
+from settlement.money import MICROS_PER_USD, format_usd
+
+LOGIN = "login"
+member = login_required(login_url=LOGIN)
 
 
-def _usd(micros: int | None) -> str:
-    return "—" if micros is None else f"${format_usd(micros)}"
+# ---------------------------------------------------------------- helpers
 
+def usd(micros: int | None) -> str:
+    """Micro-USD as USD with 2 to 6 decimals: 2_490_000 → '2.49', 1 → '0.000001'."""
+    if micros is None:
+        return "—"
+    text = format_usd(micros)
+    whole, frac = text.split(".")
+    return f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
+
+
+def _page(request, template: str, context: dict, status: int = 200):
+    """Render with what every page needs: whether this server speaks websockets (only
+    the ASGI application routes /ws/), so the page's script knows to use the live feed
+    or to refresh through the REST API."""
+    context.setdefault("live_ws", isinstance(request, ASGIRequest))
+    return render(request, template, context, status=status)
+
+
+def _service_error(form, exc: Exception) -> None:
+    """Attach a service's refusal to the field it names (else to the form)."""
+    message = getattr(exc, "message", None) or str(exc)
+    field = getattr(exc, "field", None)
+    if field == "hours" and "hours" not in form.fields:
+        field = None
+    form.add_error(field if field in form.fields else None, message)
+
+
+def _provider(user) -> Provider | None:
+    return Provider.objects.filter(user=user).first()
+
+
+def _rows_json(rows) -> str:
+    return json.dumps(rows, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------- home, accounts
 
 def home(request):
     now = timezone.now()
@@ -35,9 +98,9 @@ def home(request):
         .order_by("closes_at")
     ]
     fills = [
-        {"id": f.pk, "market": f.market.slug, "gpus": f.gpus, "price": _usd(f.price),
-         "at": f.created_at}
-        for f in Fill.objects.select_related("market").order_by("-pk")[:20]
+        {"id": x.pk, "market": x.market.slug, "gpus": x.gpus, "price": _usd(x.price),
+         "at": x.created_at}
+        for x in Fill.objects.select_related("market").order_by("-pk")[:20]
     ]
     leases = [
         {"id": lease.pk, "market": lease.market.slug, "gpus": lease.gpu_count,
@@ -45,6 +108,527 @@ def home(request):
          "cost": _usd(lease.cost)}
         for lease in Lease.objects.select_related("market", "node").order_by("-pk")[:20]
     ]
-    return render(request, "frontend/home.html", {
+    return _page(request, "frontend/home.html", {
         "markets": markets, "auctions": open_auctions, "fills": fills, "leases": leases,
+    })
+
+
+def _usd(micros: int | None) -> str:
+    # the home page keeps all 6 places (tests/api/test_api_sealed_secrecy.py reads them)
+    return "—" if micros is None else f"${format_usd(micros)}"
+
+
+def signup(request):
+    if request.user.is_authenticated:
+        return redirect("wallet-page")
+    form = f.SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome, {user.username}.")
+        nxt = request.GET.get("next", "")
+        safe = url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},
+                                               require_https=request.is_secure())
+        return redirect(nxt if nxt and safe else "wallet-page")
+    return _page(request, "frontend/signup.html", {"form": form},
+                 status=400 if form.errors else 200)
+
+
+# ---------------------------------------------------------------- wallet
+
+def _wallet_context(request, *, credit_form=None, topup_form=None, client_secret=None):
+    w = ledger.wallet(user_id=request.user.pk)
+    holds = Hold.objects.filter(buyer=request.user, status=Hold.Status.ACTIVE).order_by("pk")
+    return {
+        "available": usd(w.available), "held": usd(w.held), "earned": usd(w.earned),
+        "holds": [{"id": h.pk, "reference": h.reference, "amount": usd(h.amount),
+                   "original": usd(h.original), "created_at": h.created_at} for h in holds],
+        "stripe": bool(settings.STRIPE_SECRET_KEY),
+        "dev_credit": bool(settings.GPUMARKET_DEV_CREDIT),
+        "credit_form": credit_form or f.DevCreditForm(),
+        "topup_form": topup_form or f.TopUpForm(),
+        "client_secret": client_secret,
+    }
+
+
+@member
+def wallet(request):
+    return _page(request, "frontend/wallet.html", _wallet_context(request))
+
+
+@member
+@require_POST
+def wallet_dev_credit(request):
+    if not settings.GPUMARKET_DEV_CREDIT:
+        raise Http404("development credit is disabled on this server")
+    form = f.DevCreditForm(request.POST)
+    if form.is_valid():
+        ledger.dev_credit(user_id=request.user.pk, amount=form.cleaned_data["amount"])
+        messages.success(request, f"Credited {usd(form.cleaned_data['amount'])} USD.")
+        return redirect("wallet-page")
+    return _page(request, "frontend/wallet.html", _wallet_context(request, credit_form=form),
+                 status=400)
+
+
+@member
+@require_POST
+def wallet_topup(request):
+    from settlement import stripe_payments
+
+    if not settings.STRIPE_SECRET_KEY:
+        raise Http404("Stripe is not configured on this server")
+    form = f.TopUpForm(request.POST)
+    if form.is_valid():
+        cents = form.cleaned_data["amount"] // stripe_payments.MICROS_PER_CENT
+        try:
+            created = stripe_payments.topup_create(buyer_id=request.user.pk, amount_cents=cents)
+        except ValueError as exc:
+            form.add_error("amount", str(exc))
+        except stripe_payments.stripe.StripeError as exc:
+            form.add_error(None, f"Stripe refused the payment: {exc.user_message or exc}")
+        else:
+            return _page(request, "frontend/wallet.html", _wallet_context(
+                request, client_secret=created.client_secret), status=201)
+    return _page(request, "frontend/wallet.html", _wallet_context(request, topup_form=form),
+                 status=400)
+
+
+# ---------------------------------------------------------------- markets
+
+def _depth_rows(levels):
+    return [[usd(p), q] for p, q in levels]
+
+
+def _market_context(request, market: GpuClass, form):
+    bids, asks = book.depth(market)
+    trades = [{"id": x.pk, "price": usd(x.price), "gpus": x.gpus,
+               "at": x.created_at.isoformat()}
+              for x in Fill.objects.filter(market=market).order_by("-pk")[:20]]
+    ctx = {
+        "market": market, "form": form,
+        "reference": usd(market.reference_price) if market.reference_price else None,
+        "bids": _depth_rows(bids), "asks": _depth_rows(asks),
+        "depth_json": _rows_json({"bids": _depth_rows(bids), "asks": _depth_rows(asks)}),
+        "trades": trades, "trades_json": _rows_json(trades),
+        "best_bid": usd(bids[0][0]) if bids else None,
+        "best_ask": usd(asks[0][0]) if asks else None,
+        "gpus_offered": sum(q for _, q in asks),
+        "markets": GpuClass.objects.all(),
+    }
+    if request.user.is_authenticated:
+        ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
+                                       .select_related("market", "node").order_by("-pk")[:20])
+        ctx["my_leases"] = _lease_rows(Lease.objects.filter(buyer=request.user, market=market)
+                                       .select_related("market", "node").order_by("-pk")[:20],
+                                       role="buyer")
+    return ctx
+
+
+def market(request, slug: str):
+    gpu_class = get_object_or_404(GpuClass, slug=slug)
+    form = f.BidForm(request.POST or None)
+    if request.method == "POST":
+        if not request.user.is_authenticated:
+            return redirect(f"{reverse(LOGIN)}?next={request.path}")
+        if form.is_valid():
+            v = form.cleaned_data
+            try:
+                placed = book.place_bid(
+                    buyer_id=request.user.pk, market_slug=slug, price=v["price"],
+                    gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
+                    gang_size=v["gang_size"], time_in_force=v["time_in_force"],
+                    image=v["image"], command=v["command"])
+            except (MarketError, ledger.SettlementError) as exc:
+                _service_error(form, exc)
+            else:
+                order = placed.order
+                order.refresh_from_db()
+                filled = order.gpus - order.remaining_gpus
+                messages.success(request, f"Bid #{order.pk} placed: {order.status}, "
+                                          f"{filled} of {order.gpus} GPUs filled, "
+                                          f"{len(placed.leases)} lease(s).")
+                return redirect("market", slug=slug)
+        return _page(request, "frontend/market.html",
+                     _market_context(request, gpu_class, form), status=400)
+    return _page(request, "frontend/market.html", _market_context(request, gpu_class, form))
+
+
+# ---------------------------------------------------------------- orders and leases
+
+def _order_rows(orders):
+    return [{"id": o.pk, "side": o.side, "market": o.market.slug, "status": o.status,
+             "price": usd(o.price), "gpus": o.gpus, "remaining": o.remaining_gpus,
+             "filled": o.gpus - o.remaining_gpus if o.side == "bid" else None,
+             "hours": (o.duration_seconds or 0) / 3600 if o.duration_seconds else None,
+             "tif": o.time_in_force, "node": o.node.name if o.node_id else "",
+             "created_at": o.created_at, "active": o.status in Order.ACTIVE}
+            for o in orders]
+
+
+def _lease_rows(leases, *, role: str):
+    rows = []
+    for x in leases:
+        ended_early = x.status in ("failed", "preempted", "cancelled")
+        rows.append({
+            "id": x.pk, "market": x.market.slug, "status": x.status, "gpus": x.gpu_count,
+            "node": x.node.name, "price": usd(x.price), "hours": x.duration_seconds / 3600,
+            "container_id": x.container_id, "started_at": x.started_at, "ends_at": x.ends_at,
+            "ended_at": x.ended_at, "cause": x.cause, "ended_early": ended_early,
+            "cost": usd(x.cost), "provider_amount": usd(x.provider_amount),
+            "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
+        })
+    return rows
+
+
+@member
+def my_orders(request):
+    orders = (Order.objects.filter(owner=request.user).select_related("market", "node")
+              .order_by("-pk")[:200])
+    bids = SealedBid.objects.filter(bidder=request.user).select_related("auction").order_by("-pk")
+    return _page(request, "frontend/orders.html", {
+        "orders": _order_rows(orders),
+        "sealed_bids": [{"id": b.pk, "auction": b.auction_id, "status": b.status,
+                         "price": usd(b.price), "gpus": b.gpus, "awarded": b.awarded_gpus,
+                         "paid": usd(b.paid_price)} for b in bids],
+    })
+
+
+@member
+@require_POST
+def order_cancel(request, pk: int):
+    try:
+        order = book.cancel_order(user_id=request.user.pk, order_id=pk)
+    except MarketError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Order #{order.pk} cancelled.")
+    nxt = request.POST.get("next", "")
+    safe = url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure())
+    return redirect(nxt if nxt and safe else "orders-page")
+
+
+@member
+def my_leases(request):
+    return _page(request, "frontend/leases.html", {
+        "leases": _lease_rows(Lease.objects.filter(buyer=request.user)
+                              .select_related("market", "node").order_by("-pk")[:200],
+                              role="buyer"),
+    })
+
+
+# ---------------------------------------------------------------- sealed auctions
+
+def auction_list(request):
+    now = timezone.now()
+    rows = []
+    for a in Auction.objects.select_related("market").order_by("-pk")[:100]:
+        rows.append({"id": a.pk, "market": a.market.slug, "gpus": a.gpus, "rule": a.rule,
+                     "reserve": usd(a.reserve_price), "hours": a.duration_seconds / 3600,
+                     "status": a.status, "closes_at": a.closes_at,
+                     "seconds_left": max(0, int((a.closes_at - now).total_seconds()))
+                     if a.status == "open" else 0,
+                     "bids": a.bids.filter(status="active").count() if a.status == "open"
+                     else a.bids.exclude(status="withdrawn").count(),
+                     "clearing": usd(a.clearing_price) if a.clearing_price else None})
+    return _page(request, "frontend/auctions.html", {"auctions": rows})
+
+
+def _auction_context(request, auction: Auction, form):
+    now = timezone.now()
+    is_open = auction.status == Auction.Status.OPEN
+    mine = None
+    if request.user.is_authenticated:
+        own = (SealedBid.objects.filter(auction=auction, bidder=request.user)
+               .exclude(status="withdrawn").order_by("-pk").first())
+        if own is not None:
+            mine = {"id": own.pk, "status": own.status, "price": usd(own.price),
+                    "gpus": own.gpus, "min_gpus": own.min_gpus, "awarded": own.awarded_gpus,
+                    "paid": usd(own.paid_price), "active": own.status == "active"}
+    awards = []
+    if auction.status == Auction.Status.CLOSED:
+        awards = [{"gpus": b.awarded_gpus, "price": usd(b.paid_price)}
+                  for b in auction.bids.filter(status="won").order_by("pk")]
+    return {
+        "auction": auction, "form": form, "mine": mine, "awards": awards, "is_open": is_open,
+        "reserve": usd(auction.reserve_price), "hours": auction.duration_seconds / 3600,
+        "clearing": usd(auction.clearing_price) if auction.clearing_price else None,
+        "bid_count": auction.bids.filter(status="active").count() if is_open
+        else auction.bids.exclude(status="withdrawn").count(),
+        "seconds_left": max(0, int((auction.closes_at - now).total_seconds())) if is_open else 0,
+        "server_time": now.isoformat(),
+        "own_lot": request.user.is_authenticated and auction.provider_id == request.user.pk,
+        "lot_hold": usd(auction.reserve_price * auction.gpus * auction.duration_seconds // 3600),
+    }
+
+
+def auction_detail(request, pk: int):
+    auction = get_object_or_404(Auction.objects.select_related("market", "node"), pk=pk)
+    form = f.SealedBidForm(request.POST or None)
+    if request.method == "POST":
+        if not request.user.is_authenticated:
+            return redirect(f"{reverse(LOGIN)}?next={request.path}")
+        if form.is_valid():
+            v = form.cleaned_data
+            try:
+                bid = auction_services.place_sealed_bid(
+                    bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
+                    min_gpus=v["min_gpus"], image=v["image"], command=v["command"])
+            except (MarketError, ledger.SettlementError) as exc:
+                _service_error(form, exc)
+            else:
+                messages.success(request, f"Your sealed bid #{bid.pk} is in: "
+                                          f"{usd(bid.price)} USD per GPU-hour.")
+                return redirect("auction", pk=pk)
+        return _page(request, "frontend/auction.html",
+                     _auction_context(request, auction, form), status=400)
+    return _page(request, "frontend/auction.html", _auction_context(request, auction, form))
+
+
+@member
+@require_POST
+def sealed_bid_withdraw(request, pk: int):
+    try:
+        bid = auction_services.withdraw_sealed_bid(bidder_id=request.user.pk, bid_id=pk)
+    except MarketError as exc:
+        messages.error(request, exc.message)
+        auction_id = SealedBid.objects.filter(pk=pk, bidder=request.user).values_list(
+            "auction_id", flat=True).first()
+        return redirect("auction", pk=auction_id) if auction_id else redirect("auctions-page")
+    messages.success(request, f"Sealed bid #{bid.pk} withdrawn; its hold is released.")
+    return redirect("auction", pk=bid.auction_id)
+
+
+# ---------------------------------------------------------------- provider portal
+
+def _portal_context(request, provider, **forms):
+    nodes = list(provider.nodes.order_by("pk")) if provider else []
+    node_rows = []
+    for n in nodes:
+        gpus = list(n.gpus.all())
+        node_rows.append({
+            "id": n.pk, "name": n.name, "hostname": n.hostname, "gpus": len(gpus),
+            "models": sorted({g.product_name for g in gpus}),
+            "unhealthy": sum(1 for g in gpus if not g.healthy),
+            "registered_at": n.registered_at, "last_heartbeat_at": n.last_heartbeat_at,
+        })
+    user = request.user
+    asks = (Order.objects.filter(owner=user, side="ask").select_related("market", "node")
+            .order_by("-pk")[:50])
+    lots = Auction.objects.filter(provider=user).select_related("market").order_by("-pk")[:50]
+    return {
+        "provider": provider, "nodes": node_rows,
+        "provider_form": forms.get("provider_form") or f.ProviderForm(),
+        "node_form": forms.get("node_form") or f.NodeForm(),
+        "ask_form": forms.get("ask_form") or f.AskForm(nodes=nodes),
+        "auction_form": forms.get("auction_form") or f.AuctionForm(nodes=nodes),
+        "address_form": forms.get("address_form") or f.PayoutAddressForm(),
+        "asks": _order_rows(asks),
+        "lots": [{"id": a.pk, "market": a.market.slug, "gpus": a.gpus, "status": a.status,
+                  "rule": a.rule, "reserve": usd(a.reserve_price), "closes_at": a.closes_at,
+                  "bids": a.bids.filter(status="active").count() if a.status == "open"
+                  else a.bids.exclude(status="withdrawn").count(),
+                  "clearing": usd(a.clearing_price) if a.clearing_price else None}
+                 for a in lots],
+        "leases": _lease_rows(Lease.objects.filter(provider=user)
+                              .select_related("market", "node").order_by("-pk")[:50],
+                              role="provider"),
+        "stripe": bool(settings.STRIPE_SECRET_KEY),
+        "chain_address": ChainAddress.objects.filter(user=user)
+        .values_list("address", flat=True).first(),
+    }
+
+
+@member
+def portal(request):
+    provider = _provider(request.user)
+    return _page(request, "frontend/portal.html", _portal_context(request, provider))
+
+
+@member
+@require_POST
+def portal_onboard(request):
+    form = f.ProviderForm(request.POST)
+    if form.is_valid():
+        try:
+            provider_onboard(user_id=request.user.pk,
+                             display_name=form.cleaned_data["display_name"])
+        except ProviderError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, "You are a provider now. Add your first node.")
+            return redirect("portal")
+    return _page(request, "frontend/portal.html",
+                 _portal_context(request, _provider(request.user), provider_form=form),
+                 status=400)
+
+
+def _require_provider(request) -> Provider:
+    provider = _provider(request.user)
+    if provider is None:
+        raise Http404("become a provider first")
+    return provider
+
+
+@member
+@require_POST
+def node_add(request):
+    provider = _require_provider(request)
+    form = f.NodeForm(request.POST)
+    if form.is_valid():
+        try:
+            created = node_create(provider=provider, name=form.cleaned_data["name"])
+        except ProviderError as exc:
+            _service_error(form, exc)
+        else:
+            site = request.build_absolute_uri("/").rstrip("/")
+            # shown once: only the token's hash is stored; this response is not cached
+            response = _page(request, "frontend/node_token.html", {
+                "node": created.node, "token": created.runner_token, "site": site,
+            }, status=201)
+            response["Cache-Control"] = "no-store"
+            return response
+    return _page(request, "frontend/portal.html",
+                 _portal_context(request, provider, node_form=form), status=400)
+
+
+@member
+def node_detail(request, pk: int):
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    gpus = []
+    for g in node.gpus.select_related("gpu_class").order_by("pci_bus_id"):
+        health = g.last_health or {}
+        gpus.append({
+            "uuid": g.uuid, "product_name": g.product_name, "gpu_class": g.gpu_class.slug,
+            "memory_gib": round(g.memory_mib / 1024, 1), "pci_bus_id": g.pci_bus_id,
+            "mig_mode": g.mig_mode, "healthy": g.healthy,
+            "findings": [{"severity": x.get("severity", ""), "rule": x.get("rule", ""),
+                          "evidence": x.get("evidence") or x.get("message") or ""}
+                         for x in (g.findings or []) if isinstance(x, dict)],
+            "temperature": health.get("temperature_c", health.get("temperature")),
+            "power": health.get("power_w", health.get("power_draw_w")),
+            "utilization": health.get("utilization_pct", health.get("gpu_util")),
+            "unhealthy_since": g.unhealthy_since,
+        })
+    classes = {g.gpu_class for g in node.gpus.select_related("gpu_class")}
+    return _page(request, "frontend/node.html", {
+        "node": node, "gpus": gpus, "classes": sorted(classes, key=lambda c: c.slug),
+        "leases": _lease_rows(Lease.objects.filter(node=node)
+                              .select_related("market", "node").order_by("-pk")[:50],
+                              role="provider"),
+    })
+
+
+@member
+@require_POST
+def ask_add(request):
+    provider = _require_provider(request)
+    nodes = list(provider.nodes.order_by("pk"))
+    form = f.AskForm(request.POST, nodes=nodes)
+    if form.is_valid():
+        v = form.cleaned_data
+        try:
+            placed = book.place_ask(
+                provider_id=request.user.pk, node_id=v["node"], market_slug=None,
+                price=v["price"], gpus=v["gpus"],
+                available_until=timezone.now() + timedelta(hours=v["available_hours"]))
+        except MarketError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, f"Ask #{placed.order.pk} placed; "
+                                      f"{len(placed.leases)} lease(s) matched at once.")
+            return redirect("portal")
+    return _page(request, "frontend/portal.html",
+                 _portal_context(request, provider, ask_form=form), status=400)
+
+
+@member
+@require_POST
+def auction_add(request):
+    provider = _require_provider(request)
+    nodes = list(provider.nodes.order_by("pk"))
+    form = f.AuctionForm(request.POST, nodes=nodes)
+    if form.is_valid():
+        v = form.cleaned_data
+        try:
+            lot = auction_services.open_auction(
+                provider_id=request.user.pk, node_id=v["node"], gpus=v["gpus"],
+                reserve_price=v["reserve_price"], duration_seconds=v["hours"] * 3600,
+                closes_at=timezone.now() + timedelta(minutes=v["closes_in_minutes"]),
+                rule=v["rule"])
+        except MarketError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, f"Sealed-bid auction #{lot.pk} is open.")
+            return redirect("auction", pk=lot.pk)
+    return _page(request, "frontend/portal.html",
+                 _portal_context(request, provider, auction_form=form), status=400)
+
+
+@member
+@require_POST
+def payout_address(request):
+    from settlement import onchain
+
+    provider = _require_provider(request)
+    form = f.PayoutAddressForm(request.POST)
+    if form.is_valid():
+        try:
+            onchain.address_register(user_id=request.user.pk,
+                                     address=form.cleaned_data["address"])
+        except ValueError as exc:
+            form.add_error("address", str(exc))
+        else:
+            messages.success(request, "Payout address saved.")
+            return redirect("portal")
+    return _page(request, "frontend/portal.html",
+                 _portal_context(request, provider, address_form=form), status=400)
+
+
+@member
+def payout_connect(request):
+    from settlement import stripe_payments, stripe_payouts
+
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    _require_provider(request)
+    back = request.build_absolute_uri(reverse("portal"))
+    try:
+        url = stripe_payouts.connect_onboard(user_id=request.user.pk, return_url=back,
+                                             refresh_url=back)
+    except stripe_payments.StripeDisabled:
+        raise Http404("Stripe is not configured on this server") from None
+    except stripe_payments.stripe.StripeError as exc:
+        messages.error(request, f"Stripe refused: {exc.user_message or exc}")
+        return redirect("portal")
+    return redirect(url)
+
+
+@member
+def earnings(request):
+    _require_provider(request)
+    settled = (Lease.objects.filter(provider=request.user)
+               .filter(Q(settled_at__isnull=False) | Q(cost__isnull=False))
+               .select_related("market", "node").order_by("settled_at", "pk"))
+    rows, series, total = [], [], 0
+    totals = {"cost": 0, "provider": 0, "fee": 0}
+    for x in settled:
+        cost, prov, fee = x.cost or 0, x.provider_amount or 0, x.platform_fee or 0
+        totals["cost"] += cost
+        totals["provider"] += prov
+        totals["fee"] += fee
+        total += prov
+        at = x.settled_at or x.ended_at or x.created_at
+        rows.append({"id": x.pk, "market": x.market.slug, "node": x.node.name,
+                     "gpus": x.gpu_count, "status": x.status, "settled_at": at,
+                     "cost": usd(cost), "provider_amount": usd(prov), "platform_fee": usd(fee),
+                     "share": f"{prov * 100 / cost:.1f} %" if cost else "—"})
+        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"),
+                       "cumulative": total / MICROS_PER_USD, "lease": prov / MICROS_PER_USD})
+    w = ledger.wallet(user_id=request.user.pk)
+    return _page(request, "frontend/earnings.html", {
+        "rows": rows[::-1], "series_json": _rows_json(series),
+        "totals": {k: usd(v) for k, v in totals.items()}, "earned": usd(w.earned),
+        "take_rate": getattr(settings, "GPUMARKET_TAKE_RATE_BPS", 1500) / 100,
     })

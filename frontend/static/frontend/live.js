@@ -1,0 +1,139 @@
+/* gpumarket live updates, shared by every page.
+ *
+ * GM.feed(path, {onMessage, poll, pollMs}) follows a websocket of the live feed
+ * (frontend/feed.py: snapshot + events with seq; a gap → {"type": "resync"}) when this
+ * server speaks websockets (body[data-live-ws="1"], the ASGI application), and otherwise,
+ * or while the socket is down, calls poll() every pollMs (fetching the REST API or the
+ * page itself), so a page stays current without a reload either way. */
+(function () {
+  "use strict";
+  var GM = (window.GM = window.GM || {});
+  var wsEnabled = document.body.dataset.liveWs === "1" && "WebSocket" in window;
+
+  GM.csrf = function () {
+    var m = document.querySelector('meta[name="csrf-token"]');
+    return m ? m.content : "";
+  };
+
+  /* "2.490000" → "2.49"; "0.000001" stays; null → "—" */
+  GM.usd = function (s) {
+    if (s === null || s === undefined || s === "") return "—";
+    var parts = String(s).split(".");
+    var frac = (parts[1] || "").replace(/0+$/, "");
+    while (frac.length < 2) frac += "0";
+    return parts[0] + "." + frac;
+  };
+
+  GM.text = function (id, value) {
+    var el = document.getElementById(id);
+    if (el && el.textContent !== String(value)) el.textContent = value;
+  };
+
+  var statusModes = {};
+  function setStatus(key, mode) {
+    statusModes[key] = mode;
+    var el = document.getElementById("live-status");
+    if (!el) return;
+    var modes = Object.keys(statusModes).map(function (k) { return statusModes[k]; });
+    var live = modes.length && modes.every(function (m) { return m === "live"; });
+    el.classList.toggle("on", !!live);
+    el.textContent = live ? "live" : "updating every few seconds";
+  }
+
+  GM.getJSON = function (url) {
+    return fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then(function (r) { if (!r.ok) throw new Error(url + " answered " + r.status); return r.json(); });
+  };
+
+  GM.feed = function (path, h) {
+    var ws = null, last = null, pollTimer = null, retry = 2000, stopped = false;
+    var pollMs = h.pollMs || 2000;
+    function poll() {
+      Promise.resolve().then(h.poll).catch(function (e) { console.warn("refresh failed:", e.message); });
+    }
+    function startPolling() {
+      setStatus(path, "poll");
+      if (pollTimer || !h.poll) return;
+      poll();
+      pollTimer = setInterval(poll, pollMs);
+    }
+    function stopPolling() { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } }
+    GM.stopFeed = GM.stopFeed || {};
+    GM.stopFeed[path] = function () { stopped = true; stopPolling(); if (ws) ws.close(); };
+    function connect() {
+      if (stopped) return;
+      if (!wsEnabled) { startPolling(); return; }
+      var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+      ws = new WebSocket(scheme + location.host + path);
+      ws.onopen = function () { retry = 2000; stopPolling(); setStatus(path, "live"); };
+      ws.onmessage = function (ev) {
+        var msg;
+        try { msg = JSON.parse(ev.data); } catch (e) { return; }
+        if (msg.type === "resync_required") { ws.send('{"type":"resync"}'); return; }
+        if (msg.type === "snapshot") { last = msg.seq; h.onMessage(msg); return; }
+        if (last !== null && msg.seq <= last) return;              // stale
+        if (last !== null && msg.seq > last + 1) { ws.send('{"type":"resync"}'); return; }  // gap
+        last = msg.seq;
+        h.onMessage(msg);
+      };
+      ws.onclose = function () {
+        ws = null; last = null;
+        if (stopped) return;
+        startPolling();
+        setTimeout(connect, retry);
+        retry = Math.min(retry * 2, 60000);
+      };
+    }
+    connect();
+  };
+
+  /* Re-render parts of this page (elements by id) from a fresh GET of the page. */
+  var refreshing = null;
+  GM.refreshFragments = function (ids) {
+    if (refreshing) return refreshing;
+    refreshing = fetch(location.pathname, {credentials: "same-origin", headers: {Accept: "text/html"}})
+      .then(function (r) { if (!r.ok) throw new Error("page answered " + r.status); return r.text(); })
+      .then(function (html) {
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        ids.forEach(function (id) {
+          var now = document.getElementById(id), fresh = doc.getElementById(id);
+          if (!now || !fresh || now.innerHTML === fresh.innerHTML) return;
+          if (now.contains(document.activeElement) && document.activeElement !== document.body) return;
+          now.innerHTML = fresh.innerHTML;
+        });
+      })
+      .finally(function () { refreshing = null; });
+    return refreshing;
+  };
+
+  function showWallet(w) {
+    if (!w) return;
+    GM.text("wallet-available", "$" + GM.usd(w.available));
+    GM.text("wallet-held", "$" + GM.usd(w.held));
+    GM.text("wallet-earned", "$" + GM.usd(w.earned));
+  }
+
+  /* The signed-in user's own orders, leases and balances (/ws/me/). */
+  GM.watchMe = function (opts) {
+    if (!document.body.dataset.user) return;
+    var ids = opts.fragments || [];
+    var pending = null;
+    function refresh() {
+      if (pending) return;
+      pending = setTimeout(function () {
+        pending = null;
+        if (ids.length) GM.refreshFragments(ids).catch(function (e) { console.warn(e.message); });
+      }, 150);
+    }
+    GM.feed("/ws/me/", {
+      pollMs: opts.pollMs || 2000,
+      onMessage: function (msg) { if (msg.wallet) showWallet(msg.wallet); refresh(); },
+      poll: function () {
+        var jobs = [];
+        if (opts.wallet) jobs.push(GM.getJSON("/api/v1/wallet/").then(showWallet));
+        if (ids.length) jobs.push(GM.refreshFragments(ids));
+        return Promise.all(jobs);
+      }
+    });
+  };
+})();
