@@ -20,10 +20,9 @@ RTX4090_DUMP = DATA / "nvidia-smi" / "rtx-4090-x8.driver-535.154.05.txt"
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
-        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "correct-horse-battery")
+    password = factory.django.Password("correct-horse-battery")  # hashed before the save
 
 
 def funded_buyer(usd: int = 1000):
