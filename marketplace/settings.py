@@ -19,7 +19,8 @@ Variables (default in brackets):
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
-  [unset: on-chain settlement off].
+  [unset: on-chain settlement off]; GPUMARKET_CHAIN_MIRROR_SECONDS [30]: how often
+  deposits are credited and settlements mirrored.
 - STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
   [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300].
 """
@@ -122,7 +123,9 @@ REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # Redis pub/sub: the live feed's hub (frontend/feed.py) subscribes once per
+            # group per process and fans out in memory; one PUBLISH per event.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # redis-py 8 times a socket out after 5 s, exactly channels_redis' blocking read:
             # an idle websocket would crash (redis/redis-py#4091). Give it room.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
@@ -232,6 +235,7 @@ STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", d
 GPUMARKET_CHAIN_RPC_URL = env.str("GPUMARKET_CHAIN_RPC_URL", default="")
 GPUMARKET_CHAIN_SETTLEMENT_ADDRESS = env.str("GPUMARKET_CHAIN_SETTLEMENT_ADDRESS", default="")
 GPUMARKET_CHAIN_OPERATOR = env.str("GPUMARKET_CHAIN_OPERATOR", default="")
+GPUMARKET_CHAIN_MIRROR_SECONDS = env.float("GPUMARKET_CHAIN_MIRROR_SECONDS", default=30.0)
 if GPUMARKET_CHAIN_RPC_URL:
     CELERY_BEAT_SCHEDULE["mirror-on-chain"] = {"task": "settlement.tasks.mirror_on_chain",
-                                               "schedule": 30.0}
+                                               "schedule": GPUMARKET_CHAIN_MIRROR_SECONDS}

@@ -100,3 +100,77 @@ def test_sigkill_mid_settlement_then_restart_settles_each_lease_once(tmp_path,
     assert set(Lease.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
         "completed"}
     assert first_violation() is None
+
+
+def test_sigkill_with_the_chain_on_ledger_and_chain_agree(tmp_path, django_db_setup, settings):
+    """The same crash with on-chain settlement enabled: the worker (beat every second)
+    both ends leases and mirrors their settlements on a Hardhat node; after the kill and
+    a restart, every lease is settled once in the ledger and once on chain, with equal
+    amounts (reconcile finds nothing)."""
+    from django.conf import settings as conf
+
+    from settlement import chain, onchain
+    from settlement.models import ChainSettlement
+    from tests.support.hardhat import hardhat_node
+
+    if not conf.CELERY_BROKER_URL.startswith("redis"):
+        pytest.skip("needs REDIS_URL (make test sets it)")
+    with hardhat_node() as (w3, url):
+        owner, operator, platform, buyer_addr, provider_addr = w3.eth.accounts[:5]
+        token = chain.deploy(w3, "MockUSD", sender=owner)
+        contract = chain.deploy_settlement(w3, token.address, platform=platform,
+                                           operator=operator, sender=owner,
+                                           take_rate_bps=conf.GPUMARKET_TAKE_RATE_BPS)
+        chain._transact(w3, token.functions.mint(buyer_addr, 10**12), owner)
+        chain.deposit(w3, contract, buyer_addr, 10**11, token=token)
+        settings.GPUMARKET_CHAIN_RPC_URL = url
+        settings.GPUMARKET_CHAIN_SETTLEMENT_ADDRESS = contract.address
+        settings.GPUMARKET_CHAIN_OPERATOR = operator
+
+        count = 48
+        ids = _overdue_leases(count)
+        lease = Lease.objects.get(pk=ids[0])
+        onchain.address_register(user_id=lease.buyer_id, address=buyer_addr)
+        onchain.address_register(user_id=lease.provider_id, address=provider_addr)
+
+        env = _env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
+                   GPUMARKET_CHAIN_RPC_URL=url,
+                   GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
+                   GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
+        subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
+                       cwd=ROOT, env=env, check=True, capture_output=True)
+
+        def settled() -> int:
+            return Lease.objects.filter(pk__in=ids, settled_at__isnull=False).count()
+
+        def mirrored() -> int:
+            return ChainSettlement.objects.filter(
+                entry__reference__in=[f"lease:{i}" for i in ids]).count()
+
+        first = _worker(env, tmp_path / "chain-worker1.log")
+        try:
+            wait_until("the first worker to start settling", lambda: settled() > 0,
+                       timeout=60, every=0.05)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+        assert settled() < count or mirrored() < count, "the kill landed after everything"
+
+        second = _worker(env, tmp_path / "chain-worker2.log")
+        try:
+            wait_until("every lease settled and mirrored on chain",
+                       lambda: settled() == count and mirrored() == count, timeout=180)
+        finally:
+            os.killpg(second.pid, signal.SIGTERM)
+            second.wait(timeout=30)
+
+        cfg = onchain.from_settings()
+        assert onchain.reconcile(cfg) == []
+        per_lease = (JournalEntry.objects.filter(kind="lease_settle",
+                                                 reference__in=[f"lease:{i}" for i in ids])
+                     .values("reference").annotate(n=Count("id")))
+        assert sorted(row["n"] for row in per_lease) == [1] * count
+        events = chain.settled_events(cfg.settlement)
+        assert len(events) == count == len({e.lease_id for e in events})
+        assert first_violation() is None  # includes ledger_matches_chain
+        settings.GPUMARKET_CHAIN_RPC_URL = ""  # the node stops here; the guard runs later
