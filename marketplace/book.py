@@ -26,6 +26,37 @@ The book is taken out of the cache while a transaction uses it and put back only
 next writer rebuilds or catches up. Writers that change orders without taking the
 market lock are not allowed (the single-writer rule); the Django admin's order form
 is such a writer and must not be used on live books.
+
+Preemption (interruptible bids, DESIGN.md "Interruptible leases"). A bid may be
+`interruptible`; its leases copy the flag. When a GTC bid rests with GPUs still wanted
+after matching, `_schedule_preemption` (same transaction, under the market lock) looks
+for GPUs to free for it. The rule:
+  * a victim is an unended (pending, starting or running) interruptible lease of the
+    same GPU class, not yet scheduled for preemption, of another buyer, sold from a
+    standing ask (a continuous-auction lease);
+  * it is outbid when the new bid's limit price is STRICTLY above the limit price of
+    the bid the victim was filled from (what its buyer offered, never less than what it
+    pays). Whether the new bid is itself interruptible does not matter: an interruptible
+    bid preempts interruptible leases bid strictly lower, like any other bid. An equal
+    or lower bid preempts nothing, and a non-interruptible lease is never a victim;
+  * its GPUs must be useful to the new bid: they go back to the victim's ask, so that
+    ask must still stand (or be wholly filled) at a price the bid accepts, of another
+    owner (self-trade prevention), with a window that fits the bid's hours counted
+    from the deadline; and together with what the ask still offers they must make
+    whole gangs of the bid on that node;
+  * victims are taken lowest limit price first (then the newest lease first), only
+    until the bid's remaining gangs are covered; a victim that does not help complete
+    a gang is left alone.
+Each victim gets `preempt_at = now + GPUMARKET_PREEMPTION_NOTICE_SECONDS`,
+`preempted_for` = the bid, and an event with cause and deadline at once (its buyer
+sees it in the lease's events, in the API and on /ws/me/ through the Lease post_save
+hook). At the deadline `leases.preempt_due_leases` (beat) ends it `preempted`
+through leases.end_lease: the buyer pays the seconds it ran, the GPUs return to the
+ask and the normal matching fills the waiting bid — by price-time priority, so a
+better resting bid that fits takes them first. If the ask was withdrawn or expired
+meanwhile, the freed GPUs simply stay free. If the waiting bid is no longer active at
+the deadline (filled elsewhere, cancelled, expired), the preemption is called off
+(event recorded; the lease runs on).
 """
 
 from __future__ import annotations
@@ -34,10 +65,11 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from uuid import UUID
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.db.transaction import TransactionManagementError
@@ -391,14 +423,16 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
               duration_seconds: int, gang_size: int | None = None,
               time_in_force: str = "GTC", image: str = "", command: list[str] | None = None,
               expires_at: datetime | None = None, client_order_id: str | None = None,
-              now: datetime | None = None) -> Placed:
+              interruptible: bool = False, now: datetime | None = None) -> Placed:
     """Place a bid: hold its cost, match it, rest what is left (GTC) until cancelled,
-    filled or `expires_at`.
+    filled or `expires_at`. A resting bid schedules the preemption of interruptible
+    leases it outbids (module docstring, "Preemption").
 
     price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
     gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
     id, unique per buyer — placing it again returns the first order (created=False) and
-    writes nothing. Raises InvalidInput naming the field, and
+    writes nothing. interruptible: the leases it makes may be preempted by a higher bid.
+    Raises InvalidInput naming the field, and
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
     is written.
     """
@@ -428,6 +462,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
                 remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
                 time_in_force=time_in_force, image=image, command=command,
                 expires_at=expires_at, client_order_id=client_order_id or "",
+                interruptible=bool(interruptible),
             )
             _touch(order)
             order.save(force_insert=True)
@@ -439,6 +474,8 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
             book = _load_book(market, exclude=order.pk)
             result = book.submit_bid(_engine_bid(order), _epoch(now))
             leases = _apply(market, order, result, now)
+            if order.status in Order.ACTIVE and order.remaining_gpus > 0:
+                _schedule_preemption(market, order, now)
     except IntegrityError as exc:
         # the same client_order_id raced in from another request (possibly another
         # market): that one committed first and stands
@@ -583,7 +620,12 @@ def _hold_amount(hold_id: int) -> int:
 def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     """GPUs of an ended lease go back to the ask they were sold from, if it still stands
     and its window is still open; the ask then matches resting bids again. The caller
-    holds the market lock."""
+    holds the market lock.
+
+    Price: the ask has stood since it was placed, so the earlier of the two orders sets
+    the price, as for any resting order: a bid placed after the ask (for instance the
+    bid that preempted an interruptible lease) trades at the ask's price, a bid that was
+    resting before the ask at its own."""
     ask = Order.objects.get(pk=ask_id)
     if ask.status not in (*Order.ACTIVE, "filled") or ask.available_until <= now:
         return []
@@ -594,7 +636,71 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
                    at=now, update_fields=("remaining_gpus", *_touch(ask)))
     book = _load_book(market, exclude=ask.pk)
     result = book.submit_ask(_engine_ask(ask), _epoch(now))
+    result.fills[:] = [f if f.bid_id < ask.pk else replace(f, price=ask.price)
+                       for f in result.fills]
     return _apply(market, ask, result, now)
+
+
+def _schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Lease]:
+    """Schedule the preemption of the interruptible leases that `bid` (resting, GPUs
+    still wanted) outbids, as few as cover its remaining gangs (module docstring,
+    "Preemption"). The caller holds the market lock. Returns the leases scheduled."""
+    gang = bid.gang_size or bid.remaining_gpus
+    need = bid.remaining_gpus // gang
+    if need <= 0:
+        return []
+    notice = settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS
+    deadline = now + timedelta(seconds=notice)
+    candidates = list(
+        Lease.objects.select_for_update(of=("self",))
+        .filter(market=market, interruptible=True, status__in=Lease.ACTIVE,
+                preempt_at__isnull=True, ask__isnull=False, fill__isnull=False,
+                fill__bid__price__lt=bid.price)
+        .exclude(buyer_id=bid.owner_id)
+        .order_by("fill__bid__price", "-pk"))
+    if not candidates:
+        return []
+    asks = {a.pk: a for a in Order.objects.filter(pk__in={c.ask_id for c in candidates})}
+    usable_until = deadline + timedelta(seconds=bid.duration_seconds)
+
+    def usable(ask: Order) -> bool:
+        return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
+                and ask.owner_id != bid.owner_id and ask.available_until >= usable_until)
+
+    offered = {pk: (a.remaining_gpus if a.status in Order.ACTIVE else 0)
+               for pk, a in asks.items()}
+    waiting: dict[int, list[Lease]] = {}  # per ask: victims not yet making a whole gang
+    chosen: list[Lease] = []
+    for lease in candidates:
+        if need == 0:
+            break
+        if not usable(asks[lease.ask_id]):
+            continue
+        offered[lease.ask_id] += lease.gpu_count
+        waiting.setdefault(lease.ask_id, []).append(lease)
+        gangs = min(offered[lease.ask_id] // gang, need)
+        if gangs:
+            group = waiting.pop(lease.ask_id)
+            for earlier in reversed(group[:-1]):  # spare a cheaper one that is not needed
+                if offered[lease.ask_id] - earlier.gpu_count >= gangs * gang:
+                    offered[lease.ask_id] -= earlier.gpu_count
+                    group.remove(earlier)
+            need -= gangs
+            offered[lease.ask_id] -= gangs * gang
+            chosen += group
+    cause = (f"preemption at {deadline.isoformat()} ({notice} s notice): a higher bid "
+             "needs these GPUs")
+    for lease in chosen:
+        lease.preempt_at = deadline
+        lease.preempted_for = bid
+        lease.save(update_fields=["preempt_at", "preempted_for"])
+        lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
+                            cause=cause, detail={"preempt_at": deadline.isoformat(),
+                                                 "notice_seconds": notice})
+    if chosen:
+        log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
+                 [lease.pk for lease in chosen], deadline.isoformat())
+    return chosen
 
 
 def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],

@@ -1,6 +1,12 @@
 """GPU health and the market: an unhealthy GPU is taken out of its node's asks, and put
 back (re-matching resting bids) when the runner reports it healthy again.
 
+A silent node (no heartbeat for GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS) is treated the same
+way, whole: fail_silent_nodes (a beat task every 15 s) fails its pending/starting/running
+leases, charging only up to the last heartbeat, and withdraws all its GPUs from its asks;
+its next heartbeat puts them back (providers.services.heartbeat_record sends
+gpu_health_changed when a silent node speaks again).
+
 Runs on `providers.signals.gpu_health_changed`, after the heartbeat's commit, under
 the market lock. The GPUs an ask offers never exceed the node's healthy GPUs of that
 class that no active lease or open auction holds.
@@ -9,20 +15,41 @@ class that no active lease or open auction holds.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 
+from celery import shared_task
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from marketplace.book import lock_market, return_gpus_to_ask
+from marketplace.errors import Conflict
+from marketplace.leases import end_lease
 from marketplace.models import Auction, Lease, Order
 from providers.models import Gpu, Node
 
 log = logging.getLogger("gpumarket.health")
 
 
+def silent_cutoff(now: datetime) -> datetime:
+    """A node whose last heartbeat (or, never heartbeating, its registration) is older
+    than this is silent."""
+    return now - timedelta(seconds=settings.GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS)
+
+
+def _last_seen(node: Node) -> datetime | None:
+    return node.last_heartbeat_at or node.registered_at
+
+
 def rebalance_asks(*, node: Node) -> None:
-    """Shrink or regrow the node's standing asks to its healthy, unleased capacity."""
+    """Shrink or regrow the node's standing asks to its healthy, unleased capacity (none
+    while the node is silent)."""
     now = timezone.now()
+    node.refresh_from_db(fields=["last_heartbeat_at", "registered_at"])
+    last_seen = _last_seen(node)
+    silent = last_seen is not None and last_seen < silent_cutoff(now)
     for market_id in (Gpu.objects.filter(node=node).order_by().values_list("gpu_class_id",
                                                                             flat=True)
                       .distinct()):
@@ -39,7 +66,7 @@ def rebalance_asks(*, node: Node) -> None:
             in_auctions = sum(Auction.objects.filter(node=node, market_id=market_id,
                                                      status="open")
                               .values_list("gpus", flat=True))
-            capacity = max(healthy_free - in_auctions, 0)
+            capacity = 0 if silent else max(healthy_free - in_auctions, 0)
             offered = sum(a.remaining_gpus for a in asks if a.status in Order.ACTIVE)
             excess = offered - capacity
             for ask in asks:  # newest first lose GPUs first
@@ -48,8 +75,9 @@ def rebalance_asks(*, node: Node) -> None:
                 cut = min(excess, ask.remaining_gpus)
                 ask.remaining_gpus -= cut
                 ask.save(update_fields=["remaining_gpus"])
+                why = "node missed heartbeats" if silent else "unhealthy"
                 ask.events.create(from_status=ask.status, to_status=ask.status, at=now,
-                                  cause=f"{cut} GPUs withdrawn: unhealthy")
+                                  cause=f"{cut} GPUs withdrawn: {why}")
                 excess -= cut
             room = capacity - max(offered, 0)
             for ask in reversed(asks):  # oldest first regain GPUs
@@ -66,6 +94,53 @@ def rebalance_asks(*, node: Node) -> None:
 
 
 def on_gpu_health_changed(sender, *, node: Node, unhealthy: list[str], recovered: list[str],
-                          **kwargs) -> None:
-    log.warning("node %s: GPUs unhealthy %s, recovered %s", node.pk, unhealthy, recovered)
+                          back: bool = False, **kwargs) -> None:
+    if back:
+        log.warning("node %s: heartbeating again after missing heartbeats", node.pk)
+    if unhealthy or recovered:
+        log.warning("node %s: GPUs unhealthy %s, recovered %s", node.pk, unhealthy, recovered)
     rebalance_asks(node=node)
+
+
+def fail_silent_nodes(*, now: datetime | None = None) -> list[int]:
+    """Fail the pending/starting/running leases of every node silent for longer than
+    GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS, with the cause "node <name> missed heartbeats
+    since <time>", and withdraw the node's GPUs from its asks. Returns the failed lease ids.
+
+    A running lease is charged up to the later of its start and the node's last heartbeat
+    (end_lease(now=that time)): the buyer gets the unserved time back. What periodic
+    metering already captured stays captured (end_lease never charges less). Safe to run
+    twice or concurrently: a lease ended meanwhile is skipped.
+    """
+    now = now or timezone.now()
+    cutoff = silent_cutoff(now)
+    silent = (Node.objects.annotate(seen=Coalesce("last_heartbeat_at", "registered_at"))
+              .filter(seen__lt=cutoff)
+              .filter(Q(leases__status__in=Lease.ACTIVE)
+                      | Q(asks__side=Order.Side.ASK, asks__status__in=Order.ACTIVE,
+                          asks__remaining_gpus__gt=0))
+              .distinct().order_by("pk"))
+    failed = []
+    for node in silent:
+        since = node.seen
+        cause = (f"node {node.name} missed heartbeats since "
+                 f"{since.astimezone(UTC).isoformat(timespec='seconds')}")
+        for lease in Lease.objects.filter(node=node, status__in=Lease.ACTIVE).order_by("pk"):
+            # started after the last heartbeat (events still came through): charge nothing
+            # past the start; never started: nothing to charge, ended now
+            end = max(lease.started_at, since) if lease.started_at else now
+            try:
+                end_lease(lease_id=lease.pk, status="failed", cause=cause, now=end,
+                          detail={"last_heartbeat_at": since.isoformat()})
+            except Conflict:
+                continue  # ended by the runner or another sweep meanwhile
+            failed.append(lease.pk)
+            log.warning("lease %s failed: %s", lease.pk, cause)
+        rebalance_asks(node=node)
+    return failed
+
+
+@shared_task(name="marketplace.tasks.fail_silent_nodes")
+def fail_silent_nodes_task() -> list[int]:
+    """Beat sweep (every 15 s): fail the leases of nodes that missed their heartbeats."""
+    return fail_silent_nodes()

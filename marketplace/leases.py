@@ -12,6 +12,13 @@ and the rest of the lease's hold returns to the buyer — one journal entry. A l
 lease is also metered every GPUMARKET_METER_INTERVAL_SECONDS (default hourly):
 what it owes so far is captured and split then, so the provider is paid for what
 ran even if the lease later fails; the final settlement captures only the rest.
+
+Preemption: an interruptible lease outbid by a resting bid is scheduled by
+marketplace/book.py (`preempt_at`, `preempted_for`, an event with the deadline).
+`preempt_due_leases` (beat, every second) ends each due one `preempted` through
+end_lease, under the market lock: charged from started_at to the moment it is ended
+(0 if it never ran), its GPUs back to the ask, which fills the waiting bid. Called off
+(event, `preempt_at` cleared) when the waiting bid is no longer active by then.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
-                 sealed_bid=None, hold_id: int | None = None) -> Lease:
+                 sealed_bid=None, hold_id: int | None = None,
+                 interruptible: bool = False) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
     cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
     transaction, under the market lock."""
@@ -66,7 +74,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         market=market, buyer_id=buyer_id, provider_id=provider_id, node=node, price=price,
         gpu_count=gpus, duration_seconds=duration_seconds,
         image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
-        sealed_bid=sealed_bid, hold_id=hold_id,
+        sealed_bid=sealed_bid, hold_id=hold_id, interruptible=interruptible,
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.events.create(from_status="", to_status="pending", at=now, cause=cause,
@@ -81,7 +89,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
-        cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}",
+        cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
     )
 
 
@@ -189,6 +197,45 @@ def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
             continue  # ended by the runner meanwhile
         ended.append(lease_id)
     return ended
+
+
+def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None:
+    """End lease `lease_id` `preempted` if its preemption is due at `now`, under the market
+    lock; returns it, or None when there is nothing to do (already ended, not scheduled,
+    not yet due) or the preemption was called off because the bid it was for is no
+    longer active. Safe to run twice or concurrently: the second run finds it ended."""
+    from marketplace.book import lock_market
+
+    now = now or timezone.now()
+    market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
+    with transaction.atomic():
+        lock_market(market_id)
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.status in Lease.ENDED or lease.preempt_at is None or lease.preempt_at > now:
+            return None
+        bid = Order.objects.get(pk=lease.preempted_for_id)
+        if bid.status not in Order.ACTIVE or (bid.expires_at and bid.expires_at <= now):
+            gone = bid.status if bid.status not in Order.ACTIVE else "expired"
+            lease.preempt_at = None
+            lease.save(update_fields=["preempt_at"])
+            lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
+                                cause=f"preemption called off: the bid it was for is {gone}")
+            log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
+            return None
+        return end_lease(
+            lease_id=lease.pk, status="preempted", now=now,
+            cause=f"preempted at {now.isoformat()} for a higher bid (notice deadline "
+                  f"{lease.preempt_at.isoformat()})",
+            detail={"preempt_at": lease.preempt_at.isoformat()})
+
+
+def preempt_due_leases(*, now: datetime | None = None) -> list[int]:
+    """End every unended lease whose `preempt_at` has come (one transaction each);
+    returns the ids preempted by this run. Running it again changes nothing."""
+    now = now or timezone.now()
+    due = (Lease.objects.filter(status__in=Lease.ACTIVE, preempt_at__lte=now)
+           .order_by("preempt_at", "pk").values_list("pk", flat=True))
+    return [lease_id for lease_id in list(due) if preempt_lease(lease_id=lease_id, now=now)]
 
 
 def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:

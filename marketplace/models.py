@@ -96,6 +96,10 @@ class Order(StateMachine):
         max_length=64, blank=True, default="",
         help_text="the owner's own id for this order, unique per owner (idempotent "
                   "placement); empty: none")
+    interruptible = models.BooleanField(
+        default=False,
+        help_text="bid: its leases may be preempted by a higher bid after a notice period "
+                  "(marketplace/book.py, preemption)")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -228,8 +232,9 @@ class Lease(StateMachine):
         CANCELLED = "cancelled"
 
     TRANSITIONS = {
-        "pending": {"starting", "running", "failed", "cancelled"},
-        "starting": {"running", "failed", "cancelled"},
+        # an interruptible lease may be preempted before it ever ran (charged 0 s)
+        "pending": {"starting", "running", "failed", "cancelled", "preempted"},
+        "starting": {"running", "failed", "cancelled", "preempted"},
         "running": {"completed", "failed", "preempted"},
     }
     ACTIVE = ("pending", "starting", "running")
@@ -264,6 +269,15 @@ class Lease(StateMachine):
     platform_fee = models.BigIntegerField(null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Preemption (marketplace/book.py): copied from the bid; an interruptible lease may be
+    # scheduled to end at `preempt_at` for the resting bid `preempted_for`.
+    interruptible = models.BooleanField(default=False)
+    preempt_at = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="when this interruptible lease is preempted (empty: not scheduled)")
+    preempted_for = models.ForeignKey(
+        Order, null=True, blank=True, on_delete=models.PROTECT, related_name="preempting",
+        help_text="the resting bid this lease's GPUs are freed for")
 
     def __str__(self) -> str:
         return f"lease #{self.pk} {self.gpu_count}× on {self.node_id} ({self.status})"

@@ -17,6 +17,10 @@ Variables (default in brackets):
 - GPUMARKET_LEASE_GRACE_SECONDS [30]: how long past ends_at the marketplace waits for
   the runner before ending a lease itself.
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
+- GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
+  being outbid and being preempted (marketplace/book.py, "Preemption").
+- GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
+  (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
   [unset: on-chain settlement off]; GPUMARKET_CHAIN_MIRROR_SECONDS [30]: how often
@@ -157,8 +161,10 @@ CELERY_BEAT_SCHEDULE = {
     "close-due-auctions": {"task": "marketplace.tasks.close_due_auctions", "schedule": 1.0},
     "end-overdue-leases": {"task": "marketplace.tasks.end_overdue_leases", "schedule": 5.0},
     "expire-orders": {"task": "marketplace.tasks.expire_orders", "schedule": 5.0},
+    "preempt-due-leases": {"task": "marketplace.tasks.preempt_due_leases", "schedule": 1.0},
     "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
                              "schedule": 60.0},
+    "fail-silent-nodes": {"task": "marketplace.tasks.fail_silent_nodes", "schedule": 15.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -222,6 +228,11 @@ if GPUMARKET_DEV_CREDIT and not DEBUG:
 GPUMARKET_DEFAULT_IMAGE = env.str("GPUMARKET_DEFAULT_IMAGE", default="gpumarket/busybox:local")
 GPUMARKET_LEASE_GRACE_SECONDS = env.int("GPUMARKET_LEASE_GRACE_SECONDS", default=30)
 GPUMARKET_METER_INTERVAL_SECONDS = env.int("GPUMARKET_METER_INTERVAL_SECONDS", default=3600)
+GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECONDS",
+                                              default=120)
+if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:
+    raise ImproperlyConfigured("GPUMARKET_PREEMPTION_NOTICE_SECONDS must not be negative")
+GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
 
 # Stripe (off unless STRIPE_SECRET_KEY is set). STRIPE_API_BASE points the official
 # library elsewhere (tests: localstripe on 127.0.0.1).

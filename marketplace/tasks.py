@@ -39,6 +39,14 @@ def end_overdue_leases() -> list[int]:
     return leases.end_overdue_leases()
 
 
+@shared_task(name="marketplace.tasks.preempt_due_leases")
+def preempt_due_leases() -> list[int]:
+    """Beat sweep (every second): end `preempted` each interruptible lease whose notice
+    deadline (preempt_at) has come; its GPUs go back to the ask and fill the waiting bid.
+    Idempotent: an ended lease is left alone."""
+    return leases.preempt_due_leases()
+
+
 @shared_task(name="marketplace.tasks.expire_orders")
 def expire_orders() -> list[int]:
     """Beat sweep: expire bids past expires_at (releasing their holds) and asks past

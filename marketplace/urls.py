@@ -29,6 +29,7 @@ api_v1 = [
          name="sealed-bid-withdraw"),
     path("leases/", market.LeaseList.as_view(), name="leases"),
     path("leases/<int:pk>/", market.LeaseDetail.as_view(), name="lease-detail"),
+    path("leases/<int:pk>/logs/", runner.LeaseLogs.as_view(), name="lease-logs"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
@@ -44,6 +45,8 @@ api_v1 = [
     path("runner/leases/", runner.RunnerLeases.as_view(), name="runner-leases"),
     path("runner/leases/<int:pk>/events/", runner.RunnerLeaseEvent.as_view(),
          name="runner-lease-event"),
+    path("runner/leases/<int:pk>/logs/", runner.RunnerLeaseLogs.as_view(),
+         name="runner-lease-logs"),
 ]
 
 urlpatterns = [

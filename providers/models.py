@@ -83,3 +83,20 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.product_name} {self.uuid}"
+
+
+class LeaseLog(models.Model):
+    """The latest tail of a lease container's output, as the node's runner last sent it.
+
+    The lease is a marketplace model and providers import no marketplace code, so the lease
+    is named by its id; the runner view checks that the lease runs on `node`."""
+
+    MAX_BYTES = 64 * 1024
+
+    lease_id = models.BigIntegerField(unique=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="lease_logs")
+    tail = models.TextField(blank=True)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"log of lease {self.lease_id}"

@@ -4,13 +4,15 @@ inventory and heartbeats. Called by the API views and the demo."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from providers.models import Gpu, Node, Provider, hash_token, new_token
+from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
 from providers.signals import gpu_health_changed
 
 MAX_GPUS_PER_NODE = 64
@@ -125,9 +127,14 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
 
     A GPU with a `fatal` finding becomes unhealthy; one whose heartbeat carries no fatal
     finding any more is healthy again. On a change, `gpu_health_changed` is sent after
-    commit, and the market takes the GPU out of (or back into) the node's asks.
+    commit, and the market takes the GPU out of (or back into) the node's asks. It is also
+    sent (with `back=True`) when the node had been silent longer than
+    GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS, so the market offers its GPUs again.
     """
     now = timezone.now()
+    timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
+    last_seen = node.last_heartbeat_at or node.registered_at
+    back = last_seen is not None and last_seen < now - timeout
     found: dict[str, list[dict[str, Any]]] = {}
     for f in findings or []:
         found.setdefault(f["uuid"], []).append(f)
@@ -149,9 +156,27 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
                 gpu.healthy, gpu.unhealthy_since = True, None
                 recovered.append(gpu.uuid)
             gpu.save(update_fields=["last_health", "findings", "healthy", "unhealthy_since"])
-    if unhealthy or recovered:
+    if unhealthy or recovered or back:
         transaction.on_commit(lambda: gpu_health_changed.send(
-            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered))
+            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
+
+
+def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:
+    """Keep `tail` as the latest output of the lease's container (one row per lease,
+    replaced on every report). The caller checks that the lease runs on `node`.
+
+    Raises ProviderError naming `tail` when it is over LeaseLog.MAX_BYTES in UTF-8. NUL
+    characters (which PostgreSQL text cannot hold) are dropped.
+    """
+    data = tail.replace("\x00", "").encode("utf-8", "replace")  # lone surrogates → "?"
+    if len(data) > LeaseLog.MAX_BYTES:
+        raise ProviderError(f"must be at most {LeaseLog.MAX_BYTES} bytes (64 KiB) of UTF-8; "
+                            "send the last lines only", field="tail")
+    log, _ = LeaseLog.objects.update_or_create(
+        lease_id=lease_id,
+        defaults={"node": node, "tail": data.decode("utf-8"), "updated_at": timezone.now()},
+    )
+    return log
 
 
 def user_create(*, username: str, password: str | None = None, email: str = ""):

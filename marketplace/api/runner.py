@@ -1,19 +1,25 @@
 """The runner's lease endpoints (docs/RUNNER_PROTOCOL.md): list the node's unended
-leases; report starting / running / completed / failed."""
+leases; report starting / running / completed / failed; send the container's log tail.
+Also the buyer's and provider's view of that tail (GET /api/v1/leases/<id>/logs/)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.models import Lease
+from providers import services as provider_services
 from providers.api import RunnerView
+from providers.models import LeaseLog
+from settlement.fields import StrictCharField
 
 
 def runner_lease(lease: Lease) -> dict:
@@ -27,6 +33,9 @@ def runner_lease(lease: Lease) -> dict:
         "duration_seconds": lease.duration_seconds,
         "started_at": lease.started_at.isoformat() if lease.started_at else None,
         "ends_at": lease.ends_at.isoformat() if lease.ends_at else None,
+        # set when an interruptible lease was outbid: the marketplace ends it then (the
+        # lease leaves this list and the runner stops its container); for the runner's log
+        "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
     }
 
 
@@ -71,3 +80,47 @@ class RunnerLeaseEvent(RunnerView):
                 detail={"runner_usage_seconds": v.get("usage_seconds")},
             )
         return Response(runner_lease(lease))
+
+
+class LeaseLogIn(serializers.Serializer):
+    # the 64 KiB bound is in UTF-8 bytes, checked by providers.services.lease_log_record
+    tail = StrictCharField(allow_blank=True, trim_whitespace=False,
+                           max_length=LeaseLog.MAX_BYTES)
+
+
+class LeaseLogOut(serializers.Serializer):
+    lease = serializers.IntegerField()
+    tail = serializers.CharField()
+    updated_at = serializers.DateTimeField(allow_null=True)
+
+
+def lease_log_body(lease_id: int, log: LeaseLog | None) -> dict:
+    return {"lease": lease_id, "tail": log.tail if log else "",
+            "updated_at": log.updated_at.isoformat() if log else None}
+
+
+class RunnerLeaseLogs(RunnerView):
+    """The runner sends the last lines of the lease container's output (replacing the
+    previous tail)."""
+
+    @extend_schema(request=LeaseLogIn, responses=LeaseLogOut)
+    def post(self, request, pk: int):
+        data = LeaseLogIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        if not Lease.objects.filter(pk=pk, node=request.auth).exists():
+            raise NotFound(f"no lease {pk} on this node", field="lease")
+        log = provider_services.lease_log_record(node=request.auth, lease_id=pk,
+                                                 tail=data.validated_data["tail"])
+        return Response(lease_log_body(pk, log))
+
+
+class LeaseLogs(APIView):
+    """The latest tail of the lease container's output, as its runner last sent it; only
+    for the lease's buyer and provider (404 for anyone else)."""
+
+    @extend_schema(responses=LeaseLogOut)
+    def get(self, request, pk: int):
+        user = request.user
+        if not Lease.objects.filter(Q(buyer=user) | Q(provider=user), pk=pk).exists():
+            raise NotFound(f"no lease {pk} of yours", field="lease")
+        return Response(lease_log_body(pk, LeaseLog.objects.filter(lease_id=pk).first()))

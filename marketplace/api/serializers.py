@@ -43,6 +43,18 @@ class ClientOrderIdField(serializers.RegexField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A boolean that must be a JSON true or false: "true", 1 and "yes" are refused (DRF's
+    BooleanField accepts them)."""
+
+    default_error_messages = {"not_a_bool": "must be true or false"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("not_a_bool")
+        return data
+
+
 class GpuClassSerializer(serializers.ModelSerializer):
     reference_price = UsdField()
 
@@ -65,7 +77,8 @@ class DepthSerializer(serializers.Serializer):
 
 class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, expires_at, image,
-    command) or an ask (node, gpus, price, available_until, optional gpu_class); either
+    command, interruptible: its leases may be preempted by a higher bid after a notice)
+    or an ask (node, gpus, price, available_until, optional gpu_class); either
     with an optional client_order_id (yours, unique per user: placing it again returns
     the first order with 200)."""
 
@@ -85,6 +98,7 @@ class OrderInSerializer(StrictInputSerializer):
     available_until = serializers.DateTimeField(required=False)
     expires_at = serializers.DateTimeField(required=False)
     client_order_id = ClientOrderIdField(required=False)
+    interruptible = StrictBooleanField(required=False, default=False)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -101,6 +115,8 @@ class OrderInSerializer(StrictInputSerializer):
             if "expires_at" in attrs:
                 raise serializers.ValidationError(
                     {"expires_at": "is for bids; an ask ends at available_until"})
+            if attrs["interruptible"]:
+                raise serializers.ValidationError({"interruptible": "is for bids"})
             for name in ("node", "available_until"):
                 if name not in attrs:
                     raise serializers.ValidationError({name: "is required for an ask"})
@@ -118,7 +134,8 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "node", "available_until", "created_at"]
+                  "client_order_id", "interruptible", "node", "available_until",
+                  "created_at"]
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""
@@ -156,7 +173,7 @@ class LeaseSerializer(serializers.ModelSerializer):
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
                   "duration_seconds", "image", "command", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "events", "created_at"]
+                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]

@@ -95,7 +95,7 @@ class OrderListCreate(APIView):
                 gpus=v["gpus"], duration_seconds=v["duration_seconds"],
                 gang_size=v.get("gang_size"), time_in_force=v["time_in_force"],
                 image=v["image"], command=v["command"], expires_at=v.get("expires_at"),
-                client_order_id=v.get("client_order_id"),
+                client_order_id=v.get("client_order_id"), interruptible=v["interruptible"],
             )
         else:
             placed = book.place_ask(

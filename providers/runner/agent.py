@@ -18,6 +18,12 @@ Health is evaluated on every heartbeat: the readings and the XIDs since the last
 through health.evaluate; the heartbeat carries the non-ok findings. A fatal XID keeps its
 GPU out of service until the runner restarts (after the GPU reset NVIDIA's catalog asks
 for); a fatal reading holds while the reading stays fatal.
+A newly started container is checked from inside (runtime.verify_gpus: `nvidia-smi -L`, or
+NVIDIA_VISIBLE_DEVICES with --simulate): if it sees other GPUs than the leased ones, the
+lease is reported `failed` with that evidence and the container removed.
+Every logs_interval seconds the last LOG_LINES lines of each lease workload's output (at
+most 64 KiB) are sent to the marketplace when they changed, and once more when the lease
+ends, so the buyer sees the tail; a failure to send logs never stops reconciliation.
 A 409 answer means "the marketplace already knows": logged, and the runner moves on.
 Events are reported before workloads are removed, so a lost report is simply retried on the
 next poll. Stopping the loop (SIGTERM/SIGINT) leaves workloads running for re-adoption.
@@ -38,6 +44,21 @@ from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 
 MAX_BACKOFF_S = 30.0
+LOG_LINES = 200  # lines of a workload's output sent as its tail
+LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
+
+
+def trim_tail(text: str, max_bytes: int = LOG_MAX_BYTES) -> str:
+    """`text` without NUL characters, cut to its last `max_bytes` bytes of UTF-8 at a line
+    start (or a character start when one line alone is longer)."""
+    data = text.replace("\x00", "").encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    data = data[-max_bytes:]
+    newline = data.find(b"\n")
+    if 0 <= newline < len(data) - 1:
+        data = data[newline + 1:]
+    return data.decode("utf-8", "ignore")
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -68,11 +89,15 @@ class Agent:
 
     def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
+                 logs_interval: float = 5.0,
                  log: Callable[[str], None] = print_line) -> None:
         self.client, self.gpus, self.runtime = client, gpus, runtime
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.grace_s = grace_s
+        self.logs_interval = logs_interval
+        self._next_logs = 0.0
+        self._sent_tails: dict[int, str] = {}  # lease id → the tail last accepted
         self.log = log
         self.node: dict | None = None
         self._uuids = [g.uuid for g in gpus.inventory().gpus]
@@ -165,7 +190,49 @@ class Agent:
         if time.monotonic() >= self._next_heartbeat:
             self.heartbeat()
             self._next_heartbeat = time.monotonic() + self.heartbeat_interval
-        self.reconcile(self.client.leases())
+        leases = self.client.leases()
+        self.reconcile(leases)
+        if time.monotonic() >= self._next_logs:
+            self.send_logs(leases)
+            self._next_logs = time.monotonic() + self.logs_interval
+
+    # -- log tails -----------------------------------------------------------------------
+    def send_log(self, lease_id: int) -> bool:
+        """Send the workload's tail if it changed since the last accepted one. True if sent.
+        Failures are logged and dropped (the next round retries), except a 401."""
+        try:
+            tail = trim_tail(self.runtime.logs(lease_id, LOG_LINES))
+        except RuntimeFailure:
+            return False
+        if self._sent_tails.get(lease_id) == tail:
+            return False
+        try:
+            self.client.post_logs(lease_id, tail)
+        except Unauthorized:
+            raise
+        except MarketplaceError as exc:
+            if not exc.transient:  # an outage is logged once by the loop
+                self.log(f"lease {lease_id}: log tail not sent: {exc}")
+            return False
+        self._sent_tails[lease_id] = tail
+        return True
+
+    def send_logs(self, leases: list[dict]) -> None:
+        """Send the changed tails of the listed leases that have a workload."""
+        handles = self.runtime.list_leases()
+        for lease in leases:
+            lease_id = int(lease["id"])
+            if lease_id in handles:
+                self.send_log(lease_id)
+        for lease_id in list(self._sent_tails):
+            if lease_id not in handles:
+                del self._sent_tails[lease_id]
+
+    def _stop(self, lease_id: int) -> None:
+        """Send the final tail, then stop and remove the workload."""
+        self.send_log(lease_id)
+        self._sent_tails.pop(lease_id, None)
+        self.runtime.stop(lease_id, self.grace_s)
 
     def reconcile(self, leases: list[dict]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
@@ -181,7 +248,7 @@ class Agent:
                     raise
                 self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
         for lease_id in sorted(handles.keys() - listed.keys()):
-            self.runtime.stop(lease_id, self.grace_s)
+            self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
                      f"container {_short(handles[lease_id])} stopped and removed")
 
@@ -199,7 +266,7 @@ class Agent:
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
         if handle is not None:
-            self.runtime.stop(lease_id, self.grace_s)
+            self._stop(lease_id)
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
@@ -221,6 +288,16 @@ class Agent:
                     return
                 self.log(f"lease {lease_id}: started container {_short(handle)} "
                          f"on {_gpus(lease.get('gpu_uuids') or [])}")
+                mismatch = self.runtime.verify_gpus(lease)
+                if mismatch is not None:
+                    cause = f"GPU check failed: {mismatch}"[:300]
+                    self._event(lease_id, "failed", container_id=handle, cause=cause)
+                    self._stop(lease_id)
+                    self.log(f"lease {lease_id}: failed: {cause} (container removed)")
+                    return
+                check = getattr(self.runtime, "last_check", "")
+                if self.runtime.name == "docker" and " sees " not in check:
+                    self.log(f"lease {lease_id}: GPUs not verified from inside: {check}")
             else:
                 self.log(f"lease {lease_id}: re-adopted container {_short(handle)}")
             if self._event(lease_id, "running", container_id=handle):
@@ -237,7 +314,7 @@ class Agent:
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self.runtime.stop(lease_id, self.grace_s)
+            self._stop(lease_id)
             self.log(f"lease {lease_id}: completed after {usage} s, container removed")
             return
         code = self.runtime.exit_status(lease_id)
@@ -253,7 +330,7 @@ class Agent:
             self._event(lease_id, "failed", container_id=handle, cause=cause,
                         usage_seconds=usage)
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
-        self.runtime.stop(lease_id, self.grace_s)
+        self._stop(lease_id)
 
     def _usage(self, lease: dict) -> int:
         """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if

@@ -2,7 +2,8 @@
 
     gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
     gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--heartbeat-interval S]
-                         [--network MODE] [--runtime auto|docker|process] [--grace S]
+                         [--logs-interval S] [--network MODE]
+                         [--runtime auto|docker|process] [--grace S]
                          [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
     gpumarket-runner status [--state-dir DIR]
@@ -218,7 +219,8 @@ def _cmd_run(args) -> int:
     runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
     client = MarketplaceClient(url, token)
     agent = Agent(client, gpus, runtime, poll_interval=args.poll_interval,
-                  heartbeat_interval=args.heartbeat_interval, grace_s=args.grace)
+                  heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
+                  logs_interval=args.logs_interval)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -436,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between lease polls (default 2)")
     run.add_argument("--heartbeat-interval", type=_positive, default=10.0, metavar="S",
                      help="seconds between heartbeats (default 10)")
+    run.add_argument("--logs-interval", type=_positive, default=5.0, metavar="S",
+                     help="seconds between log tails sent for the buyer (default 5)")
     run.add_argument("--grace", type=float, default=10.0, metavar="S",
                      help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     run.add_argument("--network", metavar="MODE", default=None,

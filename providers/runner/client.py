@@ -52,7 +52,7 @@ class Unreachable(MarketplaceError):
 
 
 class MarketplaceClient:
-    """The four runner endpoints. url: the marketplace base URL ("https://host");
+    """The runner endpoints. url: the marketplace base URL ("https://host");
     timeout: seconds per request. transport: an httpx transport (tests only)."""
 
     def __init__(self, url: str, token: str, *, timeout: float = 10.0, transport=None) -> None:
@@ -123,3 +123,9 @@ class MarketplaceClient:
         cause, usage_seconds → the lease. Raises Conflict (409) for an illegal move."""
         body = {"status": status, **{k: v for k, v in fields.items() if v is not None}}
         return self._call("POST", f"/api/v1/runner/leases/{int(lease_id)}/events/", body)
+
+    def post_logs(self, lease_id: int, tail: str) -> dict:
+        """POST /api/v1/runner/leases/<id>/logs/ with the container's last lines (at most
+        64 KiB of UTF-8; the caller trims) → {"lease", "tail", "updated_at"}."""
+        return self._call("POST", f"/api/v1/runner/leases/{int(lease_id)}/logs/",
+                          {"tail": tail})

@@ -5,7 +5,10 @@ Both runtimes share one interface, keyed by the marketplace's lease id (int):
 - stop(lease_id, grace_s): SIGTERM, SIGKILL after grace_s seconds, then remove;
 - list_leases() -> {lease id: handle id}: what runs (or ran and is not removed yet),
   found again after a runner restart (Docker: by label; processes: the state dir);
-- exit_status(lease_id) -> None while running, the exit code once it has exited.
+- exit_status(lease_id) -> None while running, the exit code once it has exited;
+- logs(lease_id, lines) -> the last `lines` lines of the workload's output (text);
+- verify_gpus(lease) -> None if the workload sees exactly the leased GPUs (or the check
+  cannot tell), else the evidence of a mismatch (Docker only; processes are not isolated).
 
 `lease` is a dict as in GET /api/v1/runner/leases/: id, image, command (list of str),
 gpu_uuids, env (str → str).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +69,7 @@ class DockerRuntime:
         self.node = None if node is None else str(node)  # None: set by Agent.announce()
         self.network_mode = network_mode
         self.simulate = simulate
+        self.last_check = "not run"  # what the last verify_gpus saw, for the log
 
     def _containers(self, lease_id: int | None = None) -> list:
         if self.node is None:
@@ -167,6 +172,56 @@ class DockerRuntime:
         return None
 
 
+    def logs(self, lease_id: int, lines: int = 200) -> str:
+        """The last `lines` lines of the container's stdout and stderr ("" if none)."""
+        found = self._containers(lease_id)
+        if not found:
+            raise RuntimeFailure(f"lease {lease_id} has no container")
+        try:
+            raw = found[0].logs(stdout=True, stderr=True, tail=max(1, int(lines)))
+        except self._docker.errors.DockerException as exc:
+            raise RuntimeFailure(f"cannot read the logs of lease {lease_id}: {exc}") from None
+        return raw.decode("utf-8", "replace")
+
+    def verify_gpus(self, lease: dict) -> str | None:
+        """Check from inside the running container that it sees exactly the leased GPUs.
+
+        Real GPUs: `nvidia-smi -L` in the container (the NVIDIA container toolkit mounts
+        it), UUIDs compared with the lease's (MIG UUIDs when the lease is of MIG slices).
+        Simulate: no device is passed, so the check reads NVIDIA_VISIBLE_DEVICES with `env`.
+        Returns None when they match or when the check cannot run (the container already
+        exited, or lacks the tool; `last_check` then says why, for the log); otherwise the
+        evidence, e.g. "container sees GPU-a,GPU-b; leased GPU-a (`nvidia-smi -L`)".
+        """
+        leased = sorted(lease.get("gpu_uuids") or [])
+        self.last_check = "not run"
+        found = self._containers(int(lease["id"]))
+        if not found:
+            return None
+        command = ["env"] if self.simulate else ["nvidia-smi", "-L"]
+        try:
+            code, out = found[0].exec_run(command, stdout=True, stderr=True)
+        except self._docker.errors.DockerException as exc:  # e.g. 409: not running
+            self.last_check = f"`{' '.join(command)}` could not run: {exc.__class__.__name__}"
+            return None
+        text = (out or b"").decode("utf-8", "replace")
+        if code != 0:
+            self.last_check = f"`{' '.join(command)}` exited with status {code}"
+            return None
+        if self.simulate:
+            env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+            seen = sorted(u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
+        else:
+            uuids = re.findall(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)", text)
+            mig = bool(leased) and all(u.startswith("MIG-") for u in leased)
+            seen = sorted(u for u in uuids if u.startswith("MIG-" if mig else "GPU-"))
+        self.last_check = f"`{' '.join(command)}` sees {','.join(seen) or 'no GPU'}"
+        if seen == leased:
+            return None
+        return (f"container sees {','.join(seen) or 'no GPU'}; "
+                f"leased {','.join(leased) or 'no GPU'} (`{' '.join(command)}`)")
+
+
 def docker_host() -> str:
     """Where the docker SDK looks for the engine: $DOCKER_HOST or the default socket."""
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -202,6 +257,7 @@ class ProcessRuntime:
 
     name = "process"
     node = ""  # processes carry no node label
+    last_check = "not run: processes are not isolated"
 
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir) / "processes"
@@ -295,6 +351,26 @@ class ProcessRuntime:
                         "name": entry.get("log", ""),
                         "state": "running" if self._alive(entry) else "exited", "gpus": ""})
         return out
+
+    def logs(self, lease_id: int, lines: int = 200) -> str:
+        """The last `lines` lines of the process's captured output (at most its last
+        256 KiB are read)."""
+        entry = self._load().get(lease_id)
+        if entry is None:
+            raise RuntimeFailure(f"lease {lease_id} has no process")
+        try:
+            with open(entry["log"], "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 256 * 1024))
+                raw = f.read()
+        except OSError:
+            return ""
+        kept = raw.decode("utf-8", "replace").splitlines(keepends=True)[-max(1, int(lines)):]
+        return "".join(kept)
+
+    def verify_gpus(self, lease: dict) -> str | None:
+        """Processes are not isolated: nothing to check from inside."""
+        return None
 
     def exit_status(self, lease_id: int) -> int | None:
         """None while it runs; its exit code after (128+N for signal N; 255 if the exit

@@ -4,6 +4,7 @@ HTTP to pytest-django's live server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,7 +101,6 @@ class Runner:
 @pytest.fixture
 def runner_factory(tmp_path, docker_client):
     made: list[Runner] = []
-    before = {c.id for c in docker_client.containers.list(all=True)}
 
     def make(url: str, token: str, dump: Path) -> Runner:
         runner = Runner(url, token, dump, tmp_path / f"runner-{len(made)}")
@@ -110,6 +110,11 @@ def runner_factory(tmp_path, docker_client):
     yield make
     for runner in made:
         runner.stop()
-    for container in docker_client.containers.list(all=True, filters={"label": "gpumarket.lease"}):
-        if container.id not in before:  # only what this test's runners made
-            container.remove(force=True)
+    for runner in made:  # only what this test's runners made: their node's label
+        config = runner.state / "config.json"
+        uid = json.loads(config.read_text()).get("node", {}).get("uid") \
+            if config.exists() else None
+        if uid:
+            for container in docker_client.containers.list(
+                    all=True, filters={"label": f"gpumarket.node={uid}"}):
+                container.remove(force=True)

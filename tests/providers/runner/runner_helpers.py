@@ -25,7 +25,7 @@ def iso(moment: datetime) -> str:
 
 
 class FakeMarketplace:
-    """A stand-in for the marketplace's four runner endpoints (docs/RUNNER_PROTOCOL.md),
+    """A stand-in for the marketplace's runner endpoints (docs/RUNNER_PROTOCOL.md),
     kept in memory and served by http.server on 127.0.0.1 in a thread.
 
     This is NOT the real server (the lead writes that in marketplace/); it exists so the
@@ -49,6 +49,7 @@ class FakeMarketplace:
         self.events: list[tuple[int, dict]] = []
         self.inventories: list[dict] = []
         self.heartbeats: list[dict] = []
+        self.logs: dict[int, list[str]] = {}  # lease id → every tail received, in order
         self.outage = False  # True: every call answers 503, as during a deploy
         self.lock = threading.Lock()
         fake = self
@@ -98,7 +99,17 @@ class FakeMarketplace:
             listed = [dict(lease) for lease in self.leases.values()
                       if lease["status"] in self.TRANSITIONS]
             return 200, {"leases": listed}
-        prefix, suffix = "/api/v1/runner/leases/", "/events/"
+        prefix, suffix = "/api/v1/runner/leases/", "/logs/"
+        if method == "POST" and path.startswith(prefix) and path.endswith(suffix):
+            lease_id = int(path[len(prefix):-len(suffix)])
+            if lease_id not in self.leases:
+                return 404, {"detail": "No such lease."}
+            tail = body.get("tail")
+            if not isinstance(tail, str) or len(tail.encode()) > 64 * 1024 or "\x00" in tail:
+                return 400, {"detail": "tail: must be text of at most 64 KiB, without NUL"}
+            self.logs.setdefault(lease_id, []).append(tail)
+            return 200, {"lease": lease_id, "tail": tail, "updated_at": iso(datetime.now(UTC))}
+        suffix = "/events/"
         if method == "POST" and path.startswith(prefix) and path.endswith(suffix):
             lease = self.leases.get(int(path[len(prefix):-len(suffix)]))
             if lease is None:
