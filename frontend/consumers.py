@@ -1,15 +1,25 @@
 """The live feed's websocket consumers: one thin consumer per feed.
 
-Each one authenticates (or not) in `connect`, joins its group, sends a snapshot with
-the group's sequence number, and forwards the group's events after checking, for
-every event, that it belongs to this connection (the group it subscribed to; for
-/ws/me/ the connected user). Formats and the sequence rules: frontend/feed.py.
+Each one authenticates (or not) in `connect`, joins its group on this process's feed
+hub (frontend.feed.Hub: one subscription per group per process, fanned out in memory),
+sends a snapshot numbered with the group's sequence number, and forwards the group's
+events after checking, for every event, that it belongs to this connection (the group
+it subscribed to; for /ws/me/ the connected user). Formats and the sequence rules:
+frontend/feed.py.
+
+Each connection has a bounded queue (FEED_CLIENT_QUEUE messages, default 32) and its
+own sender task, so a slow client never stalls the hub or the other clients. When its
+queue is full the backlog is dropped, `resync_required` is queued in its place, and
+nothing more is queued for it until it asks for `{"type": "resync"}` (then a fresh
+snapshot). Nothing is lost silently: the client is told.
 
 Close codes: 4401 not authenticated (/ws/me/), 4404 unknown market or auction.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -18,6 +28,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from frontend import feed
 
@@ -27,31 +38,110 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 
 
+
 class FeedConsumer(AsyncWebsocketConsumer):
-    """Common part: group, snapshot with seq, gap detection, resync."""
+    """Common part: hub membership, snapshot with seq, gap detection, resync, and the
+    per-connection bounded queue."""
+
+    # No per-connection channel-layer channel: the hub holds the only subscription.
+    channel_layer_alias = "gpumarket.feed.no-per-connection-channel"
 
     group: str = ""
     last_seq: int | None = None
     resync_pending: bool = False
+    lagging: bool = False
+    hub: feed.Hub | None = None
+    _queue: asyncio.Queue | None = None
+    _sender: asyncio.Task | None = None
 
     async def subscribe(self, group: str) -> None:
         self.group = group
-        await self.channel_layer.group_add(group, self.channel_name)
+        self._queue = asyncio.Queue(maxsize=getattr(settings, "FEED_CLIENT_QUEUE", 32))
         await self.accept()
-        await self.send_snapshot()
+        self.hub = feed.hub()
+        await self.hub.join(group, self)
+        self._queue.put_nowait(self._snapshot_item())  # first in the queue: before any event
+        self._sender = asyncio.create_task(self._send_loop())
 
-    async def send_snapshot(self) -> None:
-        seq, snapshot = await database_sync_to_async(self._read_snapshot)()
+    # -- called by the hub, synchronously, for every event of the group
+    def offer(self, event: dict[str, Any]) -> None:
+        if not self.allowed(event):  # the permission check, on every event
+            log.warning("feed: event for %s refused on %s", event.get("group"), self.group)
+            return
+        if self.lagging:
+            return
+        try:
+            self._queue.put_nowait(("event", event))
+        except asyncio.QueueFull:
+            self._overflow(event)
+
+    def _overflow(self, event: dict[str, Any]) -> None:
+        """Too slow: drop its backlog and tell it to resync; the group goes on."""
+        dropped = self._clear()
+        if any(kind == "snapshot" for kind, _ in dropped):  # that supersedes all
+            self._queue.put_nowait(self._snapshot_item())
+            return
+        self.lagging = True
+        self._queue.put_nowait(("text", json.dumps(
+            {"type": "resync_required", "seq": event["seq"],
+             "expected": (self.last_seq or 0) + 1, "ts": time.time()},
+            separators=(",", ":"))))
+
+    def _clear(self) -> list:
+        dropped = []
+        while not self._queue.empty():
+            dropped.append(self._queue.get_nowait())
+        return dropped
+
+    def _snapshot_item(self) -> tuple[str, int]:
+        # every event up to the hub's current seq is either sent or dropped already;
+        # every later one will be queued behind this: the snapshot must be at least here
+        return ("snapshot", self.hub.seq(self.group))
+
+    def _request_snapshot(self) -> None:
+        self.lagging = False
+        try:
+            self._queue.put_nowait(self._snapshot_item())
+        except asyncio.QueueFull:  # a snapshot supersedes the backlog
+            self._clear()
+            self._queue.put_nowait(self._snapshot_item())
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                kind, item = await self._queue.get()
+                if kind == "event":
+                    await self._forward(item)
+                elif kind == "snapshot":
+                    await self.send_snapshot(item)
+                else:
+                    await self.send(text_data=item)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the connection went away under us: disconnect cleans up
+            log.debug("feed: sender for %s stopped", self.group, exc_info=True)
+
+    async def _forward(self, event: dict[str, Any]) -> None:
+        seq = event["seq"]
+        if self.last_seq is not None and seq <= self.last_seq:
+            return  # already contained in the snapshot this connection got
+        if self.last_seq is not None and seq > self.last_seq + 1 and not self.resync_pending:
+            # messages of this group were lost on the way (a publisher died between
+            # taking seqs and sending, a Redis reconnect): say so; the client resyncs.
+            self.resync_pending = True
+            await self.send(text_data=json.dumps(
+                {"type": "resync_required", "seq": seq, "expected": self.last_seq + 1,
+                 "ts": time.time()}, separators=(",", ":")))
+        self.last_seq = seq
+        await self.send(text_data=event["text"])
+
+    async def send_snapshot(self, need_seq: int) -> None:
+        """A snapshot numbered seq >= need_seq (Hub.snapshot: clients of a group that
+        (re)sync together share one read). Queued events up to its seq are skipped."""
+        seq, text = await self.hub.snapshot(self.group, need_seq, self.snapshot)
         self.last_seq = seq
         self.resync_pending = False
-        await self.send(text_data=json.dumps({**snapshot, "seq": seq, "ts": time.time()},
-                                             separators=(",", ":")))
-
-    def _read_snapshot(self) -> tuple[int, dict[str, Any]]:
-        # seq first, then the rows: a change committed in between may show in the
-        # snapshot and arrive again as seq+1 (harmless), but is never missed.
-        seq = feed.current_seq(self.group)
-        return seq, self.snapshot()
+        await self.send(text_data=text)
 
     def snapshot(self) -> dict[str, Any]:  # runs in a thread, may use the ORM
         raise NotImplementedError
@@ -60,8 +150,12 @@ class FeedConsumer(AsyncWebsocketConsumer):
         return event.get("group") == self.group
 
     async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
+        if self.group and self.hub is not None:
+            await self.hub.leave(self.group, self)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         try:
@@ -69,28 +163,12 @@ class FeedConsumer(AsyncWebsocketConsumer):
         except ValueError:
             message = None
         if isinstance(message, dict) and message.get("type") == "resync":
-            await self.send_snapshot()
-        else:
-            await self.send(text_data=json.dumps(
-                {"type": "error", "message": 'unknown message: send {"type": "resync"}'}))
-
-    async def feed_event(self, event: dict[str, Any]) -> None:
-        """A published event (frontend.feed.publish): permission, order, forward."""
-        if not self.allowed(event):
-            log.warning("feed: event for %s refused on %s", event.get("group"), self.group)
-            return
-        seq = event["seq"]
-        if self.last_seq is not None and seq <= self.last_seq:
-            return  # already contained in the snapshot this connection got
-        if self.last_seq is not None and seq > self.last_seq + 1 and not self.resync_pending:
-            # the channel layer dropped messages for this connection (its buffer
-            # overflowed while the client was slow): say so; the client resyncs.
-            self.resync_pending = True
-            await self.send(text_data=json.dumps(
-                {"type": "resync_required", "seq": seq, "expected": self.last_seq + 1,
-                 "ts": time.time()}, separators=(",", ":")))
-        self.last_seq = seq
-        await self.send(text_data=event["text"])
+            if self._queue is not None:
+                self._request_snapshot()
+        elif self._queue is not None:  # through the queue: the sender is the only writer
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(("text", json.dumps(
+                    {"type": "error", "message": 'unknown message: send {"type": "resync"}'})))
 
 
 class MarketFeedConsumer(FeedConsumer):

@@ -22,8 +22,9 @@ Server → client, all feeds:
   on connect and in answer to a client's `{"type": "resync"}`. N is the group's
   sequence number when the snapshot was read; the next event has a seq > N.
 - `{"type": "resync_required", "seq": N, "expected": M, "ts": …}`: the server saw
-  that this connection's buffer overflowed (the channel layer dropped messages
-  M … N-1 for it); the client should send `{"type": "resync"}`.
+  that this connection missed messages M … N-1 (its queue overflowed because it read
+  too slowly, or a message was lost on the way); the client should send
+  `{"type": "resync"}`.
   Sequence rule for clients: a message with seq == last + 1 is the next one; seq <=
   last is stale (ignore); seq > last + 1 is a gap → send `{"type": "resync"}`.
 
@@ -36,8 +37,9 @@ Server → client, all feeds:
   no order, user, node or lease id. `id` is the fill id, to drop a trade seen twice
   (a snapshot read while a trade commits may contain it and be followed by it).
 - `{"type": "depth", "market", "seq", "ts", "bids", "asks", "best_bid", "best_ask"}`:
-  the whole depth (20 levels a side) after each committed change of the book — a new
-  depth snapshot per change rather than a diff: simpler, and idempotent.
+  the whole depth (20 levels a side) after committed changes of the book — a new
+  depth snapshot rather than a diff: simpler, and idempotent; coalesced to at most one
+  per FEED_DEPTH_INTERVAL (see Publishing), always the latest.
 
 `/ws/auctions/<id>/`:
 - snapshot / `{"type": "auction", "auction": id, "seq", "ts", "market", "status":
@@ -61,34 +63,53 @@ Server → client, all feeds:
   status, gpus, price, duration_seconds, node, started_at, ends_at, ended_at, cause,
   cost, provider_amount, platform_fee}}` (to buyer and provider, each with its role)
 - `{"type": "balance", "seq", "ts", "entries": [{"id", "kind"}, …], "wallet":
-  {"available", "held", "earned"}}`: after each committed transaction that moved money
-  of the user (one message per user per transaction).
+  {"available", "held", "earned"}}`: after committed transactions that moved money of
+  the user (one message per user per published batch: usually one transaction).
 
 Client → server: `{"type": "resync"}` → a fresh snapshot.
 
 Publishing: frontend/signals.py collects what changed in the current transaction
 (post_save of Order, Fill, Auction, SealedBid, Lease, JournalEntry, Posting) into one
-batch per outermost transaction, flushed by `transaction.on_commit` (so a rolled-back
-transaction sends nothing). The flush reads the rows fresh after commit, takes the
-next seq per group (Redis INCR on the channel layer's Redis when REDIS_URL is set, so
-several processes agree; an in-process counter otherwise) and then group_sends. For a
-market, the depth is read *after* its seq was taken, so the depth carried by seq k
-includes every change whose seq is <= k.
+batch per outermost transaction; `transaction.on_commit` hands it to this process's
+publisher thread (`Publisher`), so a rolled-back transaction sends nothing and the
+request thread does no feed reads. The publisher reads the rows fresh, takes the next
+seq per group (Redis INCR, pipelined, on the channel layer's Redis when REDIS_URL is
+set, so several processes agree; an in-process counter otherwise) and sends. Batches
+that queued up meanwhile are read together (then a `balance` or `order` message covers
+every transaction of the batch and carries the latest state). A market's depth is
+coalesced: at most one per market every FEED_DEPTH_INTERVAL (0.1 s; the first one after
+a quiet spell goes at once), always read after its seq was taken, so the depth carried
+by seq k includes every change whose seq is <= k, and the last depth is the latest book.
+Trades and the other messages are never coalesced away.
+
+Delivery: each ASGI process has one `Hub` per event loop that subscribes once per group
+to the channel layer (Redis pub/sub: `channels_redis.pubsub.RedisPubSubChannelLayer`;
+in-memory in the embedded default, where the publisher hands events to the hub
+directly) and fans each event out in memory to its websockets, each with a bounded
+queue (frontend/consumers.py). Ordering guarantee: per group, a client receives events
+in increasing seq order. Events from several publishing processes may reach Redis out
+of order; the hub holds an early one up to FEED_REORDER_WAIT (0.1 s) for the missing
+seqs, then hands out what it has: the client sees the gap (`resync_required`, then it
+resyncs). A client too slow to drain its queue (FEED_CLIENT_QUEUE, 32) loses its
+backlog and gets `resync_required`; nothing more is sent to it until it resyncs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import logging
+import queue
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
@@ -97,7 +118,8 @@ log = logging.getLogger("gpumarket.feed")
 
 DEPTH_LEVELS = 20
 LAST_TRADES = 20
-EVENT_TYPE = "feed.event"  # the channel layer message type → consumer.feed_event
+EVENT_TYPE = "feed.event"
+SNAPSHOT_CACHE_S = 0.5  # the channel layer message type → consumer.feed_event
 
 
 def market_group(slug: str) -> str:
@@ -128,6 +150,9 @@ class _LocalCounter:
         with self._lock:
             return self._values[group]
 
+    def incr_many(self, groups: list[str]) -> list[int]:
+        return [self.incr(group) for group in groups]
+
 
 class _RedisCounter:
     PREFIX = "gpumarket:feed:seq:"
@@ -142,6 +167,13 @@ class _RedisCounter:
 
     def get(self, group: str) -> int:
         return int(self._redis.get(self.PREFIX + group) or 0)
+
+    def incr_many(self, groups: list[str]) -> list[int]:
+        """One round trip for a whole round of messages."""
+        pipe = self._redis.pipeline(transaction=False)
+        for group in groups:
+            pipe.incr(self.PREFIX + group)
+        return [int(v) for v in pipe.execute()]
 
 
 _counter: _LocalCounter | _RedisCounter | None = None
@@ -297,7 +329,7 @@ def me_snapshot(user_id: int) -> dict[str, Any]:
 
 @dataclass
 class Batch:
-    """What changed in one transaction; flushed once, after commit."""
+    """What changed in one transaction; handed to the publisher thread after commit."""
 
     markets: set[int] = field(default_factory=set)
     fills: set[int] = field(default_factory=set)
@@ -306,42 +338,64 @@ class Batch:
     sealed_bids: set[int] = field(default_factory=set)
     leases: set[int] = field(default_factory=set)
     entries: set[int] = field(default_factory=set)
+    committed_at: float = 0.0
 
-    def __call__(self) -> None:  # the on_commit callback
+    FIELDS = ("markets", "fills", "auctions", "orders", "sealed_bids", "leases", "entries")
+
+    def __call__(self) -> None:  # the on_commit callback: cheap, no reads, no I/O
+        self.committed_at = time.time()
         try:
-            publish(self.messages())
+            publisher().submit(self)
         except Exception:  # the data is committed; a feed outage must not fail the caller
-            log.exception("live feed: publishing after commit failed; clients resync")
+            log.exception("live feed: queueing after commit failed; clients resync")
+
+    def merge(self, other: Batch) -> None:
+        for name in self.FIELDS:
+            getattr(self, name).update(getattr(other, name))
+        self.committed_at = min(self.committed_at, other.committed_at)
 
     def messages(self) -> list[tuple[str, dict[str, Any], int | None]]:
         """(group, payload, user id for user groups) in publishing order, read after
-        commit. Rows that no longer exist (rolled back in a savepoint) are skipped."""
+        commit. Rows that no longer exist (rolled back in a savepoint) are skipped. A
+        market's depth is a placeholder `{"type": "depth", "_depth_of": market}`, read
+        when it is published (see Publisher)."""
         from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
         from settlement.models import Posting
 
         out: list[tuple[str, dict[str, Any], int | None]] = []
-        fills = Fill.objects.filter(pk__in=self.fills).select_related("market").order_by("pk")
-        for fill in fills:
-            out.append((market_group(fill.market.slug),
-                        {"type": "trade", "market": fill.market.slug, **trade_payload(fill)},
-                        None))
-        for market in GpuClass.objects.filter(pk__in=self.markets).order_by("pk"):
-            out.append((market_group(market.slug), {"type": "depth", "_depth_of": market},
-                        None))
-        for auction in Auction.objects.filter(pk__in=self.auctions).select_related("market"):
-            out.append((auction_group(auction.pk), auction_payload(auction), None))
-        for order in Order.objects.filter(pk__in=self.orders).select_related("market") \
-                .order_by("pk"):
-            out.append((user_group(order.owner_id),
-                        {"type": "order", "order": order_payload(order)}, order.owner_id))
-        for bid in SealedBid.objects.filter(pk__in=self.sealed_bids).order_by("pk"):
-            out.append((user_group(bid.bidder_id),
-                        {"type": "sealed_bid", "bid": sealed_bid_payload(bid)}, bid.bidder_id))
-        for lease in Lease.objects.filter(pk__in=self.leases) \
-                .select_related("market", "node").order_by("pk"):
-            for user_id, role in ((lease.buyer_id, "buyer"), (lease.provider_id, "provider")):
-                out.append((user_group(user_id),
-                            {"type": "lease", "lease": lease_payload(lease, role)}, user_id))
+        if self.fills:
+            fills = Fill.objects.filter(pk__in=self.fills).select_related("market") \
+                .order_by("pk")
+            for fill in fills:
+                out.append((market_group(fill.market.slug),
+                            {"type": "trade", "market": fill.market.slug,
+                             **trade_payload(fill)}, None))
+        if self.markets:
+            for market in GpuClass.objects.filter(pk__in=self.markets).order_by("pk"):
+                out.append((market_group(market.slug),
+                            {"type": "depth", "_depth_of": market}, None))
+        if self.auctions:
+            for auction in Auction.objects.filter(pk__in=self.auctions) \
+                    .select_related("market"):
+                out.append((auction_group(auction.pk), auction_payload(auction), None))
+        if self.orders:
+            for order in Order.objects.filter(pk__in=self.orders).select_related("market") \
+                    .order_by("pk"):
+                out.append((user_group(order.owner_id),
+                            {"type": "order", "order": order_payload(order)}, order.owner_id))
+        if self.sealed_bids:
+            for bid in SealedBid.objects.filter(pk__in=self.sealed_bids).order_by("pk"):
+                out.append((user_group(bid.bidder_id),
+                            {"type": "sealed_bid", "bid": sealed_bid_payload(bid)},
+                            bid.bidder_id))
+        if self.leases:
+            for lease in Lease.objects.filter(pk__in=self.leases) \
+                    .select_related("market", "node").order_by("pk"):
+                for user_id, role in ((lease.buyer_id, "buyer"),
+                                      (lease.provider_id, "provider")):
+                    out.append((user_group(user_id),
+                                {"type": "lease", "lease": lease_payload(lease, role)},
+                                user_id))
         if self.entries:
             per_user: dict[int, dict[int, str]] = defaultdict(dict)
             # accounts without an owner (platform, external) are not published
@@ -357,57 +411,187 @@ class Batch:
         return out
 
 
-def publish(messages: list[tuple[str, dict[str, Any], int | None]]) -> None:
-    """Number each message in its group (next seq) and send it to the group."""
-    if not messages:
-        return
+def _setting(name: str, default: float) -> float:
+    return getattr(settings, name, default)
+
+
+class Publisher:
+    """One daemon thread per process that turns committed batches into feed messages.
+
+    The request (or task) thread only appends the batch to a queue in `on_commit`; the
+    reads, the sequence numbers and the sends happen here, in commit order. Batches
+    that queued up while the thread was busy are merged (one read per table for all of
+    them). A market's depth is coalesced: at most one depth message per market every
+    FEED_DEPTH_INTERVAL seconds (default 0.1), sent at once when the previous one is
+    older than that (no added delay at low rates), otherwise at the end of the interval,
+    and always read at send time, so it is the latest depth. Trades, auction, order,
+    bid, lease and balance messages are never coalesced away.
+    """
+
+    IDLE_CLOSE_S = 1.0  # close this thread's database connection after this idle time
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._unfinished = 0
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dirty: dict[int, tuple[float, float]] = {}  # market pk → (due, committed_at)
+        self._last_depth: dict[int, float] = {}
+        self._markets: dict[int, Any] = {}
+        self.delays: dict[tuple[str, int], float] | None = None  # bench: (group, seq) → ts − commit
+
+    # -- producer side
+    def submit(self, b: Batch) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="feed-publisher",
+                                                daemon=True)
+                self._thread.start()
+            self._unfinished += 1
+        self._queue.put(b)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every submitted batch is published, coalesced depth included."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._unfinished or self._dirty:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    # -- the thread
+    def _run(self) -> None:
+        from django.db import connections
+
+        self._loop = asyncio.new_event_loop()
+        idle_since: float | None = None
+        while True:
+            now = time.monotonic()
+            wait = min((due for due, _ in self._dirty.values()), default=None)
+            timeout = self.IDLE_CLOSE_S if wait is None else max(0.0, wait - now)
+            try:
+                first = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                first = None
+            taken = 0
+            merged: Batch | None = None
+            if first is not None:
+                merged, taken = first, 1
+                while taken < 500:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is not None:
+                        merged.merge(nxt)
+                    taken += 1
+            try:
+                self._publish_round(merged)
+            except Exception:
+                log.exception("live feed: publishing after commit failed; clients resync")
+                self._dirty.clear()
+            finally:
+                with self._cond:
+                    self._unfinished -= taken
+                    self._cond.notify_all()
+            if merged is None and not self._dirty:
+                if idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self.IDLE_CLOSE_S:
+                    connections.close_all()  # no idle connection held between bursts
+                    idle_since = None
+            else:
+                idle_since = None
+
+    def _publish_round(self, merged: Batch | None) -> None:
+        now = time.monotonic()
+        out: list[tuple[str, dict[str, Any], int | None, float]] = []
+        if merged is not None:
+            interval = _setting("FEED_DEPTH_INTERVAL", 0.1)
+            for group, payload, user_id in merged.messages():
+                market = payload.pop("_depth_of", None)
+                if market is None:
+                    out.append((group, payload, user_id, merged.committed_at))
+                    continue
+                self._markets[market.pk] = market
+                due = max(now, self._last_depth.get(market.pk, 0.0) + interval)
+                if market.pk in self._dirty:  # keep the earlier due time and commit time
+                    old_due, old_commit = self._dirty[market.pk]
+                    self._dirty[market.pk] = (min(old_due, due),
+                                              min(old_commit, merged.committed_at))
+                else:
+                    self._dirty[market.pk] = (due, merged.committed_at)
+        for pk, (due, committed_at) in sorted(self._dirty.items()):
+            if due <= now:
+                market = self._markets[pk]
+                out.append((market_group(market.slug), {"type": "depth", "_depth_of": market},
+                            None, committed_at))
+                del self._dirty[pk]
+                self._last_depth[pk] = now
+        if out:
+            self._send(out)
+
+    def _send(self, messages: list[tuple[str, dict[str, Any], int | None, float]]) -> None:
+        seqs = counter().incr_many([group for group, *_ in messages])
+        events = []
+        for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
+            depth_of = payload.pop("_depth_of", None)
+            if depth_of is not None:  # read after its seq was taken: module docstring
+                payload.update(depth_payload(depth_of))
+            ts = time.time()
+            payload = {**payload, "seq": seq, "ts": ts}
+            if self.delays is not None:
+                self.delays[(group, seq)] = ts - committed_at
+            events.append({"type": EVENT_TYPE, "group": group, "seq": seq, "user": user_id,
+                           "text": json.dumps(payload, separators=(",", ":"))})
+        send_events(events, self._loop)
+
+
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def publisher() -> Publisher:
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None:
+            _publisher = Publisher()
+            # a short-lived process (a management command, a task run) publishes what it
+            # committed before it exits
+            atexit.register(_publisher.flush, 5.0)
+        return _publisher
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Block until everything committed so far in this process has been published."""
+    return publisher().flush(timeout)
+
+
+def send_events(events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
+    """Deliver numbered events: through the channel layer (Redis pub/sub: every process's
+    hub that subscribed the group), or, with the in-memory layer, straight to this
+    process's hubs (the embedded default runs web and publisher in one process)."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or _is_local(layer):
+        for hub in list(_hubs.values()):
+            if not hub.loop.is_closed():
+                hub.loop.call_soon_threadsafe(hub.deliver_many, events)
         return
-    seqs = counter()
-    prepared = []
-    for group, payload, user_id in messages:
-        seq = seqs.incr(group)
-        depth_of = payload.pop("_depth_of", None)
-        if depth_of is not None:  # read after the seq was taken: see the module docstring
-            payload.update(depth_payload(depth_of))
-        payload = {**payload, "seq": seq, "ts": time.time()}
-        event = {"type": EVENT_TYPE, "group": group, "seq": seq, "user": user_id,
-                 "text": json.dumps(payload, separators=(",", ":"))}
-        prepared.append((group, event))
 
     async def send_all() -> None:
-        for group, event in prepared:
-            await layer.group_send(group, event)
+        for event in events:
+            await layer.group_send(event["group"], event)
 
-    _run(layer, send_all)
-
-
-_loop: asyncio.AbstractEventLoop | None = None
+    loop.run_until_complete(send_all())
 
 
-def _publisher_loop() -> asyncio.AbstractEventLoop:
-    """One event loop per process, in a daemon thread, for publishing to Redis: reuses
-    the channel layer's connections instead of a new loop and pool per commit."""
-    global _loop
-    with _counter_lock:
-        if _loop is None or _loop.is_closed():
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="feed-publisher",
-                             daemon=True).start()
-        return _loop
+def _is_local(layer) -> bool:
+    from channels.layers import InMemoryChannelLayer
 
-
-def _run(layer, coroutine_function) -> None:
-    from channels_redis.core import RedisChannelLayer
-
-    if isinstance(layer, RedisChannelLayer):
-        future = asyncio.run_coroutine_threadsafe(coroutine_function(), _publisher_loop())
-        future.result(timeout=10)
-    else:
-        # the in-memory layer's queues belong to the server's loop: async_to_sync runs
-        # on it when called from a sync_to_async thread (the demo's views and tasks)
-        async_to_sync(coroutine_function)()
+    return isinstance(layer, InMemoryChannelLayer)
 
 
 def current_batch() -> Batch | None:
@@ -448,3 +632,200 @@ def note(**changes: int) -> None:
         getattr(b, name).add(pk)
     if not connection.in_atomic_block:
         b()
+
+
+# ---------------------------------------------------------------- the hub (delivery)
+
+class Subscriber(Protocol):
+    def offer(self, event: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class _GroupState:
+    members: set = field(default_factory=set)
+    subscribed: bool = False
+    expected: int = 1                      # the next seq to hand out, in order
+    pending: dict[int, dict[str, Any]] = field(default_factory=dict)  # seq → early event
+    timer: asyncio.TimerHandle | None = None
+
+
+class Hub:
+    """Per event loop (one per ASGI process): subscribes to each group ONCE, whatever the
+    number of local websockets on it, and fans every event out in memory to them.
+
+    Order: events are handed to the local subscribers in seq order. Several publishing
+    processes may deliver seq k+1 before k; the hub holds an early event up to
+    FEED_REORDER_WAIT seconds (default 0.1) for the missing ones, then hands out what it
+    has — the subscribers see the gap and tell their clients to resync. An event older
+    than one already handed out is dropped (every subscriber is past it).
+
+    `seq(group)` is the last seq handed out: a snapshot numbered with it and read
+    afterwards contains every change up to it (each was committed before its seq was
+    taken, and handed out after).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.groups: dict[str, _GroupState] = {}
+        self._lock = asyncio.Lock()
+        self._layer = None
+        self._channel: str | None = None
+        self._reader: asyncio.Task | None = None
+        # group → (seq, monotonic time read, text) and the read in flight (seq, task)
+        self.snapshots: dict[str, tuple[int, float, str]] = {}
+        self._reading: dict[str, tuple[int, asyncio.Task]] = {}
+
+    @property
+    def local(self) -> bool:
+        layer = get_channel_layer()
+        return layer is None or _is_local(layer)
+
+    def seq(self, group: str) -> int:
+        return self.groups[group].expected - 1
+
+    async def snapshot(self, group: str, need_seq: int, read) -> tuple[int, str]:
+        """(seq, JSON text) of a snapshot of `group` numbered seq >= need_seq.
+
+        The seq is the last one handed out, taken before the rows are read (`read` runs
+        in a thread): a change committed in between may show in the snapshot and arrive
+        again as seq+1 (harmless), but none is missed. One read per group at a time:
+        clients that (re)sync together share it, and a snapshot is reused for
+        SNAPSHOT_CACHE_S while it is recent enough for the asker."""
+        while True:
+            cached = self.snapshots.get(group)
+            if (cached and cached[0] >= need_seq
+                    and time.monotonic() - cached[1] < SNAPSHOT_CACHE_S):
+                return cached[0], cached[2]
+            reading = self._reading.get(group)
+            if reading is not None:
+                with contextlib.suppress(Exception):
+                    result = await asyncio.shield(reading[1])
+                    if reading[0] >= need_seq:
+                        return result
+                if reading[0] >= need_seq:  # it failed: let the caller see it
+                    return await reading[1]
+                continue
+            seq = self.seq(group) if group in self.groups else need_seq
+            task = self.loop.create_task(self._read_snapshot(group, seq, read))
+            self._reading[group] = (seq, task)
+
+    async def _read_snapshot(self, group: str, seq: int, read) -> tuple[int, str]:
+        from channels.db import database_sync_to_async
+
+        try:
+            data = await database_sync_to_async(read)()
+            text = json.dumps({**data, "seq": seq, "ts": time.time()}, separators=(",", ":"))
+            if group in self.groups:
+                self.snapshots[group] = (seq, time.monotonic(), text)
+            return seq, text
+        finally:
+            self._reading.pop(group, None)
+
+    async def join(self, group: str, member: Subscriber) -> None:
+        state = self.groups.setdefault(group, _GroupState())
+        state.members.add(member)
+        async with self._lock:  # a later joiner waits here until the group is subscribed
+            if self.groups.get(group) is state and not state.subscribed:
+                if not self.local:
+                    await self._ensure_reader()
+                    await self._layer.group_add(group, self._channel)
+                # after subscribing: whatever seq was taken before now is either
+                # in flight (and ≤ this value, so stale for everyone) or delivered
+                current = await asyncio.to_thread(current_seq, group)
+                state.expected = max(state.expected, current + 1)
+                state.subscribed = True
+
+    async def leave(self, group: str, member: Subscriber) -> None:
+        state = self.groups.get(group)
+        if state is None:
+            return
+        state.members.discard(member)
+        if state.members:
+            return
+        async with self._lock:
+            if state.members or self.groups.get(group) is not state:
+                return
+            del self.groups[group]
+            self.snapshots.pop(group, None)
+            if state.timer is not None:
+                state.timer.cancel()
+            if state.subscribed and not self.local and self._channel is not None:
+                await self._layer.group_discard(group, self._channel)
+            if not self.groups and self._reader is not None:
+                self._reader.cancel()
+                self._reader, self._channel = None, None
+
+    async def _ensure_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            return
+        self._layer = get_channel_layer()
+        self._channel = await self._layer.new_channel(prefix="feedhub.")
+        self._reader = self.loop.create_task(self._read(self._layer, self._channel))
+
+    async def _read(self, layer, channel: str) -> None:
+        while True:
+            event = await layer.receive(channel)
+            try:
+                self.deliver(event)
+            except Exception:
+                log.exception("feed hub: delivering %s failed", event.get("group"))
+
+    # -- ordering and fan-out (synchronous: runs between two awaits of the loop)
+    def deliver_many(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            self.deliver(event)
+
+    def deliver(self, event: dict[str, Any]) -> None:
+        state = self.groups.get(event.get("group", ""))
+        if state is None or not state.subscribed:
+            return
+        seq = event["seq"]
+        if seq < state.expected or seq in state.pending:
+            return
+        if seq > state.expected:
+            state.pending[seq] = event
+            if len(state.pending) > 256:
+                self._give_up(event["group"])
+            elif state.timer is None:
+                state.timer = self.loop.call_later(
+                    _setting("FEED_REORDER_WAIT", 0.1), self._give_up, event["group"])
+            return
+        self._fan_out(state, event)
+        self._release(state)
+
+    def _release(self, state: _GroupState) -> None:
+        while state.expected in state.pending:
+            self._fan_out(state, state.pending.pop(state.expected))
+        if not state.pending and state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+
+    def _give_up(self, group: str) -> None:
+        """The missing seqs did not come in time: hand out the early events (with a gap)."""
+        state = self.groups.get(group)
+        if state is None:
+            return
+        state.timer = None
+        if state.pending:
+            state.expected = min(state.pending)
+            self._release(state)
+            if state.pending:  # a further gap among the early ones: wait for it in turn
+                self._give_up(group)
+
+    @staticmethod
+    def _fan_out(state: _GroupState, event: dict[str, Any]) -> None:
+        state.expected = event["seq"] + 1
+        for member in tuple(state.members):
+            member.offer(event)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+
+
+def hub() -> Hub:
+    """The hub of the running event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        found = _hubs[loop] = Hub(loop)
+    return found

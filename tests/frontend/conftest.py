@@ -21,7 +21,12 @@ def application():
 
 
 async def connect(path: str, *headers: tuple[bytes, bytes]):
-    """(communicator, connected, subprotocol or close code)."""
+    """(communicator, connected, subprotocol or close code). Whatever the test committed
+    before is published first (the publisher thread works after commit, asynchronously),
+    so the scenario starts from a quiet feed."""
+    from frontend import feed
+
+    await sync_to_async(feed.flush)()
     comm = WebsocketCommunicator(application(), path, headers=[ORIGIN, *headers])
     connected, detail = await comm.connect(timeout=5)
     return comm, connected, detail
@@ -50,9 +55,13 @@ def clean_channel_layer():
     from asgiref.sync import async_to_sync
     from channels.layers import channel_layers, get_channel_layer
 
+    from frontend import feed
+
+    feed.flush()  # nothing of an earlier test still on its way out
     channel_layers.backends.clear()  # a fresh layer: flush() closes every loop's pools
     layer = get_channel_layer()
     if hasattr(layer, "flush"):
         async_to_sync(layer.flush)()
     yield
+    feed.flush()
     channel_layers.backends.clear()
