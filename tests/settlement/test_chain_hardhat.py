@@ -6,67 +6,21 @@ through settlement.chain and web3's HTTPProvider, exactly as against a productio
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
-
 import pytest
-from web3 import HTTPProvider, Web3
 
 from settlement import chain
 from settlement.chain import LeaseCharge, LedgerSettlement, SettlementRevert
 from settlement.split import split
-from tests.conftest import ROOT, require_or_skip
+from tests.support.hardhat import hardhat_node
 
-CONTRACTS = ROOT / "contracts"
 DELAY = 3600
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def hardhat_w3():
-    node = shutil.which("node")
-    if node is None:
-        require_or_skip("node is not installed: cannot start a Hardhat node")
-    cli = CONTRACTS / "node_modules" / "hardhat" / "internal" / "cli" / "cli.js"
-    if not cli.exists():
-        require_or_skip("contracts/node_modules missing: run `npm ci --prefix contracts`")
-    port = _free_port()
-    env = {**os.environ, "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true", "CI": "true"}
-    proc = subprocess.Popen(
-        [node, str(cli), "node", "--hostname", "127.0.0.1", "--port", str(port)],
-        cwd=CONTRACTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        w3 = Web3(HTTPProvider(f"http://127.0.0.1:{port}", request_kwargs={"timeout": 30}))
-        deadline = time.monotonic() + 60
-        while not w3.is_connected():
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                pytest.fail(f"hardhat node exited with {proc.returncode}:\n{out[-2000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail("hardhat node did not answer within 60 s")
-            time.sleep(0.25)
+    with hardhat_node() as (w3, _url):
         assert w3.eth.chain_id == 31337
         yield w3
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
 
 
 def test_settlement_over_json_rpc_against_hardhat(hardhat_w3):
