@@ -203,6 +203,7 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing root otherwise
 # WhiteNoise serves static files from the ASGI app itself; with DEBUG it finds them in the
 # apps (no collectstatic needed for the demo), in production run `manage.py collectstatic`.
 WHITENOISE_USE_FINDERS = DEBUG
