@@ -295,7 +295,8 @@ def lease_payload(lease, role: str) -> dict[str, Any]:
             "started_at": _iso(lease.started_at), "ends_at": _iso(lease.ends_at),
             "ended_at": _iso(lease.ended_at), "cause": lease.cause, "cost": _usd(lease.cost),
             "provider_amount": _usd(lease.provider_amount),
-            "platform_fee": _usd(lease.platform_fee)}
+            "platform_fee": _usd(lease.platform_fee),
+            "interruptible": lease.interruptible, "preempt_at": _iso(lease.preempt_at)}
 
 
 def wallet_payload(user_id: int) -> dict[str, Any]:

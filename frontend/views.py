@@ -266,6 +266,11 @@ def _order_rows(orders):
 
 
 def _lease_rows(leases, *, role: str):
+    from providers.models import LeaseLog
+
+    leases = list(leases)
+    tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
+                 .values_list("lease_id", "tail"))
     rows = []
     for x in leases:
         ended_early = x.status in ("failed", "preempted", "cancelled")
@@ -276,6 +281,8 @@ def _lease_rows(leases, *, role: str):
             "ended_at": x.ended_at, "cause": x.cause, "ended_early": ended_early,
             "cost": usd(x.cost), "provider_amount": usd(x.provider_amount),
             "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
+            "log_tail": tails.get(x.pk, ""),
+            "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
         })
     return rows
 

@@ -240,3 +240,26 @@ def test_usd_formatting():
     assert usd(0) == "0.00"
     assert usd(1_234_560) == "1.23456"
     assert usd(None) == "—"
+
+
+def test_my_leases_show_the_log_tail_and_a_preemption_notice(client, buyer):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace import leases
+    from providers.models import LeaseLog
+
+    user, node, _ = registered_node()
+    book.place_ask(provider_id=user.pk, node_id=node.pk, market_slug=MARKET, price=3_600_000,
+                   gpus=8, available_until=in_a_day())
+    lease = book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=3_600_000, gpus=1,
+                           duration_seconds=3600).leases[0]
+    leases.mark_running(lease=lease, container_id="c0ffee1234")
+    LeaseLog.objects.create(lease_id=lease.pk, node=node, tail="epoch 3 loss 0.42 <ok>\n",
+                            updated_at=timezone.now())
+    Lease.objects.filter(pk=lease.pk).update(
+        preempt_at=timezone.now() + timedelta(seconds=120))
+    html = client.get(reverse("leases-page")).content.decode()
+    assert "epoch 3 loss 0.42 &lt;ok&gt;" in html  # escaped, never raw HTML
+    assert "preempted by a higher bid at" in html
