@@ -34,7 +34,7 @@ from settlement.models import (
     ChainSettlement,
     JournalEntry,
 )
-from settlement.services import account, post_entry
+from settlement.services import account, post_entry, wallet_credit_postings
 
 log = logging.getLogger("gpumarket.chain")
 
@@ -90,8 +90,9 @@ def sync_deposits(cfg: ChainConfig, *, from_block: int = 0) -> int:
                 ChainDeposit.objects.create(tx_hash=tx, log_index=index, buyer_id=buyer,
                                             amount=amount, block_number=ev["blockNumber"])
                 post_entry(kind=JournalEntry.Kind.CHAIN_DEPOSIT,
-                           postings=[(account(Account.Kind.EXTERNAL_CHAIN), -amount),
-                                     (account(Account.Kind.BUYER_AVAILABLE, buyer), amount)],
+                           postings=wallet_credit_postings(
+                               user_id=buyer, amount=amount,
+                               source=account(Account.Kind.EXTERNAL_CHAIN)),
                            memo=f"escrow deposit {tx}", reference=f"user:{buyer}",
                            idempotency_key=f"chain-deposit:{tx}:{index}")
         except IntegrityError:

@@ -140,18 +140,35 @@ def post_entry(
     return entry
 
 
+def wallet_credit_postings(*, user_id: int, amount: int,
+                           source: Account) -> list[tuple[Account, int]]:
+    """Postings that bring `amount` micro-USD from `source` into a buyer's wallet: what the
+    buyer owes (a negative `buyer_debt` after a refund or dispute took back money already
+    spent) is repaid first, the rest becomes available."""
+    # locked: two credits at once must not both repay the same debt (callers run inside
+    # a transaction)
+    debt = Account.objects.select_for_update().filter(kind=Kind.BUYER_DEBT,
+                                                      owner_id=user_id).first()
+    repay = min(amount, -debt.balance) if debt is not None and debt.balance < 0 else 0
+    postings = [(source, -amount), (account(Kind.BUYER_AVAILABLE, user_id), amount - repay)]
+    if repay:
+        postings.append((debt, repay))
+    return postings
+
+
 def dev_credit(*, user_id: int, amount: int, memo: str = "development credit") -> JournalEntry:
     """Credit `amount` micro-USD to a buyer's available balance from the development
     credit account. Only for the demo and tests (GPUMARKET_DEV_CREDIT); the view checks
     the setting. Raises ValueError for a non-positive amount."""
     if amount <= 0:
         raise ValueError("amount must be positive")
-    return post_entry(
-        kind=JournalEntry.Kind.DEV_CREDIT,
-        postings=[(account(Kind.EXTERNAL_DEV_CREDIT), -amount),
-                  (account(Kind.BUYER_AVAILABLE, user_id), amount)],
-        memo=memo, reference=f"user:{user_id}",
-    )
+    with transaction.atomic():
+        return post_entry(
+            kind=JournalEntry.Kind.DEV_CREDIT,
+            postings=wallet_credit_postings(user_id=user_id, amount=amount,
+                                            source=account(Kind.EXTERNAL_DEV_CREDIT)),
+            memo=memo, reference=f"user:{user_id}",
+        )
 
 
 def hold_place(*, buyer_id: int, amount: int, reference: str) -> Hold:

@@ -25,7 +25,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from settlement.models import Account, JournalEntry, Posting, StripeEvent, TopUp
-from settlement.services import account, post_entry
+from settlement.services import account, post_entry, wallet_credit_postings
 
 log = logging.getLogger("gpumarket.stripe")
 
@@ -159,8 +159,8 @@ def _apply(event: stripe.Event) -> str:
         raise WebhookRefused(f"payment intent {intent.id} has no valid amount") from None
     post_entry(
         kind=JournalEntry.Kind.STRIPE_TOPUP,
-        postings=[(account(Account.Kind.EXTERNAL_STRIPE), -micros),
-                  (account(Account.Kind.BUYER_AVAILABLE, user_id), micros)],
+        postings=wallet_credit_postings(user_id=user_id, amount=micros,
+                                        source=account(Account.Kind.EXTERNAL_STRIPE)),
         memo=f"Stripe top-up {intent.id}", reference=f"user:{user_id}", idempotency_key=key,
     )
     if topup:

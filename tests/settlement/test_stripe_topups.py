@@ -220,3 +220,28 @@ def test_refunds_and_disputes_debit_the_wallet_once_and_never_below_zero(stripe_
     assert debt.balance == 0
     assert ledger.wallet(user_id=buyer.pk).available == 5_000_000
     assert first_violation(LEDGER_CHECKS) is None
+
+
+@pytest.mark.django_db
+def test_a_later_top_up_repays_the_debt_first(stripe_on):
+    from settlement.models import Account
+
+    buyer = UserFactory()
+    TopUp.objects.create(buyer=buyer, amount_cents=1000, payment_intent_id="pi_debt")
+    paid = {"id": "pi_debt", "object": "payment_intent", "amount": 1000,
+            "amount_received": 1000, "metadata": {}}
+    assert _deliver(_event(paid, "evt_debt_paid")).status_code == 200
+    ledger.hold_place(buyer_id=buyer.pk, amount=10_000_000, reference="order:y")  # all spent
+    dispute = {"id": "dp_2", "object": "dispute", "charge": "ch_2",
+               "payment_intent": "pi_debt", "amount": 1000}
+    assert _deliver(_charge_event("charge.dispute.created", dispute, "evt_dp2")).status_code \
+        == 200
+    assert Account.objects.get(kind="buyer_debt", owner=buyer).balance == -10_000_000
+
+    TopUp.objects.create(buyer=buyer, amount_cents=2500, payment_intent_id="pi_later")
+    later = {"id": "pi_later", "object": "payment_intent", "amount": 2500,
+             "amount_received": 2500, "metadata": {}}
+    assert _deliver(_event(later, "evt_later")).status_code == 200
+    assert Account.objects.get(kind="buyer_debt", owner=buyer).balance == 0
+    assert ledger.wallet(user_id=buyer.pk).available == 15_000_000
+    assert first_violation(LEDGER_CHECKS) is None
