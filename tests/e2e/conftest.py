@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_or_skip
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -41,7 +41,7 @@ def wait_until(what: str, check, timeout: float = 30.0, every: float = 0.2):
 def celery_worker_process(django_db_setup, tmp_path_factory):
     """A real Celery worker with beat, consuming from the Redis broker."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
-        pytest.skip("the end-to-end Celery test needs REDIS_URL (make test sets it)")
+        require_or_skip("the end-to-end Celery test needs REDIS_URL (make test sets it)")
     logdir = tmp_path_factory.mktemp("celery")
     env = _env(GPUMARKET_VAR_DIR=str(logdir))
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],

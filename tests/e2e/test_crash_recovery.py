@@ -20,7 +20,7 @@ from marketplace.models import Lease
 from providers import services as provider_services
 from settlement.checks import first_violation
 from settlement.models import JournalEntry
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_or_skip
 from tests.e2e.conftest import _env, wait_until
 from tests.factories import UserFactory, ensure_catalog, funded_buyer, in_a_day
 
@@ -67,7 +67,7 @@ def test_sigkill_mid_settlement_then_restart_settles_each_lease_once(tmp_path,
     from django.conf import settings
 
     if not settings.CELERY_BROKER_URL.startswith("redis"):
-        pytest.skip("needs REDIS_URL (make test sets it)")
+        require_or_skip("needs REDIS_URL (make test sets it)")
     ids = _overdue_leases(LEASES)
     env = _env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0")
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
@@ -114,7 +114,7 @@ def test_sigkill_with_the_chain_on_ledger_and_chain_agree(tmp_path, django_db_se
     from tests.support.hardhat import hardhat_node
 
     if not conf.CELERY_BROKER_URL.startswith("redis"):
-        pytest.skip("needs REDIS_URL (make test sets it)")
+        require_or_skip("needs REDIS_URL (make test sets it)")
     with hardhat_node() as (w3, url):
         owner, operator, platform, buyer_addr, provider_addr = w3.eth.accounts[:5]
         token = chain.deploy(w3, "MockUSD", sender=owner)
