@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -139,3 +140,25 @@ class FakeMarketplace:
     def events_for(self, lease_id: int) -> list[dict]:
         with self.lock:
             return [body for lid, body in self.events if lid == lease_id]
+
+
+LEASE_UUIDS = ["GPU-566e6f65-c38e-b12f-4824-6944218668b9",
+               "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"]
+
+
+def lease_for(lease_id: int, image: str, command: list[str], uuids=LEASE_UUIDS) -> dict:
+    """A lease as GET /api/v1/runner/leases/ lists it, pending, on two H100 GPUs."""
+    return {"id": lease_id, "status": "pending", "image": image, "command": command,
+            "gpu_uuids": list(uuids), "env": {"GPUMARKET_LEASE_ID": str(lease_id)},
+            "duration_seconds": 60, "started_at": None, "ends_at": None}
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    """Poll `predicate` until it returns something truthy (returned), or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")

@@ -3,8 +3,6 @@ real local processes and the stand-in marketplace."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from providers.runner.agent import LOG_MAX_BYTES, Agent, trim_tail
@@ -12,27 +10,16 @@ from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime, ProcessRuntime
 
-from .runner_helpers import H100, TOKEN, FakeMarketplace
+from .runner_helpers import H100, TOKEN, FakeMarketplace, wait_for
+from .runner_helpers import LEASE_UUIDS as UUIDS
+from .runner_helpers import lease_for as lease
 
-UUIDS = ["GPU-566e6f65-c38e-b12f-4824-6944218668b9", "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"]
 OTHER = "GPU-9ae5a0c1-0cd3-9b2a-5bd7-6dbb0d3da5d5"
 LOOP = "i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo $i; done"  # the image has no seq
 
 
-def lease(lease_id: int, image: str, command: list[str], uuids=UUIDS) -> dict:
-    return {"id": lease_id, "status": "pending", "image": image, "command": command,
-            "gpu_uuids": list(uuids), "env": {"GPUMARKET_LEASE_ID": str(lease_id)},
-            "duration_seconds": 60, "started_at": None, "ends_at": None}
 
 
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 # -- trimming ---------------------------------------------------------------------------------

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from providers.runner.runtime import DockerRuntime, ProcessRuntime, RuntimeFailure
 
-UUIDS = ["GPU-566e6f65-c38e-b12f-4824-6944218668b9", "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"]
-
-
-def lease(lease_id: int, image: str, command: list[str]) -> dict:
-    return {"id": lease_id, "status": "pending", "image": image, "command": command,
-            "gpu_uuids": UUIDS, "env": {"GPUMARKET_LEASE_ID": str(lease_id)},
-            "duration_seconds": 60, "started_at": None, "ends_at": None}
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from .runner_helpers import LEASE_UUIDS as UUIDS
+from .runner_helpers import lease_for as lease
+from .runner_helpers import wait_for
 
 
 @pytest.mark.docker
