@@ -30,6 +30,7 @@ from marketplace import auctions as auction_services
 from marketplace import book
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from providers.benchmarks import class_summary, gpu_score, latest_results
 from providers.models import Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard
 from settlement import services as ledger
@@ -214,6 +215,7 @@ def _market_context(request, market: GpuClass, form):
         "best_ask": usd(asks[0][0]) if asks else None,
         "gpus_offered": sum(q for _, q in asks),
         "markets": GpuClass.objects.all(),
+        "benchmark": class_summary(market),  # None: "not benchmarked yet"
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
@@ -504,8 +506,10 @@ def node_detail(request, pk: int):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
+    latest = latest_results(node.gpus.all())
     for g in node.gpus.select_related("gpu_class").order_by("pci_bus_id"):
         health = g.last_health or {}
+        result = latest.get(g.pk)
         gpus.append({
             "uuid": g.uuid, "product_name": g.product_name, "gpu_class": g.gpu_class.slug,
             "memory_gib": round(g.memory_mib / 1024, 1), "pci_bus_id": g.pci_bus_id,
@@ -517,6 +521,10 @@ def node_detail(request, pk: int):
             "power": health.get("power_w", health.get("power_draw_w")),
             "utilization": health.get("utilization_pct", health.get("gpu_util")),
             "unhealthy_since": g.unhealthy_since,
+            # None: "not benchmarked yet"; a failed correctness check is never a score
+            "score": gpu_score(g, result),
+            "benchmark_failed": result is not None and not result.correct,
+            "benchmark_at": result.measured_at if result is not None else None,
         })
     classes = {g.gpu_class for g in node.gpus.select_related("gpu_class")}
     return _page(request, "frontend/node.html", {

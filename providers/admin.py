@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from providers.models import Gpu, Node, Provider
+from providers.models import Gpu, GpuBenchmark, Node, Provider
 
 
 @admin.register(Provider)
@@ -23,6 +23,44 @@ class NodeAdmin(admin.ModelAdmin):
     inlines = [GpuInline]
 
 
+class GpuBenchmarkInline(admin.TabularInline):
+    """The GPU's benchmarks, newest first, read-only (they are the runner's measurements)."""
+
+    model = GpuBenchmark
+    extra = 0
+    can_delete = False
+    fields = ["measured_at", "correct", "bf16_tflops", "fp16_tflops", "memory_bandwidth_gbps",
+              "host_to_device_gbps", "device_to_host_gbps", "backend", "runner_version"]
+    readonly_fields = fields
+    ordering = ["-measured_at"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
     list_display = ["uuid", "product_name", "gpu_class", "node", "memory_mib"]
+    inlines = [GpuBenchmarkInline]
+
+
+@admin.register(GpuBenchmark)
+class GpuBenchmarkAdmin(admin.ModelAdmin):
+    """Benchmarks as the runners reported them: read-only. Units: TFLOPS and GB/s; a row
+    with `correct` unticked failed its correctness check and is never shown as a score."""
+
+    list_display = ["gpu", "measured_at", "correct", "bf16_tflops", "fp16_tflops",
+                    "memory_bandwidth_gbps", "host_to_device_gbps", "device_to_host_gbps",
+                    "runner_version"]
+    list_filter = ["correct", "gpu__gpu_class"]
+    search_fields = ["gpu__uuid", "gpu__node__name"]
+    list_select_related = ["gpu"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

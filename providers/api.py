@@ -3,14 +3,16 @@ inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
 
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from providers import services
+from providers import benchmarks, services
 from providers.auth import IsRunner, RunnerTokenAuthentication
-from providers.models import Gpu, Node, Provider
+from providers.models import Gpu, GpuBenchmark, Node, Provider
 from settlement.fields import StrictCharField, StrictInputSerializer
 
 
@@ -20,13 +22,54 @@ class ProviderSerializer(serializers.ModelSerializer):
         fields = ["id", "display_name", "created_at"]
 
 
+class GpuBenchmarkSerializer(serializers.ModelSerializer):
+    """A GPU's latest benchmark. Figures are decimal strings (TFLOPS, GB/s) and are null
+    when the result failed its correctness check (`correct: false`): such a result is never
+    a score. `score` is the comparison with the class datasheet ("measured 794.1 of 989.4
+    TFLOPS (BF16 dense); …"), empty when there is nothing to show."""
+
+    score = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GpuBenchmark
+        fields = ["measured_at", "correct", "backend", "runner_version", "bf16_tflops",
+                  "fp16_tflops", "memory_bandwidth_gbps", "host_to_device_gbps",
+                  "device_to_host_gbps", "score"]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        if not instance.correct:
+            data.update(dict.fromkeys(benchmarks.FIGURES))
+        return data
+
+    def get_score(self, instance) -> str:
+        score = benchmarks.gpu_score(instance.gpu, instance)
+        return score.as_api()["summary"] if score else ""
+
+
 class GpuSerializer(serializers.ModelSerializer):
+    """`benchmark`: the GPU's latest benchmark (GpuBenchmarkSerializer), or null when it
+    has not been benchmarked yet. Pass context["benchmarks"] = {gpu id: result}
+    (benchmarks.latest_results) to serialize many GPUs without a query each."""
+
     gpu_class = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    benchmark = serializers.SerializerMethodField()
 
     class Meta:
         model = Gpu
         fields = ["uuid", "gpu_class", "product_name", "memory_mib", "pci_bus_id", "mig_mode",
-                  "last_health", "healthy", "findings", "unhealthy_since"]
+                  "last_health", "healthy", "findings", "unhealthy_since", "benchmark"]
+
+    def get_benchmark(self, gpu) -> dict | None:
+        known = self.context.get("benchmarks")
+        if known is not None:
+            result = known.get(gpu.pk)
+        else:
+            result = benchmarks.latest_results(Gpu.objects.filter(pk=gpu.pk)).get(gpu.pk)
+        if result is None:
+            return None
+        result.gpu = gpu  # its class is loaded already
+        return GpuBenchmarkSerializer(result).data
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -73,7 +116,9 @@ class NodeList(APIView):
                  .prefetch_related("gpus__gpu_class"))
         paginator = LimitOffsetPagination()
         page = paginator.paginate_queryset(nodes, request, view=self)
-        return paginator.get_paginated_response(NodeSerializer(page, many=True).data)
+        latest = benchmarks.latest_results(Gpu.objects.filter(node__in=page))
+        return paginator.get_paginated_response(
+            NodeSerializer(page, many=True, context={"benchmarks": latest}).data)
 
     @extend_schema(request=NodeCreateIn, responses={201: NodeSerializer})
     def post(self, request):
@@ -151,3 +196,82 @@ class RunnerHeartbeat(RunnerView):
         data.is_valid(raise_exception=True)
         services.heartbeat_record(node=request.auth, **data.validated_data)
         return Response({"server_time": timezone.now().isoformat()})
+
+
+class _StrictBool(serializers.BooleanField):
+    """A JSON true or false only ("true", 1 and "yes" are refused)."""
+
+    default_error_messages = {"not_a_bool": "must be true or false"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("not_a_bool")
+        return data
+
+
+class _Figure(serializers.DecimalField):
+    """A measured figure: a JSON number or decimal string, at most one decimal place
+    (the runner rounds), or null. NaN, infinities and booleans are refused; the sign and
+    plausibility are checked by providers.benchmarks."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_digits=7, decimal_places=1, required=False, allow_null=True,
+                         default=None, **kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def _refuse_unknown(serializer, data) -> None:
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - set(serializer.fields))
+        if unknown:
+            raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
+
+
+class BenchmarkResultIn(serializers.Serializer):
+    uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
+    measured_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    correct = _StrictBool()
+    bf16_tflops = _Figure()
+    fp16_tflops = _Figure()
+    memory_bandwidth_gbps = _Figure()
+    host_to_device_gbps = _Figure()
+    device_to_host_gbps = _Figure()
+    raw = serializers.DictField(required=False, default=dict)
+
+    MAX_RAW_BYTES = 16 * 1024
+
+    def to_internal_value(self, data):
+        _refuse_unknown(self, data)
+        value = super().to_internal_value(data)
+        if len(json.dumps(value["raw"], default=str)) > self.MAX_RAW_BYTES:
+            raise serializers.ValidationError({"raw": "must be at most 16 KiB of JSON"})
+        return value
+
+
+class BenchmarksIn(serializers.Serializer):
+    runner_version = serializers.CharField(max_length=32, allow_blank=True, default="")
+    backend = serializers.ChoiceField(choices=["torch", "cupy"])
+    results = BenchmarkResultIn(many=True, max_length=benchmarks.MAX_RESULTS)
+
+    def to_internal_value(self, data):
+        _refuse_unknown(self, data)
+        return super().to_internal_value(data)
+
+
+class RunnerBenchmarks(RunnerView):
+    """The runner reports what it measured on its GPUs (docs/RUNNER_PROTOCOL.md)."""
+
+    @extend_schema(request=BenchmarksIn)
+    def post(self, request):
+        data = BenchmarksIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        rows = benchmarks.benchmark_record(node=request.auth, runner_version=v["runner_version"],
+                                           backend=v["backend"], results=v["results"])
+        return Response({"results": [
+            {"id": b.pk, "uuid": b.gpu.uuid, "measured_at": b.measured_at.isoformat(),
+             "correct": b.correct} for b in rows]}, status=201)

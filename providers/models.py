@@ -100,3 +100,50 @@ class LeaseLog(models.Model):
 
     def __str__(self) -> str:
         return f"log of lease {self.lease_id}"
+
+
+class GpuBenchmark(models.Model):
+    """One benchmark run of one GPU, as its node's runner measured and reported it
+    (POST /api/v1/runner/benchmarks/, providers/runner/benchmark.py).
+
+    Units (exact decimals, never float; one decimal place, as the runner rounds them):
+    - `bf16_tflops`, `fp16_tflops`: dense matrix-multiply throughput in TFLOPS (10^12
+      floating-point operations per second, 2·n³ per n×n product), BF16 resp. FP16 inputs;
+      empty when that precision was not measured (e.g. CuPy has no BF16).
+    - `memory_bandwidth_gbps`: device memory bandwidth in GB/s (10^9 bytes/s; a
+      device-to-device copy counted as one read plus one write).
+    - `host_to_device_gbps`, `device_to_host_gbps`: copy bandwidth over the host link
+      (PCIe / NVLink-C2C) in GB/s, from pinned host memory.
+    `correct` is false when the low-precision product differed from the FP32 reference by
+    more than the runner's tolerance (relative error > 1e-2): such a row is kept for the
+    record but its figures are never shown as a score. `raw` is the runner's report for this
+    GPU as sent (relative error, backend, matrix size, …)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="benchmarks")
+    measured_at = models.DateTimeField(db_index=True, help_text="when the runner measured")
+    received_at = models.DateTimeField(auto_now_add=True)
+    backend = models.CharField(max_length=16, blank=True, help_text="torch | cupy")
+    bf16_tflops = models.DecimalField(max_digits=7, decimal_places=1, null=True, blank=True,
+                                      help_text="BF16 dense matmul TFLOPS, measured")
+    fp16_tflops = models.DecimalField(max_digits=7, decimal_places=1, null=True, blank=True,
+                                      help_text="FP16 dense matmul TFLOPS, measured")
+    memory_bandwidth_gbps = models.DecimalField(
+        max_digits=7, decimal_places=1, null=True, blank=True,
+        help_text="device memory bandwidth GB/s, measured")
+    host_to_device_gbps = models.DecimalField(
+        max_digits=6, decimal_places=1, null=True, blank=True,
+        help_text="host → device copy GB/s, measured")
+    device_to_host_gbps = models.DecimalField(
+        max_digits=6, decimal_places=1, null=True, blank=True,
+        help_text="device → host copy GB/s, measured")
+    correct = models.BooleanField(
+        help_text="the correctness check passed; false: stored, never shown as a score")
+    runner_version = models.CharField(max_length=32, blank=True)
+    raw = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-measured_at", "-pk"]
+        indexes = [models.Index(fields=["gpu", "-measured_at"], name="gpubench_gpu_latest")]
+
+    def __str__(self) -> str:
+        return f"benchmark of {self.gpu_id} at {self.measured_at:%Y-%m-%d %H:%M}"

@@ -56,12 +56,26 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class GpuClassSerializer(serializers.ModelSerializer):
+    """A GPU class with its datasheet figures (and their source) and `benchmark`: what the
+    runners measured, the median of the latest passed results of the class's healthy GPUs
+    ({gpus, bf16_tflops, datasheet_bf16_tflops, memory_bandwidth_gbps,
+    datasheet_memory_bandwidth_gbps, measured_at, summary}; TFLOPS and GB/s as decimal
+    strings), or null when no GPU of the class has been benchmarked yet
+    (providers/benchmarks.py)."""
+
     reference_price = UsdField()
+    benchmark = serializers.SerializerMethodField()
 
     class Meta:
         model = GpuClass
         fields = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
-                  "datasheet_source", "reference_price"]
+                  "datasheet_source", "reference_price", "benchmark"]
+
+    def get_benchmark(self, gpu_class) -> dict | None:
+        from providers.benchmarks import class_summary
+
+        score = class_summary(gpu_class)
+        return score.as_api() if score else None
 
 
 class LevelSerializer(serializers.Serializer):

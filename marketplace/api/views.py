@@ -32,6 +32,16 @@ class GpuClassList(generics.ListAPIView):
     queryset = GpuClass.objects.all()
 
 
+class GpuClassDetail(generics.RetrieveAPIView):
+    """One GPU class: datasheet figures with their source, reference price, and the
+    measured benchmark (median of its healthy GPUs' latest passed results, or null)."""
+
+    permission_classes = [permissions.AllowAny]
+    serializer_class = s.GpuClassSerializer
+    queryset = GpuClass.objects.all()
+    lookup_field = "slug"
+
+
 class OrderBookDepth(APIView):
     """Order book depth of one GPU class: GPUs per price level (never who placed them)."""
 

@@ -129,3 +129,9 @@ class MarketplaceClient:
         64 KiB of UTF-8; the caller trims) → {"lease", "tail", "updated_at"}."""
         return self._call("POST", f"/api/v1/runner/leases/{int(lease_id)}/logs/",
                           {"tail": tail})
+
+    def post_benchmarks(self, body: dict) -> dict:
+        """POST /api/v1/runner/benchmarks/ with {runner_version, backend, results: [...]}
+        (benchmark.report_body) → {"results": [{"id", "uuid", "measured_at", "correct"}]}.
+        A 400 names the refused item (e.g. `results[0].uuid`)."""
+        return self._call("POST", "/api/v1/runner/benchmarks/", body)
