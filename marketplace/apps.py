@@ -12,6 +12,10 @@ class MarketplaceConfig(AppConfig):
         gpu_health_changed.connect(on_gpu_health_changed,
                                    dispatch_uid="marketplace.health.on_gpu_health_changed")
 
+        from marketplace import runner_push  # lease changes → the node's runner, on commit
+
+        runner_push.connect()
+
         from marketplace import checks as market_checks
         from settlement import checks
 

@@ -27,6 +27,13 @@ ends, so the buyer sees the tail; a failure to send logs never stops reconciliat
 A 409 answer means "the marketplace already knows": logged, and the runner moves on.
 Events are reported before workloads are removed, so a lost report is simply retried on the
 next poll. Stopping the loop (SIGTERM/SIGINT) leaves workloads running for re-adoption.
+
+Lease list, push and polling: the loop ticks every poll_interval (heartbeat when due, log
+tails, exit codes and ends_at of the workloads). With a push listener (push.py) whose
+websocket is up, the list is fetched (GET /leases/) only when a notice arrives (the tick
+then runs at once, without waiting for the interval), after the runner reported an event
+itself, and every resync_interval seconds as a safety net; otherwise, every tick fetches it:
+HTTP polling at the normal interval, with back-off while the marketplace fails.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 
 MAX_BACKOFF_S = 30.0
+RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 LOG_LINES = 200  # lines of a workload's output sent as its tail
 LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
 
@@ -89,10 +97,16 @@ class Agent:
 
     def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
-                 logs_interval: float = 5.0,
+                 logs_interval: float = 5.0, push=None, resync_interval: float = RESYNC_S,
                  log: Callable[[str], None] = print_line) -> None:
         self.client, self.gpus, self.runtime = client, gpus, runtime
         self.poll_interval = poll_interval
+        self.push = push  # push.PushListener or None (polling only); started by run()
+        self.resync_interval = resync_interval
+        self._wake = threading.Event()  # set by a notice: tick now
+        self._stale = True  # the cached lease list must be fetched again
+        self._leases: list[dict] | None = None  # the last list fetched
+        self._next_resync = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.grace_s = grace_s
         self.logs_interval = logs_interval
@@ -177,6 +191,7 @@ class Agent:
 
     def _event(self, lease_id: int, status: str, **fields) -> bool:
         """Report an event; True if accepted, False on 409 (already known, logged)."""
+        self._stale = True  # the list changes with it (or was out of date): fetch it again
         try:
             self.client.post_event(lease_id, status, **fields)
         except Conflict as exc:
@@ -185,12 +200,35 @@ class Agent:
         return True
 
     # -- reconciliation ------------------------------------------------------------------
+    def notify(self, seq: int | None = None) -> None:
+        """A push notice (any thread): the lease list changed; tick at once."""
+        self._stale = True
+        self._wake.set()
+
+    @property
+    def push_live(self) -> bool:
+        """True while the push websocket is connected (then the list is fetched on notices)."""
+        return self.push is not None and self.push.connected
+
+    def fetch_due(self) -> bool:
+        """Whether this tick fetches the lease list (module docstring)."""
+        return (self._leases is None or self._stale or not self.push_live
+                or time.monotonic() >= self._next_resync)
+
     def tick(self) -> None:
-        """Heartbeat if due, fetch the leases, reconcile them once."""
+        """Heartbeat if due, fetch the leases when due (fetch_due), reconcile them once."""
         if time.monotonic() >= self._next_heartbeat:
             self.heartbeat()
             self._next_heartbeat = time.monotonic() + self.heartbeat_interval
-        leases = self.client.leases()
+        if self.fetch_due():
+            self._stale = False  # cleared before the call: a notice during it fetches again
+            try:
+                self._leases = self.client.leases()
+            except BaseException:
+                self._stale = True
+                raise
+            self._next_resync = time.monotonic() + self.resync_interval
+        leases = self._leases
         self.reconcile(leases)
         if time.monotonic() >= self._next_logs:
             self.send_logs(leases)
@@ -345,13 +383,33 @@ class Agent:
         return max(0, int((end - started).total_seconds()))
 
     # -- the loop --------------------------------------------------------------------------
+    def _sleep(self, stop: threading.Event, seconds: float) -> None:
+        """Wait up to `seconds`; return at once on a push notice, within 0.2 s on `stop`."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(min(left, 0.2)):
+                self._wake.clear()
+                return
+
     def run(self, stop: threading.Event) -> None:
-        """Announce, then tick every poll_interval until `stop` is set.
+        """Announce, then tick every poll_interval (at once on a push notice) until `stop`
+        is set. The push listener, if any, is started after the announcement and stopped
+        at the end.
 
         Transient marketplace failures (unreachable, 5xx) are logged once and retried with
         a doubling back-off up to 30 s. Raises Unauthorized (401) and non-transient
         errors of the inventory call; workloads keep running when the loop ends.
         """
+        try:
+            self._run(stop)
+        finally:
+            if self.push is not None:
+                self.push.stop()
+
+    def _run(self, stop: threading.Event) -> None:
         backoff = self.poll_interval
         while not stop.is_set():
             try:
@@ -365,6 +423,8 @@ class Agent:
                 self.log(f"{exc}: retrying in {backoff:g} s")
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+        if self.push is not None and not stop.is_set():
+            self.push.start(self.notify)
         failing = False
         backoff = self.poll_interval
         while not stop.is_set():
@@ -383,6 +443,6 @@ class Agent:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
             except Exception as exc:  # a Docker hiccup must not kill the agent
                 self.log(f"error during reconciliation: {exc.__class__.__name__}: {exc}")
-            stop.wait(wait)
+            self._sleep(stop, wait)
         handles = self.runtime.list_leases()
         self.log(f"stopped; {len(handles)} lease workload(s) left running for re-adoption")

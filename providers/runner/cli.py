@@ -1,8 +1,8 @@
 """`gpumarket-runner`: register a GPU host with the marketplace and run its leases.
 
     gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
-    gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--heartbeat-interval S]
-                         [--logs-interval S] [--network MODE]
+    gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
+                         [--heartbeat-interval S] [--logs-interval S] [--network MODE]
                          [--runtime auto|docker|process] [--grace S]
                          [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
@@ -44,6 +44,7 @@ from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
+from .push import PushListener
 from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure, docker_host
 
 EXIT_OK, EXIT_ERROR, EXIT_NO_GPU, EXIT_UNAUTHORIZED = 0, 1, 2, 3
@@ -218,9 +219,11 @@ def _cmd_run(args) -> int:
     node = _node_label(config.get("node") or {})
     runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
     client = MarketplaceClient(url, token)
+    push = None if args.no_push else PushListener(url, token, log=print_line,
+                                                  poll_interval=args.poll_interval)
     agent = Agent(client, gpus, runtime, poll_interval=args.poll_interval,
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
-                  logs_interval=args.logs_interval)
+                  logs_interval=args.logs_interval, push=push)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -230,8 +233,10 @@ def _cmd_run(args) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    print_line(f"gpumarket-runner {__version__}: polling {url} every {args.poll_interval:g} s "
-               f"({gpus.source})")
+    how = (f"polling {url} every {args.poll_interval:g} s" if push is None else
+           f"leases pushed over {push.url}, polling every {args.poll_interval:g} s while "
+           "it is down")
+    print_line(f"gpumarket-runner {__version__}: {how} ({gpus.source})")
     try:
         agent.run(stop)
     finally:
@@ -435,7 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--token", help="override the registered runner token")
     run.add_argument("--simulate", metavar="FILE", help=simulate_help)
     run.add_argument("--poll-interval", type=_positive, default=2.0, metavar="S",
-                     help="seconds between lease polls (default 2)")
+                     help="seconds between lease polls while the push websocket is down "
+                          "(default 2)")
+    run.add_argument("--no-push", action="store_true",
+                     help="do not open the push websocket (/ws/runner/): poll only")
     run.add_argument("--heartbeat-interval", type=_positive, default=10.0, metavar="S",
                      help="seconds between heartbeats (default 10)")
     run.add_argument("--logs-interval", type=_positive, default=5.0, metavar="S",

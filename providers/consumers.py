@@ -1,0 +1,86 @@
+"""`/ws/runner/`: the runner's websocket, on which the marketplace pushes lease notices.
+
+Handshake: `Authorization: Bearer <runner token>` (as for the HTTP endpoints,
+providers/auth.py), and an `Origin` whose host is in ALLOWED_HOSTS (every websocket route
+passes channels' AllowedHostsOriginValidator; the runner sends its marketplace URL). A
+missing, malformed, unknown or revoked token: the connection is accepted and closed at
+once with code 4401.
+
+Server → runner (JSON text frames, no lease data, no secret):
+- on connect: `{"type": "hello", "node": <node id>, "seq": N}`, N the node's last
+  sequence number;
+- `{"type": "leases_changed", "seq": N}` after a commit that created a lease of the node,
+  changed a lease's state or its preemption deadline (providers/push.py).
+The runner answers either with GET /api/v1/runner/leases/. What the runner sends is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from providers import push
+
+log = logging.getLogger("gpumarket.runner_push")
+
+CLOSE_UNAUTHENTICATED = 4401
+
+
+def _bearer(scope) -> str | None:
+    """The token of an `Authorization: Bearer <token>` handshake header, else None."""
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"authorization":
+            parts = value.decode("latin-1").split()
+            if len(parts) == 2 and parts[0] == "Bearer":
+                return parts[1]
+            return None
+    return None
+
+
+@database_sync_to_async
+def _node_id(token: str) -> int | None:
+    from providers.services import node_for_token
+
+    node = node_for_token(token)
+    return None if node is None else node.pk
+
+
+class RunnerConsumer(AsyncWebsocketConsumer):
+    """One runner connection: joins its node's group and forwards its notices."""
+
+    node_id: int | None = None
+    group: str = ""
+    _local_loop: asyncio.AbstractEventLoop | None = None
+
+    async def connect(self) -> None:
+        token = _bearer(self.scope)
+        node_id = await _node_id(token) if token else None
+        await self.accept()
+        if node_id is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.node_id, self.group = node_id, push.node_group(node_id)
+        if push._is_local(self.channel_layer):
+            self._local_loop = asyncio.get_running_loop()
+            push.register_loop(self._local_loop)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        seq = await asyncio.to_thread(push.current_seq, node_id)
+        await self.send(text_data=json.dumps({"type": "hello", "node": node_id, "seq": seq}))
+        log.info("runner push: node %s connected", node_id)
+
+    async def disconnect(self, code) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self._local_loop is not None:
+            push.unregister_loop(self._local_loop)
+            self._local_loop = None
+
+    async def receive(self, text_data=None, bytes_data=None) -> None:
+        return  # nothing is expected from the runner
+
+    async def runner_leases_changed(self, event) -> None:
+        await self.send(text_data=json.dumps({"type": "leases_changed", "seq": event["seq"]}))

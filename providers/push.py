@@ -1,0 +1,269 @@
+"""Push to runners: a `leases_changed` notice on the node's websocket, after commit.
+
+The runner keeps a websocket open on `/ws/runner/` (providers/consumers.py); its
+connection is in the Channels group `runner.node.<node id>`. Whenever a lease of the node
+is created, changes state or gets (or loses) a preemption deadline, the market calls
+`leases_changed(node_id)` (marketplace/runner_push.py, a post_save receiver); the node is
+noted in the current transaction and, once it commits, this process's notifier thread
+takes the node's next sequence number and sends
+
+    {"type": "leases_changed", "seq": 7}
+
+to the group. A rolled-back transaction sends nothing. The notice carries no lease data
+and no secret: the runner answers it with GET /api/v1/runner/leases/ (docs/RUNNER_PROTOCOL.md).
+
+Sequence numbers: one counter per node, shared by every process through Redis (INCR of
+`gpumarket:runner:seq:<node id>` on REDIS_URL), or in-process without REDIS_URL. They only
+grow; a runner that sees a gap missed a notice (the list it fetches is complete anyway).
+
+Delivery: with Redis (channels_redis pub/sub layer) through the channel layer, to any ASGI
+process; with the in-memory layer (the embedded default, one process) the send runs on the
+event loop of each local runner connection, where the in-memory queues live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+
+from django.conf import settings
+
+log = logging.getLogger("gpumarket.runner_push")
+
+GROUP_PREFIX = "runner.node."
+#: the channel-layer message type; Channels calls RunnerConsumer.runner_leases_changed
+EVENT_TYPE = "runner.leases_changed"
+SEQ_KEY = "gpumarket:runner:seq:"
+
+
+def node_group(node_id: int) -> str:
+    """The Channels group of a node's runner connections: 'runner.node.<id>'."""
+    return f"{GROUP_PREFIX}{int(node_id)}"
+
+
+# ----------------------------------------------------------------- sequence numbers
+
+class _LocalCounter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[int, int] = defaultdict(int)
+
+    def incr_many(self, node_ids: list[int]) -> list[int]:
+        with self._lock:
+            out = []
+            for node_id in node_ids:
+                self._values[node_id] += 1
+                out.append(self._values[node_id])
+            return out
+
+    def get(self, node_id: int) -> int:
+        with self._lock:
+            return self._values[node_id]
+
+
+class _RedisCounter:
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+
+    def incr_many(self, node_ids: list[int]) -> list[int]:
+        pipe = self._redis.pipeline(transaction=False)
+        for node_id in node_ids:
+            pipe.incr(f"{SEQ_KEY}{node_id}")
+        return [int(v) for v in pipe.execute()]
+
+    def get(self, node_id: int) -> int:
+        return int(self._redis.get(f"{SEQ_KEY}{node_id}") or 0)
+
+
+_counter: _LocalCounter | _RedisCounter | None = None
+_counter_lock = threading.Lock()
+
+
+def _the_counter() -> _LocalCounter | _RedisCounter:
+    global _counter
+    with _counter_lock:
+        if _counter is None:
+            url = getattr(settings, "REDIS_URL", "")
+            _counter = _RedisCounter(url) if url else _LocalCounter()
+        return _counter
+
+
+def current_seq(node_id: int) -> int:
+    """The node's last sequence number (0 before the first notice). Blocking (Redis)."""
+    return _the_counter().get(node_id)
+
+
+# ----------------------------------------------------------------- after commit
+
+class _Pending:
+    """The nodes noted in one transaction; the on_commit callback (cheap: no I/O)."""
+
+    def __init__(self) -> None:
+        self.nodes: set[int] = set()
+
+    def __call__(self) -> None:
+        try:
+            notifier().submit(self.nodes)
+        except Exception:  # the data is committed; the runner's next poll finds it
+            log.exception("runner push: queueing after commit failed")
+
+
+def leases_changed(node_id: int) -> None:
+    """Note that a lease of `node_id` changed; the node's runners get one notice after the
+    current transaction commits (at once outside a transaction). Never raises for a
+    delivery problem: runners poll as a fallback."""
+    from django.db import connection, transaction
+
+    if not connection.in_atomic_block:
+        _one(node_id)()
+        return
+    for entry in reversed(connection.run_on_commit):
+        if isinstance(entry[1], _Pending):  # a rolled-back savepoint takes it with it
+            entry[1].nodes.add(int(node_id))
+            return
+    transaction.on_commit(_one(node_id))
+
+
+def _one(node_id: int) -> _Pending:
+    pending = _Pending()
+    pending.nodes.add(int(node_id))
+    return pending
+
+
+# ----------------------------------------------------------------- local connections
+
+_local_loops: dict[asyncio.AbstractEventLoop, int] = {}
+_local_lock = threading.Lock()
+
+
+def register_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A runner connection opened on `loop` (the in-memory layer delivers there)."""
+    with _local_lock:
+        _local_loops[loop] = _local_loops.get(loop, 0) + 1
+
+
+def unregister_loop(loop: asyncio.AbstractEventLoop) -> None:
+    with _local_lock:
+        left = _local_loops.get(loop, 0) - 1
+        if left > 0:
+            _local_loops[loop] = left
+        else:
+            _local_loops.pop(loop, None)
+
+
+def _is_local(layer) -> bool:
+    from channels.layers import InMemoryChannelLayer
+
+    return isinstance(layer, InMemoryChannelLayer)
+
+
+# ----------------------------------------------------------------- the notifier thread
+
+class Notifier:
+    """One daemon thread per process: takes committed node sets, numbers and sends the
+    notices. Sets that queued up meanwhile are merged (one notice per node per round)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[set[int]] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._unfinished = 0
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.sent: list[tuple[int, int, float]] = []  # (node, seq, time.time()), last 1000
+
+    def submit(self, nodes: set[int]) -> None:
+        if not nodes:
+            return
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="runner-push",
+                                                daemon=True)
+                self._thread.start()
+            self._unfinished += 1
+        self._queue.put(set(nodes))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every submitted notice is sent; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._unfinished:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        while True:
+            nodes = self._queue.get()
+            taken = 1
+            while taken < 500:
+                try:
+                    nodes |= self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                taken += 1
+            try:
+                self._send(sorted(nodes))
+            except Exception:
+                log.exception("runner push: sending notices for nodes %s failed; their "
+                              "runners find the change on their next poll", sorted(nodes))
+            finally:
+                with self._cond:
+                    self._unfinished -= taken
+                    self._cond.notify_all()
+
+    def _send(self, node_ids: list[int]) -> None:
+        from channels.layers import get_channel_layer
+
+        seqs = _the_counter().incr_many(node_ids)
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        events = [(node_group(n), {"type": EVENT_TYPE, "seq": s})
+                  for n, s in zip(node_ids, seqs, strict=True)]
+
+        async def send_all() -> None:
+            for group, event in events:
+                await layer.group_send(group, event)
+
+        if _is_local(layer):
+            with _local_lock:
+                loops = list(_local_loops)
+            for loop in loops:
+                if not loop.is_closed():
+                    with contextlib.suppress(RuntimeError):  # closed meanwhile
+                        asyncio.run_coroutine_threadsafe(send_all(), loop).result(5)
+        else:
+            self._loop.run_until_complete(send_all())
+        now = time.time()
+        self.sent.extend((n, s, now) for n, s in zip(node_ids, seqs, strict=True))
+        del self.sent[:-1000]
+
+
+_notifier: Notifier | None = None
+_notifier_lock = threading.Lock()
+
+
+def notifier() -> Notifier:
+    """This process's notifier (started on first use; flushed at exit)."""
+    global _notifier
+    with _notifier_lock:
+        if _notifier is None:
+            _notifier = Notifier()
+            atexit.register(_notifier.flush, 5.0)
+        return _notifier
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Block until every notice committed so far in this process has been sent."""
+    return notifier().flush(timeout)

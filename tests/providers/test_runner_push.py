@@ -1,0 +1,218 @@
+"""Runner push: `/ws/runner/` under a real ASGI server (uvicorn on 127.0.0.1, in a thread of
+the test process, on the test database), notices after commit, and the real runner
+(`python -m providers.runner run`, its own process, Docker runtime) picking a lease up at
+once when push works and by HTTP polling when the websocket is refused.
+
+The GPUs are simulated from a recorded `nvidia-smi -q` dump (`--simulate`): there is no
+GPU/NVML on this machine. Nothing else is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.db import connections, transaction
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from marketplace import book
+from marketplace.leases import end_lease
+from marketplace.models import Lease, LeaseEvent
+from providers import push
+from tests.conftest import ROOT
+from tests.e2e.conftest import _env, wait_until
+from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def asgi_url(settings, transactional_db):
+    """marketplace.asgi:application under uvicorn in a thread → its http:// base URL."""
+    import uvicorn
+
+    from marketplace.asgi import application
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    connections.close_all()
+
+
+def _ws(base: str, token: str | None, origin: str | None = None):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return connect(base.replace("http://", "ws://") + "/ws/runner/", additional_headers=headers,
+                   origin=origin or base, open_timeout=10)
+
+
+def _recv(ws, timeout: float = 10.0) -> dict:
+    return json.loads(ws.recv(timeout=timeout))
+
+
+def _market(node_name: str = "push-node"):
+    provider, node, token = registered_node(name=node_name)
+    book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                   price=2_490_000, gpus=8, available_until=in_a_day())
+    return provider, node, token, funded_buyer(100)
+
+
+def _bid(buyer, **kw) -> Lease:
+    [lease] = book.place_bid(buyer_id=buyer.pk, market_slug="h100-sxm-80gb", price=2_490_000,
+                             gpus=1, duration_seconds=3600, **kw).leases
+    return lease
+
+
+def test_a_bad_or_missing_token_is_closed_with_4401(asgi_url):
+    for token in ("not-a-runner-token", None):
+        with _ws(asgi_url, token) as ws, pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 4401
+
+
+def test_notices_follow_commits_of_the_nodes_leases_only(asgi_url):
+    _, node, token, buyer = _market()
+    _, other, other_token = registered_node(RTX4090_DUMP, name="other-node")
+    with _ws(asgi_url, token) as ws, _ws(asgi_url, other_token) as ws_other:
+        hello = _recv(ws)
+        assert hello == {"type": "hello", "node": node.pk, "seq": hello["seq"]}
+        assert _recv(ws_other)["node"] == other.pk
+
+        def rolled_back():
+            with transaction.atomic():
+                _bid(buyer)
+                raise RuntimeError("roll back")
+
+        with pytest.raises(RuntimeError):  # rolled back: no notice
+            rolled_back()
+        lease = _bid(buyer)  # commits: one notice, the next seq, no lease data
+        assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
+
+        Lease.objects.get(pk=lease.pk).set_status("starting", cause="test")
+        assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 2}
+        end_lease(lease_id=lease.pk, status="failed", cause="test")
+        assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 3}
+
+        with pytest.raises(TimeoutError):  # the other node heard nothing of it
+            ws_other.recv(timeout=0.5)
+
+
+class RunnerProcess:
+    """`python -m providers.runner` registered from the H100 dump and run with Docker."""
+
+    def __init__(self, url: str, token: str, state, *extra: str) -> None:
+        self.state = state
+        self.log = state / "runner.log"
+        reg = subprocess.run(
+            [sys.executable, "-m", "providers.runner", "register", "--url", url, "--token",
+             token, "--simulate", str(H100_DUMP), "--state-dir", str(state)],
+            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+        assert reg.returncode == 0, reg.stderr
+        self.uid = json.loads((state / "config.json").read_text())["node"]["uid"]
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(state),
+                 "--runtime", "docker", "--network", "none", "--grace", "1", *extra],
+                cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, docker_client) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for c in docker_client.containers.list(all=True,
+                                               filters={"label": f"gpumarket.node={self.uid}"}):
+            c.remove(force=True)
+
+
+def _picked_up_after(lease: Lease) -> float:
+    """Seconds from the lease's creation (pending) to the runner's `starting` report."""
+    created = LeaseEvent.objects.get(lease=lease, to_status="pending").at
+    started = wait_until("the runner to report starting", lambda: LeaseEvent.objects.filter(
+        lease=lease, to_status="starting").first(), timeout=60)
+    return (started.at - created).total_seconds()
+
+
+@pytest.mark.docker
+def test_the_runner_takes_a_pushed_lease_at_once(asgi_url, docker_client, test_image,
+                                                  tmp_path):
+    """Poll interval 30 s: with push up, a lease is taken within a couple of seconds, and a
+    lease ended by the marketplace loses its container just as fast."""
+    _, _node, token, buyer = _market()
+    runner = RunnerProcess(asgi_url, token, tmp_path, "--poll-interval", "30")
+    try:
+        wait_until("the runner's push websocket", lambda: "connected;" in runner.output(),
+                   timeout=60)
+        time.sleep(1)  # past the ticks that follow the connection
+        lease = _bid(buyer, image=test_image, command=["sleep", "3600"])
+        took = _picked_up_after(lease)
+        assert took < 3, f"{took:.1f} s with push up (poll interval 30 s)"
+        wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
+                   == "running", timeout=30)
+        label = [f"gpumarket.lease={lease.pk}", f"gpumarket.node={runner.uid}"]
+        assert len(docker_client.containers.list(filters={"label": label})) == 1
+
+        ended = time.monotonic()
+        end_lease(lease_id=lease.pk, status="completed", cause="test: ended by the market")
+        wait_until("the container to go", lambda: not docker_client.containers.list(
+            all=True, filters={"label": label}), timeout=20, every=0.05)
+        assert time.monotonic() - ended < 8  # grace 1 s; no 30 s poll was waited for
+        assert runner.proc.poll() is None
+        assert runner.output().count("push: websocket") == 1, runner.output()
+    finally:
+        runner.stop(docker_client)
+
+
+@pytest.mark.docker
+def test_the_runner_polls_when_the_websocket_is_refused(live_server, docker_client,
+                                                        test_image, tmp_path):
+    """pytest-django's live server is WSGI: the websocket handshake is answered 404. The
+    runner says so once, keeps retrying with back-off, and takes the lease by polling."""
+    _, _node, token, buyer = _market()
+    runner = RunnerProcess(live_server.url, token, tmp_path, "--poll-interval", "1")
+    try:
+        wait_until("the runner to fall back to polling",
+                   lambda: "polling every 1 s, reconnecting" in runner.output(), timeout=60)
+        lease = _bid(buyer, image=test_image, command=["sleep", "3600"])
+        took = _picked_up_after(lease)
+        assert took < 10
+        wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
+                   == "running", timeout=30)
+        time.sleep(3)  # a few reconnection attempts (1 s, 2 s, …): still logged once
+        out = runner.output()
+        assert out.count("push: websocket") == 1, out
+        assert "handshake answered HTTP 404" in out
+        assert "connected;" not in out
+    finally:
+        runner.stop(docker_client)
+
+
+def test_push_flush_sends_after_commit_from_a_task_process_too():
+    """Outside any ASGI process (a Celery worker, a management command) the notice is
+    still numbered and sent after commit; flush() waits for it."""
+    _, node, _, buyer = _market()
+    before = push.current_seq(node.pk)
+    _bid(buyer)
+    assert push.flush(10)
+    assert push.current_seq(node.pk) == before + 1
