@@ -45,6 +45,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from . import __version__
+from .benchmark import post_result, run_in_subprocess
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
 from .health import Finding, evaluate
 from .nvml import PROTOCOL_KEYS
@@ -121,6 +122,9 @@ class Agent:
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
+        # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
+        self.benchmark_schedule = None
+        self.benchmark_run = run_in_subprocess
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -230,9 +234,33 @@ class Agent:
             self._next_resync = time.monotonic() + self.resync_interval
         leases = self._leases
         self.reconcile(leases)
+        self.maybe_benchmark(leases)
         if time.monotonic() >= self._next_logs:
             self.send_logs(leases)
             self._next_logs = time.monotonic() + self.logs_interval
+
+    # -- benchmark -----------------------------------------------------------------------
+    def maybe_benchmark(self, leases: list[dict]) -> bool:
+        """Benchmark and report when the schedule says so and the node is idle (no lease
+        listed, no workload left). True if it ran. A host without a GPU stack logs why once
+        and stops trying; a refused report is logged; an outage propagates (retried)."""
+        schedule = self.benchmark_schedule
+        if schedule is None or not schedule.due(busy=bool(leases)
+                                                or bool(self.runtime.list_leases())):
+            return False
+        schedule.done()
+        result = self.benchmark_run()
+        if not result.ran:
+            self.log(f"{result.reason}; no further benchmarks")
+            self.benchmark_schedule = None
+            return True
+        try:
+            post_result(self.client, result, __version__, self._uuids, self.log)
+        except MarketplaceError as exc:
+            if exc.transient or isinstance(exc, Unauthorized):
+                raise
+            self.log(f"benchmark not reported: {exc}")
+        return True
 
     # -- log tails -----------------------------------------------------------------------
     def send_log(self, lease_id: int) -> bool:

@@ -4,11 +4,12 @@
     gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
                          [--heartbeat-interval S] [--logs-interval S] [--network MODE]
                          [--runtime auto|docker|process] [--grace S]
+                         [--benchmark-interval S]
                          [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
     gpumarket-runner status [--state-dir DIR]
     gpumarket-runner doctor [--state-dir DIR] [--url URL] [--token TOKEN]
-    gpumarket-runner benchmark [--json]
+    gpumarket-runner benchmark [--json] [--no-post] [--state-dir DIR] [--url URL] [--token T]
 
 `--replay-xid LOG` feeds the XID lines of a kernel log (as `dmesg` prints them) to the health
 rules on the first heartbeat; `--replay-health JSON` lays readings over the dump's, e.g.
@@ -38,6 +39,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from . import __version__
+from . import benchmark as bench
 from .agent import Agent, print_line
 from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
@@ -160,7 +162,30 @@ def _cmd_register(args) -> int:
                             "node": {"id": node.get("id"), "uid": node.get("uid"),
                                      "name": node.get("name")}})
     print(f"registered node {node.get('name', '?')}: {inventory.summary()}")
+    if not simulate:  # simulated GPUs are not the ones a CUDA stack here would measure
+        _benchmark_after_register(url, token, [g.uuid for g in inventory.gpus])
     return EXIT_OK
+
+
+def _benchmark_after_register(url: str, token: str, uuids: list[str]) -> None:
+    """Benchmark once after registering when this host has a CUDA Python stack, and report
+    it; a failure is printed and does not undo the registration."""
+    backend = bench.available()
+    if backend is None:
+        print("benchmark skipped: no CUDA Python stack (torch with CUDA, or CuPy) on this "
+              "host; the listing says \"not benchmarked yet\"")
+        return
+    print(f"benchmarking the GPUs with {backend} (about a minute)…", flush=True)
+    result = run_benchmark()
+    for line in result.lines():
+        print(line)
+    client = MarketplaceClient(url, token)
+    try:
+        bench.post_result(client, result, __version__, uuids, print)
+    except MarketplaceError as exc:
+        print(f"benchmark not reported: {exc}")
+    finally:
+        client.close()
 
 
 class _NoRuntime:
@@ -224,6 +249,8 @@ def _cmd_run(args) -> int:
     agent = Agent(client, gpus, runtime, poll_interval=args.poll_interval,
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
                   logs_interval=args.logs_interval, push=push)
+    if not simulate and args.benchmark_interval > 0:  # simulated GPUs are not measured
+        agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -390,13 +417,32 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_benchmark(args) -> int:
+    """Measure; print; report to the marketplace when one is configured (flags, environment
+    or the registered config) unless --no-post. Without a GPU: the reason, exit 2, nothing
+    reported."""
     result = run_benchmark()
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
         for line in result.lines():
             print(line)
-    return EXIT_OK if result.ran else EXIT_NO_GPU
+    if not result.ran:
+        return EXIT_NO_GPU
+    config = load_config(_state_dir(args.state_dir))
+    if args.no_post or not ((args.url or os.environ.get("GPUMARKET_URL") or config.get("url"))
+                            and (args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN")
+                                 or config.get("token"))):
+        return EXIT_OK
+    url, token = _url_and_token(args, config)
+    simulate = config.get("simulate")
+    uuids = None if simulate else [g.uuid for g in load_gpus(None).inventory().gpus]
+    client = MarketplaceClient(url, token)
+    log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    try:
+        bench.post_result(client, result, __version__, uuids, log)
+    finally:
+        client.close()
+    return EXIT_OK
 
 
 def _positive(value: str) -> float:
@@ -454,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Docker network mode of lease containers (default: engine default)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto: Docker if an engine answers, else local processes")
+    run.add_argument("--benchmark-interval", type=float, default=bench.DEFAULT_INTERVAL_S,
+                     metavar="S", help="re-run the benchmark every S seconds while no lease "
+                     "runs (default 86400 = 24 h; 0: never; needs torch or CuPy and a GPU)")
     run.add_argument("--replay-xid", metavar="LOG",
                      help="with --simulate: replay the XID lines of this kernel log")
     run.add_argument("--replay-health", metavar="JSON",
@@ -473,10 +522,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--state-dir", metavar="DIR", help=state_help)
     st.set_defaults(func=_cmd_status)
 
-    bench = sub.add_parser("benchmark", help="measure matmul throughput and memory bandwidth "
-                                             "(needs a GPU and torch or CuPy)")
-    bench.add_argument("--json", action="store_true", help="print JSON")
-    bench.set_defaults(func=_cmd_benchmark)
+    bm = sub.add_parser("benchmark", help="measure matmul throughput and memory bandwidth "
+                                          "(needs a GPU and torch or CuPy) and report them "
+                                          "to the marketplace when registered")
+    bm.add_argument("--json", action="store_true", help="print JSON")
+    bm.add_argument("--state-dir", metavar="DIR", help=state_help)
+    bm.add_argument("--url", help="marketplace base URL (default: the registered one)")
+    bm.add_argument("--token", help="runner token (default: the registered one)")
+    bm.add_argument("--no-post", action="store_true",
+                    help="only print: report nothing to the marketplace")
+    bm.set_defaults(func=_cmd_benchmark)
 
     inv = sub.add_parser("inventory", help="print this host's GPUs; contacts nobody")
     inv.add_argument("--simulate", metavar="FILE", help=simulate_help)
