@@ -3,9 +3,12 @@ container runs, with the local image (DESIGN.md target: under 2 s).
 
 Setup (not timed): a fresh PostgreSQL database (dropped, created, migrated), one provider
 with a node and its runner token, one funded buyer; the marketplace served by uvicorn
-(marketplace.asgi:application) on 127.0.0.1; the real runner (`python -m providers.runner`)
-registered with `--simulate` (8 recorded H100s) and running with the Docker runtime,
-`--network none` and `--poll-interval`; a standing ask for the node's 8 GPUs.
+(marketplace.asgi:application) on 127.0.0.1, with the Redis channel layer (`--redis`) so
+that the runner push notices (`/ws/runner/`) sent after commit by this process reach it;
+the real runner (`python -m providers.runner`) registered with `--simulate` (8 recorded
+H100s) and running with the Docker runtime, `--network none` and `--poll-interval` (default
+2 s, the runner's own default; `--no-push`: HTTP polling only); a standing ask for the
+node's 8 GPUs.
 
 Timed, `--leases` times: a bid for 1 GPU placed through the market service (it matches at
 once, in its own transaction: t0 is when the lease is committed `pending`); then, polling
@@ -14,7 +17,8 @@ when the runner has reported the lease `running` (started_at set, the lease cloc
 After each, the lease is ended (the runner stops its container) and the next one starts
 once the container is gone. Prints p50/p99/max of both and the runner's poll interval.
 
-    .venv/bin/python bench/handoff.py [--leases 30] [--poll-interval 0.1]
+    .venv/bin/python bench/handoff.py [--leases 30] [--poll-interval 2] [--no-push]
+                                      [--redis redis://127.0.0.1:6379/7]
 """
 
 from __future__ import annotations
@@ -71,8 +75,13 @@ def wait(predicate, timeout: float, what: str, step: float = 0.005):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--leases", type=int, default=30)
-    ap.add_argument("--poll-interval", type=float, default=0.1,
-                    help="the runner's seconds between lease polls")
+    ap.add_argument("--poll-interval", type=float, default=2.0,
+                    help="the runner's seconds between lease polls (default 2, as the runner)")
+    ap.add_argument("--no-push", action="store_true",
+                    help="run the runner with --no-push: HTTP polling only")
+    ap.add_argument("--redis", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/7",
+                    help="Redis for the channel layer of this process and the server "
+                         "(push notices cross processes through it)")
     ap.add_argument("--db", default="gpumarket_handoff")
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=8392)
@@ -84,7 +93,7 @@ def main() -> None:
     docker_client.images.get(IMAGE)  # the local image must exist (scripts/build-test-image.sh)
 
     database_url = fresh_database(args.pg, args.db)
-    env = server_env(database_url)
+    env = {**server_env(database_url), "REDIS_URL": args.redis}
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
@@ -118,10 +127,14 @@ def main() -> None:
         log = open(Path(state) / "runner.log", "w")  # noqa: SIM115 - closed with the runner
         procs.append(subprocess.Popen(
             [*runner, "run", "--state-dir", state, "--runtime", "docker", "--network", "none",
-             "--poll-interval", str(args.poll_interval), "--grace", "1"],
+             "--poll-interval", str(args.poll_interval), "--grace", "1",
+             *(["--no-push"] if args.no_push else [])],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
         wait(lambda: Node.objects.filter(pk=node_id, last_heartbeat_at__isnull=False).exists(),
              30, "the runner's first heartbeat", step=0.05)
+        if not args.no_push:
+            wait(lambda: "connected;" in (Path(state) / "runner.log").read_text(), 30,
+                 "the runner's push websocket", step=0.05)
         node = Node.objects.get(pk=node_id)
         gpus = Gpu.objects.filter(node=node).count()
         book.place_ask(provider_id=provider_id, node_id=node_id, market_slug=None,
@@ -167,7 +180,8 @@ def main() -> None:
 
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"docker {docker_client.version().get('Version')}; image {IMAGE}; runner poll "
-          f"interval {args.poll_interval:g} s; {args.leases} leases of 1 GPU")
+          f"interval {args.poll_interval:g} s, push {'off' if args.no_push else 'on'}; "
+          f"{args.leases} leases of 1 GPU")
     for name, values in (("container running (Docker API)", to_docker),
                          ("lease running (runner reported)", to_lease)):
         ms = sorted(v * 1000 for v in values)
