@@ -61,7 +61,9 @@ Server → client, all feeds:
   min_gpus, awarded_gpus, paid_price, created_at}}` (to its bidder only)
 - `{"type": "lease", "seq", "ts", "lease": {id, market, role: "buyer"|"provider",
   status, gpus, price, duration_seconds, node, started_at, ends_at, ended_at, cause,
-  cost, provider_amount, platform_fee}}` (to buyer and provider, each with its role)
+  cost, provider_amount, platform_fee, interruptible, preempt_at, ports, endpoints:
+  [{container_port, host, host_port, address: "host:port"}]}}` (to buyer and provider,
+  each with its role)
 - `{"type": "balance", "seq", "ts", "entries": [{"id", "kind"}, …], "wallet":
   {"available", "held", "earned"}}`: after committed transactions that moved money of
   the user (one message per user per published batch: usually one transaction).
@@ -289,6 +291,8 @@ def sealed_bid_payload(bid) -> dict[str, Any]:
 
 
 def lease_payload(lease, role: str) -> dict[str, Any]:
+    from marketplace.leases import endpoint_text
+
     return {"id": lease.pk, "market": lease.market.slug, "role": role,
             "status": lease.status, "gpus": lease.gpu_count, "price": _usd(lease.price),
             "duration_seconds": lease.duration_seconds, "node": lease.node.name,
@@ -296,7 +300,9 @@ def lease_payload(lease, role: str) -> dict[str, Any]:
             "ended_at": _iso(lease.ended_at), "cause": lease.cause, "cost": _usd(lease.cost),
             "provider_amount": _usd(lease.provider_amount),
             "platform_fee": _usd(lease.platform_fee),
-            "interruptible": lease.interruptible, "preempt_at": _iso(lease.preempt_at)}
+            "interruptible": lease.interruptible, "preempt_at": _iso(lease.preempt_at),
+            "ports": list(lease.ports or []),
+            "endpoints": [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]}
 
 
 def wallet_payload(user_id: int) -> dict[str, Any]:

@@ -63,6 +63,31 @@ class CommandField(forms.CharField):
         return parts or None
 
 
+class PortsField(forms.CharField):
+    """Container TCP ports to expose, comma- or space-separated ("8888, 6006") → sorted list
+    of distinct ints 1–65535, at most 8; empty → []."""
+
+    def to_python(self, value):
+        value = super().to_python(value) or ""
+        words = [w for w in value.replace(",", " ").split() if w]
+        if len(words) > 8:
+            raise forms.ValidationError("at most 8 ports")
+        ports = []
+        for word in words:
+            if not word.isdigit() or not 1 <= int(word) <= 65535:
+                raise forms.ValidationError(f"{word!r} is not a TCP port (1 to 65535)")
+            ports.append(int(word))
+        if len(set(ports)) != len(ports):
+            raise forms.ValidationError("lists a port twice")
+        return sorted(ports)
+
+
+def _ports() -> PortsField:
+    return PortsField(label="Ports to expose", max_length=100, required=False,
+                      help_text="optional container TCP ports, e.g. 8888 (at most 8); the "
+                                "lease shows where to connect once it runs")
+
+
 def _int(label: str, *, min_value: int = 1, max_value: int = MAX_GPUS, required: bool = True,
          help_text: str = "", initial=None) -> forms.IntegerField:
     return forms.IntegerField(label=label, min_value=min_value, max_value=max_value,
@@ -107,6 +132,7 @@ class BidForm(forms.Form):
                             initial="gpumarket/busybox:local")
     command = CommandField(label="Command", max_length=4000, required=False,
                            help_text="optional; empty runs the image's own command")
+    ports = _ports()
 
     def clean(self):
         data = super().clean()
@@ -124,6 +150,7 @@ class SealedBidForm(forms.Form):
     image = forms.CharField(label="Container image", max_length=255, required=False,
                             initial="gpumarket/busybox:local")
     command = CommandField(label="Command", max_length=4000, required=False)
+    ports = _ports()
 
 
 class ProviderForm(forms.Form):

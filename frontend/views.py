@@ -29,6 +29,7 @@ from frontend import forms as f
 from marketplace import auctions as auction_services
 from marketplace import book
 from marketplace.errors import MarketError
+from marketplace.leases import endpoint_text
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from providers.benchmarks import class_summary, gpu_score, latest_results
 from providers.models import Node, Provider
@@ -239,7 +240,7 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    image=v["image"], command=v["command"])
+                    image=v["image"], command=v["command"], ports=v["ports"])
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
@@ -285,6 +286,10 @@ def _lease_rows(leases, *, role: str):
             "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
             "log_tail": tails.get(x.pk, ""),
             "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
+            "ports": x.ports or [],
+            # where the buyer connects, while the lease runs ("host:port" per port)
+            "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
+                          for e in x.endpoints or []] if x.status in Lease.ACTIVE else [],
         })
     return rows
 
@@ -382,7 +387,8 @@ def auction_detail(request, pk: int):
             try:
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
-                    min_gpus=v["min_gpus"], image=v["image"], command=v["command"])
+                    min_gpus=v["min_gpus"], image=v["image"], command=v["command"],
+                    ports=v["ports"])
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

@@ -24,7 +24,7 @@ from marketplace.book import (
     lock_market,
 )
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from marketplace.leases import create_lease
+from marketplace.leases import clean_ports, create_lease
 from marketplace.models import Auction, SealedBid
 from providers.models import Node
 from settlement import services as ledger
@@ -100,7 +100,7 @@ def _schedule_close(auction_id: int, closes_at: datetime) -> None:
 
 def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int | None = None,
                      min_gpus: int | None = None, image: str = "",
-                     command: list[str] | None = None,
+                     command: list[str] | None = None, ports: list[int] | None = None,
                      now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
@@ -108,8 +108,10 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
+    ports: container TCP ports the lease exposes to the buyer (leases.clean_ports).
     """
     now = now or timezone.now()
+    ports = clean_ports(ports)
     with transaction.atomic():
         auction = Auction.objects.select_for_update().filter(pk=auction_id).first()
         if auction is None:
@@ -138,7 +140,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
         if previous is not None:
             _withdraw(previous, cause="replaced by a new bid")
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
-                        min_gpus=min_gpus, image=image, command=command, hold_id=0)
+                        min_gpus=min_gpus, image=image, command=command, ports=ports,
+                        hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -211,7 +214,8 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,
                 duration_seconds=auction.duration_seconds, image=bid.image,
-                command=bid.command, now=now, sealed_bid=bid, hold_id=bid.hold_id,
+                command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
+                hold_id=bid.hold_id,
                 cause=f"won auction {auction.pk} ({auction.rule}) at {award.price}",
             )
         auction.clearing_price = clearing.clearing_price

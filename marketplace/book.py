@@ -77,6 +77,7 @@ from django.utils import timezone
 
 from marketplace import engine
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from marketplace.leases import clean_ports
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
@@ -423,7 +424,8 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
               duration_seconds: int, gang_size: int | None = None,
               time_in_force: str = "GTC", image: str = "", command: list[str] | None = None,
               expires_at: datetime | None = None, client_order_id: str | None = None,
-              interruptible: bool = False, now: datetime | None = None) -> Placed:
+              interruptible: bool = False, ports: list[int] | None = None,
+              now: datetime | None = None) -> Placed:
     """Place a bid: hold its cost, match it, rest what is left (GTC) until cancelled,
     filled or `expires_at`. A resting bid schedules the preemption of interruptible
     leases it outbids (module docstring, "Preemption").
@@ -432,6 +434,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
     gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
     id, unique per buyer — placing it again returns the first order (created=False) and
     writes nothing. interruptible: the leases it makes may be preempted by a higher bid.
+    ports: container ports (TCP) its leases expose to the buyer (leases.clean_ports).
     Raises InvalidInput naming the field, and
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
     is written.
@@ -452,6 +455,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
     if expires_at is not None and expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
+    ports = clean_ports(ports)
     hold_amount = checked_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
     try:
         with _tracked(market.pk), transaction.atomic():
@@ -462,7 +466,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
                 remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
                 time_in_force=time_in_force, image=image, command=command,
                 expires_at=expires_at, client_order_id=client_order_id or "",
-                interruptible=bool(interruptible),
+                interruptible=bool(interruptible), ports=ports,
             )
             _touch(order)
             order.save(force_insert=True)

@@ -24,13 +24,14 @@ end_lease, under the market lock: charged from started_at to the moment it is en
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.errors import Conflict
+from marketplace.errors import Conflict, InvalidInput
 from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
 from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
@@ -39,6 +40,60 @@ from settlement.models import Hold
 from settlement.money import lease_cost
 
 log = logging.getLogger("gpumarket.leases")
+
+
+MAX_PORTS = 8
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9.:-]*[A-Za-z0-9])?$")
+
+
+def clean_ports(ports: list[int] | None, *, field: str = "ports") -> list[int]:
+    """A bid's container ports to expose: at most MAX_PORTS distinct TCP ports, each
+    1–65535 (booleans refused); returned sorted. None or [] → []. Raises InvalidInput
+    naming `field`."""
+    if not ports:
+        return []
+    if not isinstance(ports, list) or len(ports) > MAX_PORTS:
+        raise InvalidInput(f"must be a list of at most {MAX_PORTS} ports", field=field)
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidInput(f"{port!r} is not a TCP port (1 to 65535)", field=field)
+    if len(set(ports)) != len(ports):
+        raise InvalidInput("lists a port twice", field=field)
+    return sorted(ports)
+
+
+def clean_endpoints(lease: Lease, endpoints: list[dict] | None) -> list[dict]:
+    """The endpoints a runner reports for `lease` ([{container_port, host, host_port}]),
+    checked: each container_port one the lease asked for, at most once; host a host name
+    or an IP address (no scheme, no path, not 0.0.0.0 or ::, which nobody can reach);
+    host_port 1–65535. Returned in container-port order. Raises InvalidInput naming
+    `endpoints[i].<field>`."""
+    out, seen = [], set()
+    for i, e in enumerate(endpoints or []):
+        port, host, host_port = e.get("container_port"), e.get("host"), e.get("host_port")
+        if port not in (lease.ports or []):
+            raise InvalidInput(f"port {port} is not one this lease exposes "
+                               f"({', '.join(map(str, lease.ports)) or 'none'})",
+                               field=f"endpoints[{i}].container_port")
+        if port in seen:
+            raise InvalidInput("is reported twice", field=f"endpoints[{i}].container_port")
+        seen.add(port)
+        if not isinstance(host, str) or not _HOST.match(host) or host in ("0.0.0.0", "::"):
+            raise InvalidInput("must be the host name or IP address buyers connect to",
+                               field=f"endpoints[{i}].host")
+        if isinstance(host_port, bool) or not isinstance(host_port, int) \
+                or not 1 <= host_port <= 65535:
+            raise InvalidInput("must be a TCP port (1 to 65535)",
+                               field=f"endpoints[{i}].host_port")
+        out.append({"container_port": port, "host": host, "host_port": host_port})
+    return sorted(out, key=lambda e: e["container_port"])
+
+
+def endpoint_text(endpoint: dict) -> str:
+    """"host:port" ("[v6]:port" for an IPv6 address), as the buyer connects to it."""
+    host = endpoint["host"]
+    return f"[{host}]:{endpoint['host_port']}" if ":" in host else \
+        f"{host}:{endpoint['host_port']}"
 
 
 def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
@@ -60,7 +115,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
                  sealed_bid=None, hold_id: int | None = None,
-                 interruptible: bool = False) -> Lease:
+                 interruptible: bool = False, ports: list[int] | None = None) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
     cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
     transaction, under the market lock."""
@@ -75,6 +130,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         gpu_count=gpus, duration_seconds=duration_seconds,
         image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
         sealed_bid=sealed_bid, hold_id=hold_id, interruptible=interruptible,
+        ports=list(ports or []),
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.events.create(from_status="", to_status="pending", at=now, cause=cause,
@@ -90,6 +146,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
         cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
+        ports=bid.ports,
     )
 
 
@@ -108,18 +165,26 @@ def mark_starting(*, lease: Lease, container_id: str = "") -> Lease:
     return lease
 
 
-def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None) -> Lease:
-    """The runner's container is up: start the lease clock (started_at, ends_at)."""
+def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None,
+                 endpoints: list[dict] | None = None) -> Lease:
+    """The runner's container is up: start the lease clock (started_at, ends_at) and keep
+    the endpoints it published (clean_endpoints; InvalidInput when one is wrong). A
+    repeated report (same container) changes nothing but endpoints it newly carries."""
     now = now or timezone.now()
     with transaction.atomic():
         lease = Lease.objects.select_for_update().get(pk=lease.pk)
+        cleaned = clean_endpoints(lease, endpoints) if endpoints is not None else None
         if lease.status == Lease.Status.RUNNING and lease.container_id == container_id:
-            return lease  # a repeated report changes nothing
+            if cleaned and cleaned != lease.endpoints:
+                lease.endpoints = cleaned
+                lease.save(update_fields=["endpoints"])
+            return lease  # a repeated report changes nothing else
         lease.container_id = container_id
         lease.started_at = now
         lease.ends_at = now + timedelta(seconds=lease.duration_seconds)
+        lease.endpoints = cleaned or []
         _move(lease, "running", cause=f"container {container_id[:12]} running", at=now,
-              update_fields=("container_id", "started_at", "ends_at"))
+              update_fields=("container_id", "started_at", "ends_at", "endpoints"))
     log.info("lease %s: running in container %s", lease.pk, container_id[:12])
     return lease
 

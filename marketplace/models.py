@@ -100,6 +100,10 @@ class Order(StateMachine):
         default=False,
         help_text="bid: its leases may be preempted by a higher bid after a notice period "
                   "(marketplace/book.py, preemption)")
+    ports = models.JSONField(
+        default=list, blank=True,
+        help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
+                  "buyer; the runner publishes them on the provider's public host")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -205,6 +209,8 @@ class SealedBid(models.Model):
     paid_price = models.BigIntegerField(null=True, blank=True)
     image = models.CharField(max_length=255, blank=True)
     command = models.JSONField(null=True, blank=True)
+    ports = models.JSONField(default=list, blank=True,
+                             help_text="container ports the lease exposes (as Order.ports)")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -260,6 +266,13 @@ class Lease(StateMachine):
                             related_name="ask_leases")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id securing this lease")
     container_id = models.CharField(max_length=100, blank=True)
+    ports = models.JSONField(
+        default=list, blank=True,
+        help_text="container ports (TCP) the buyer asked to expose, from the bid")
+    endpoints = models.JSONField(
+        default=list, blank=True,
+        help_text="where the buyer reaches them, as the runner reported with `running`: "
+                  "[{container_port, host, host_port}]; empty: none published")
     started_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)

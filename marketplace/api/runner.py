@@ -19,7 +19,7 @@ from marketplace.models import Lease
 from providers import services as provider_services
 from providers.api import RunnerView
 from providers.models import LeaseLog
-from settlement.fields import StrictCharField
+from settlement.fields import StrictCharField, StrictIntegerField
 
 
 def runner_lease(lease: Lease) -> dict:
@@ -36,6 +36,8 @@ def runner_lease(lease: Lease) -> dict:
         # set when an interruptible lease was outbid: the marketplace ends it then (the
         # lease leaves this list and the runner stops its container); for the runner's log
         "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
+        # container TCP ports to publish on the provider's public host (may be [])
+        "ports": list(lease.ports or []),
     }
 
 
@@ -45,12 +47,21 @@ class RunnerLeases(RunnerView):
         return Response({"leases": [runner_lease(lease) for lease in active]})
 
 
+class EndpointIn(serializers.Serializer):
+    container_port = StrictIntegerField(min_value=1, max_value=65535)
+    host = StrictCharField(max_length=253)
+    host_port = StrictIntegerField(min_value=1, max_value=65535)
+
+
 class LeaseEventIn(serializers.Serializer):
     status = serializers.ChoiceField(choices=["starting", "running", "completed", "failed"])
     container_id = serializers.CharField(max_length=100, required=False, allow_blank=True,
                                          default="")
     cause = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     usage_seconds = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    # with `running`: where each published port is reached (leases.clean_endpoints)
+    endpoints = EndpointIn(many=True, required=False, allow_null=True, default=None,
+                           max_length=8)
 
 
 class RunnerLeaseEvent(RunnerView):
@@ -67,7 +78,8 @@ class RunnerLeaseEvent(RunnerView):
         elif v["status"] == "running":
             if not v["container_id"]:
                 raise serializers.ValidationError({"container_id": "is required for running"})
-            lease = lease_services.mark_running(lease=lease, container_id=v["container_id"])
+            lease = lease_services.mark_running(lease=lease, container_id=v["container_id"],
+                                                endpoints=v["endpoints"])
         else:
             if v["status"] == "failed":
                 default = "the runner reported a failure"

@@ -89,6 +89,15 @@ class DepthSerializer(serializers.Serializer):
     asks = LevelSerializer(many=True)
 
 
+def ports_field() -> serializers.ListField:
+    """Container TCP ports a bid's leases expose to the buyer: a list of at most 8 distinct
+    integers 1–65535 (e.g. [8888]); the runner publishes each on the provider's public
+    host and the lease then lists where to connect (`endpoints`)."""
+    return serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=65535), required=False,
+        max_length=8, default=list)
+
+
 class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, expires_at, image,
     command, interruptible: its leases may be preempted by a higher bid after a notice)
@@ -113,6 +122,7 @@ class OrderInSerializer(StrictInputSerializer):
     expires_at = serializers.DateTimeField(required=False)
     client_order_id = ClientOrderIdField(required=False)
     interruptible = StrictBooleanField(required=False, default=False)
+    ports = ports_field()
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -131,6 +141,8 @@ class OrderInSerializer(StrictInputSerializer):
                     {"expires_at": "is for bids; an ask ends at available_until"})
             if attrs["interruptible"]:
                 raise serializers.ValidationError({"interruptible": "is for bids"})
+            if attrs["ports"]:
+                raise serializers.ValidationError({"ports": "is for bids"})
             for name in ("node", "available_until"):
                 if name not in attrs:
                     raise serializers.ValidationError({name: "is required for an ask"})
@@ -148,7 +160,7 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "node", "available_until",
+                  "client_order_id", "interruptible", "ports", "node", "available_until",
                   "created_at"]
 
     def get_hours(self, order) -> int | None:
@@ -181,16 +193,26 @@ class LeaseSerializer(serializers.ModelSerializer):
     platform_fee = UsdField(positive=False)
     gpu_uuids = serializers.SerializerMethodField()
     events = LeaseEventSerializer(many=True, read_only=True)
+    endpoints = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
-                  "duration_seconds", "image", "command", "container_id", "started_at",
+                  "duration_seconds", "image", "command", "ports", "endpoints",
+                  "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
+
+    def get_endpoints(self, lease) -> list[dict]:
+        """Where the buyer reaches the exposed ports: [{container_port, host, host_port,
+        address: "host:port"}] as the runner published them (empty until `running`, or
+        when the provider publishes no ports)."""
+        from marketplace.leases import endpoint_text
+
+        return [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]
 
 
 class AuctionInSerializer(StrictInputSerializer):
@@ -253,6 +275,7 @@ class SealedBidInSerializer(StrictInputSerializer):
     image = StrictCharField(required=False, allow_blank=True, max_length=255, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
+    ports = ports_field()
 
 
 class SealedBidSerializer(serializers.ModelSerializer):
@@ -264,4 +287,4 @@ class SealedBidSerializer(serializers.ModelSerializer):
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "created_at"]
+                  "paid_price", "ports", "created_at"]

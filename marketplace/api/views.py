@@ -106,6 +106,7 @@ class OrderListCreate(APIView):
                 gang_size=v.get("gang_size"), time_in_force=v["time_in_force"],
                 image=v["image"], command=v["command"], expires_at=v.get("expires_at"),
                 client_order_id=v.get("client_order_id"), interruptible=v["interruptible"],
+                ports=v["ports"],
             )
         else:
             placed = book.place_ask(
@@ -179,6 +180,7 @@ class SealedBidCreate(APIView):
         bid = auctions.place_sealed_bid(
             bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v.get("gpus"),
             min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
+            ports=v["ports"],
         )
         return Response(s.SealedBidSerializer(bid).data, status=201)
 

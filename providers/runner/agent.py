@@ -366,7 +366,8 @@ class Agent:
                     self.log(f"lease {lease_id}: GPUs not verified from inside: {check}")
             else:
                 self.log(f"lease {lease_id}: re-adopted container {_short(handle)}")
-            if self._event(lease_id, "running", container_id=handle):
+            endpoints = self._endpoints(lease)
+            if self._event(lease_id, "running", container_id=handle, endpoints=endpoints):
                 self.log(f"lease {lease_id}: running")
             return
         if status != "running":
@@ -397,6 +398,18 @@ class Agent:
                         usage_seconds=usage)
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
         self._stop(lease_id)
+
+    def _endpoints(self, lease: dict) -> list[dict] | None:
+        """Where the buyer reaches the lease's ports (runtime.endpoints), sent with
+        `running`; None (not sent) when the lease exposes none or the runtime cannot
+        publish. An engine error is logged and leaves the endpoints out."""
+        if not lease.get("ports") or not hasattr(self.runtime, "endpoints"):
+            return None
+        try:
+            return self.runtime.endpoints(lease)
+        except Exception as exc:  # a Docker hiccup must not keep the lease from running
+            self.log(f"lease {lease['id']}: endpoints not read: {exc.__class__.__name__}")
+            return None
 
     def _usage(self, lease: dict) -> int:
         """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if

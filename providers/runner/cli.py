@@ -4,7 +4,7 @@
     gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
                          [--heartbeat-interval S] [--logs-interval S] [--network MODE]
                          [--runtime auto|docker|process] [--grace S]
-                         [--benchmark-interval S]
+                         [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
                          [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
     gpumarket-runner status [--state-dir DIR]
@@ -198,7 +198,9 @@ class _NoRuntime:
 def _pick_runtime(args, simulate: bool, node: str | None):
     if args.runtime in ("auto", "docker"):
         try:
-            return DockerRuntime(node, network_mode=args.network, simulate=simulate)
+            return DockerRuntime(node, network_mode=args.network, simulate=simulate,
+                                 public_host=args.public_host,
+                                 advertise_host=args.advertise_host)
         except RuntimeFailure as exc:
             if args.runtime == "docker":
                 raise CliError(str(exc)) from None
@@ -236,6 +238,12 @@ def _lock_state_dir(state_dir: Path):
 
 
 def _cmd_run(args) -> int:
+    if args.public_host in ("0.0.0.0", "::") and not args.advertise_host:
+        raise CliError(f"--public-host {args.public_host} binds every interface: also pass "
+                       "--advertise-host NAME, the name or address buyers connect to")
+    if args.advertise_host and not args.public_host:
+        raise CliError("--advertise-host needs --public-host (the address ports are "
+                       "published on)")
     lock = _lock_state_dir(_state_dir(args.state_dir))  # noqa: F841 - held until exit
     config = load_config(_state_dir(args.state_dir))
     url, token = _url_and_token(args, config)
@@ -498,6 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
     run.add_argument("--network", metavar="MODE", default=None,
                      help="Docker network mode of lease containers (default: engine default)")
+    run.add_argument("--public-host", metavar="ADDR", default=None,
+                     help="publish the container ports a lease asks for (its `ports`) on this "
+                          "address of the host, at ports the engine picks, and report them to "
+                          "the buyer (default: none, nothing is published)")
+    run.add_argument("--advertise-host", metavar="NAME", default=None,
+                     help="the host name or address buyers connect to (default: "
+                          "--public-host; required when that is 0.0.0.0 or ::)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto: Docker if an engine answers, else local processes")
     run.add_argument("--benchmark-interval", type=float, default=bench.DEFAULT_INTERVAL_S,

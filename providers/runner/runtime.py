@@ -8,10 +8,13 @@ Both runtimes share one interface, keyed by the marketplace's lease id (int):
 - exit_status(lease_id) -> None while running, the exit code once it has exited;
 - logs(lease_id, lines) -> the last `lines` lines of the workload's output (text);
 - verify_gpus(lease) -> None if the workload sees exactly the leased GPUs (or the check
-  cannot tell), else the evidence of a mismatch (Docker only; processes are not isolated).
+  cannot tell), else the evidence of a mismatch (Docker only; processes are not isolated);
+- endpoints(lease) -> [{container_port, host, host_port}] where the buyer reaches the
+  lease's `ports` (Docker only, with a public host; the process runtime has no such
+  method: a process binds where it binds and is not published).
 
 `lease` is a dict as in GET /api/v1/runner/leases/: id, image, command (list of str),
-gpu_uuids, env (str → str).
+gpu_uuids, env (str → str), ports (list of int, may be absent).
 """
 
 from __future__ import annotations
@@ -34,6 +37,38 @@ class RuntimeFailure(RuntimeError):
     """A workload could not be started or inspected; the message says why."""
 
 
+UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "")
+
+
+def port_bindings(ports: list[int] | None, public_host: str | None,
+                  network_mode: str | None = None) -> dict[str, tuple[str, None]] | None:
+    """The Docker SDK's `ports=` for a lease's container TCP ports: each published on
+    `public_host` (an address of this host) at a host port the engine picks,
+    {"8888/tcp": ("203.0.113.7", None)}. None when nothing is published: no ports, no
+    public host (the runner's default), or a network mode that cannot publish ("none": no
+    network; "host": the container already listens on the host's own interfaces)."""
+    if not ports or not public_host or network_mode in ("none", "host"):
+        return None
+    return {f"{int(p)}/tcp": (public_host, None) for p in sorted(set(ports))}
+
+
+def endpoints_from_ports(port_map: dict | None, ports: list[int] | None,
+                         advertise_host: str) -> list[dict]:
+    """Where buyers reach the lease's ports, from a container's
+    attrs["NetworkSettings"]["Ports"] ({"8888/tcp": [{"HostIp": "127.0.0.1", "HostPort":
+    "32768"}], …}): [{"container_port": 8888, "host": advertise_host, "host_port": 32768}],
+    in port order. A port the engine did not publish is left out."""
+    out = []
+    for port in sorted(set(ports or [])):
+        for binding in (port_map or {}).get(f"{int(port)}/tcp") or []:
+            host_port = str(binding.get("HostPort") or "")
+            if host_port.isdigit() and 0 < int(host_port) < 65536:
+                out.append({"container_port": int(port), "host": advertise_host,
+                            "host_port": int(host_port)})
+                break
+    return out
+
+
 def lease_env(lease: dict) -> dict[str, str]:
     """The lease's env plus NVIDIA_VISIBLE_DEVICES = comma-joined leased GPU UUIDs."""
     env = {str(k): str(v) for k, v in (lease.get("env") or {}).items()}
@@ -49,13 +84,17 @@ class DockerRuntime:
     GPUs only as NVIDIA_VISIBLE_DEVICES (no device request, for hosts without a GPU);
     False adds a DeviceRequest(driver="nvidia", device_ids=<uuids>) so the NVIDIA
     container toolkit exposes exactly the leased GPUs.
+    public_host: the address of this host on which a lease's `ports` are published (None:
+    none are); advertise_host: the name or address buyers connect to (default public_host;
+    needed when public_host is 0.0.0.0 or ::). network_mode "none" cannot publish ports.
     Raises RuntimeFailure when no engine answers.
     """
 
     name = "docker"
 
     def __init__(self, node: str | None, *, client=None, network_mode: str | None = None,
-                 simulate: bool = False) -> None:
+                 simulate: bool = False, public_host: str | None = None,
+                 advertise_host: str | None = None) -> None:
         import docker
 
         self._docker = docker
@@ -69,6 +108,8 @@ class DockerRuntime:
         self.node = None if node is None else str(node)  # None: set by Agent.announce()
         self.network_mode = network_mode
         self.simulate = simulate
+        self.public_host = public_host or None
+        self.advertise_host = advertise_host or public_host or None
         self.last_check = "not run"  # what the last verify_gpus saw, for the log
 
     def _containers(self, lease_id: int | None = None) -> list:
@@ -93,6 +134,9 @@ class DockerRuntime:
         if existing:
             return existing[0].id
         kwargs = {}
+        bindings = port_bindings(lease.get("ports"), self.public_host, self.network_mode)
+        if bindings:
+            kwargs["ports"] = bindings
         if not self.simulate:
             kwargs["device_requests"] = [
                 self._docker.types.DeviceRequest(
@@ -122,6 +166,23 @@ class DockerRuntime:
         except self._docker.errors.DockerException as exc:
             raise RuntimeFailure(f"Docker failed to start {lease['image']}: {exc}") from None
         return container.id
+
+    def endpoints(self, lease: dict) -> list[dict]:
+        """Where buyers reach the lease's `ports`: [{container_port, host, host_port}]
+        (endpoints_from_ports) as the engine published them; with network mode "host", the
+        container ports themselves on the advertised host. [] when nothing is published (no
+        public host, no ports, network "none", or the engine bound none)."""
+        ports = lease.get("ports") or []
+        if not ports or not self.advertise_host or self.network_mode == "none":
+            return []
+        if self.network_mode == "host":
+            return [{"container_port": int(p), "host": self.advertise_host,
+                     "host_port": int(p)} for p in sorted(set(ports))]
+        found = self._containers(int(lease["id"]))
+        if not found:
+            return []
+        network = found[0].attrs.get("NetworkSettings") or {}
+        return endpoints_from_ports(network.get("Ports"), ports, self.advertise_host)
 
     def stop(self, lease_id: int, grace_s: float = 10) -> None:
         """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s)."""
