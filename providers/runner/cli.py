@@ -5,6 +5,8 @@
                          [--heartbeat-interval S] [--logs-interval S] [--network MODE]
                          [--runtime auto|docker|process] [--grace S]
                          [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
+                         [--memory-per-gpu SIZE] [--cpus-per-gpu N] [--pids-limit N]
+                         [--shm-size SIZE]
                          [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
     gpumarket-runner status [--state-dir DIR]
@@ -19,6 +21,12 @@ rules on the first heartbeat; `--replay-health JSON` lays readings over the dump
 Environment: GPUMARKET_URL, GPUMARKET_RUNNER_TOKEN, GPUMARKET_RUNNER_STATE_DIR stand in for
 --url, --token, --state-dir. `register` saves {url, token, simulate, node} in
 <state dir>/config.json (mode 0600); `run` reads it.
+
+Lease container limits (limits.py; default: the lease's share g/n of the host's memory and
+CPUs for g of the node's n GPUs, 4096 pids, /dev/shm half the memory up to 16 GiB): each
+from the flag, else GPUMARKET_RUNNER_MEMORY_PER_GPU / _CPUS_PER_GPU / _PIDS_LIMIT /
+_SHM_SIZE, else config.json's "limits": {"memory_per_gpu": "64g", "cpus_per_gpu": 12,
+"pids_limit": 4096, "shm_size": "16g"}, else the default.
 
 Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
 `benchmark` without a GPU; 3 the marketplace refused the runner token; 1 any other error,
@@ -44,6 +52,7 @@ from .agent import Agent, print_line
 from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
+from .limits import ResourcePolicy, parse_size
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .push import PushListener
@@ -195,6 +204,47 @@ class _NoRuntime:
     node = None
 
 
+LIMIT_SOURCES = (  # (ResourcePolicy field, --flag / args attribute, environment variable)
+    ("memory_per_gpu", "memory_per_gpu", "GPUMARKET_RUNNER_MEMORY_PER_GPU"),
+    ("cpus_per_gpu", "cpus_per_gpu", "GPUMARKET_RUNNER_CPUS_PER_GPU"),
+    ("pids_limit", "pids_limit", "GPUMARKET_RUNNER_PIDS_LIMIT"),
+    ("shm_size", "shm_size", "GPUMARKET_RUNNER_SHM_SIZE"),
+)
+
+
+def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
+    """The lease container limits from flags, else environment, else config.json's
+    "limits", else the default rule (limits.py). CliError naming the flag, variable or key
+    of a value that is not a positive size or number."""
+    from_config = config.get("limits") or {}
+    if not isinstance(from_config, dict):
+        raise CliError('config.json: "limits" must be an object')
+    values = {}
+    for field, attr, variable in LIMIT_SOURCES:
+        flag = "--" + attr.replace("_", "-")
+        for source, raw in ((flag, getattr(args, attr, None)), (variable, environ.get(variable)),
+                            (f'config.json "limits.{field}"', from_config.get(field))):
+            if raw is None or raw == "":
+                continue
+            try:
+                if field in ("memory_per_gpu", "shm_size"):
+                    values[field] = parse_size(raw)
+                elif field == "cpus_per_gpu":
+                    values[field] = float(raw)
+                else:
+                    values[field] = int(raw)
+                    if str(raw).strip() != str(values[field]):
+                        raise ValueError(f"{raw!r} is not a whole number")
+                if values[field] <= 0:
+                    raise ValueError(f"{raw!r} must be more than 0")
+            except (TypeError, ValueError) as exc:
+                reason = str(exc) if "must be" in str(exc) or "not a" in str(exc) \
+                    else f"{raw!r} is not a number"
+                raise CliError(f"{source}: {reason}") from None
+            break
+    return ResourcePolicy(**values)
+
+
 def _pick_runtime(args, simulate: bool, node: str | None):
     if args.runtime in ("auto", "docker"):
         try:
@@ -250,7 +300,10 @@ def _cmd_run(args) -> int:
     simulate = args.simulate or config.get("simulate")
     gpus = load_gpus(simulate, args.replay_xid, args.replay_health)
     node = _node_label(config.get("node") or {})
+    policy = resource_policy(args, config)
     runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
+    if isinstance(runtime, DockerRuntime):
+        runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
     client = MarketplaceClient(url, token)
     push = None if args.no_push else PushListener(url, token, log=print_line,
                                                   poll_interval=args.poll_interval)
@@ -513,6 +566,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--advertise-host", metavar="NAME", default=None,
                      help="the host name or address buyers connect to (default: "
                           "--public-host; required when that is 0.0.0.0 or ::)")
+    run.add_argument("--memory-per-gpu", metavar="SIZE",
+                     help="memory limit of a lease container per leased GPU, e.g. 64g "
+                          "(default: the host's memory × leased GPUs / the node's GPUs)")
+    run.add_argument("--cpus-per-gpu", metavar="N",
+                     help="CPUs of a lease container per leased GPU, e.g. 12 (default: the "
+                          "host's CPUs × leased GPUs / the node's GPUs)")
+    run.add_argument("--pids-limit", metavar="N",
+                     help="processes (and threads) per lease container (default 4096)")
+    run.add_argument("--shm-size", metavar="SIZE",
+                     help="size of a lease container's shared memory (/dev/shm), e.g. "
+                          "8g (default: half its memory limit, at most 16g)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto: Docker if an engine answers, else local processes")
     run.add_argument("--benchmark-interval", type=float, default=bench.DEFAULT_INTERVAL_S,

@@ -1,7 +1,8 @@
 """Where lease workloads run: Docker containers, or local processes when no engine answers.
 
 Both runtimes share one interface, keyed by the marketplace's lease id (int):
-- start(lease) -> handle id: idempotent, a lease never gets two workloads;
+- start(lease) -> handle id: idempotent, a lease never gets two workloads (Docker: with
+  the lease's share of the host's memory and CPUs, a pids limit and /dev/shm: limits.py);
 - stop(lease_id, grace_s): SIGTERM, SIGKILL after grace_s seconds, then remove;
 - list_leases() -> {lease id: handle id}: what runs (or ran and is not removed yet),
   found again after a runner restart (Docker: by label; processes: the state dir);
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .limits import Limits, ResourcePolicy
 
 LEASE_LABEL = "gpumarket.lease"
 NODE_LABEL = "gpumarket.node"
@@ -87,10 +90,16 @@ class DockerRuntime:
     public_host: the address of this host on which a lease's `ports` are published (None:
     none are); advertise_host: the name or address buyers connect to (default public_host;
     needed when public_host is 0.0.0.0 or ::). network_mode "none" cannot publish ports.
+    Resource limits: `policy` (limits.ResourcePolicy: the default rule unless the provider
+    overrode it) and `node_gpus` (GPUs on this node; None: each lease has the whole host),
+    against the engine's MemTotal and NCPU; see resource_limits().
     Raises RuntimeFailure when no engine answers.
     """
 
     name = "docker"
+    policy: ResourcePolicy = ResourcePolicy()
+    node_gpus: int | None = None
+    _host: tuple[int, float] | None = None  # (memory bytes, CPUs) as the engine reports
 
     def __init__(self, node: str | None, *, client=None, network_mode: str | None = None,
                  simulate: bool = False, public_host: str | None = None,
@@ -144,6 +153,7 @@ class DockerRuntime:
                     capabilities=[["gpu"]],
                 )
             ]
+        kwargs.update(self.resource_limits(lease).docker_kwargs())
         try:
             container = self.client.containers.run(
                 lease["image"],
@@ -183,6 +193,27 @@ class DockerRuntime:
             return []
         network = found[0].attrs.get("NetworkSettings") or {}
         return endpoints_from_ports(network.get("Ports"), ports, self.advertise_host)
+
+    def host_resources(self) -> tuple[int, float]:
+        """(memory in bytes, CPUs) the engine can give containers (`docker info` MemTotal
+        and NCPU; the host's own when the engine does not say). Read once."""
+        if self._host is None:
+            try:
+                info = self.client.info()
+            except self._docker.errors.DockerException:
+                info = {}
+            memory = int(info.get("MemTotal") or 0) or (
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            cpus = float(info.get("NCPU") or 0) or float(os.cpu_count() or 1)
+            self._host = (memory, cpus)
+        return self._host
+
+    def resource_limits(self, lease: dict) -> Limits:
+        """The container limits of `lease`: `policy.limits` for its GPU count on a node of
+        `node_gpus` GPUs and this engine's memory and CPUs (limits.py states the rule)."""
+        memory, cpus = self.host_resources()
+        return self.policy.limits(len(lease.get("gpu_uuids") or []) or 1, self.node_gpus,
+                                  memory, cpus)
 
     def stop(self, lease_id: int, grace_s: float = 10) -> None:
         """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s)."""
