@@ -34,6 +34,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -86,20 +87,84 @@ def seed(env) -> dict:
     return {"buyers": buyers}
 
 
-def publisher(env, buyers, rate, seconds, warmup, index, start_at, out) -> None:
-    """Change the book `rate` times a second for `seconds` through the services."""
-    django_setup(env)
-    from frontend import feed
+def _service_change(rng, buyer, n, resting) -> int:
+    """One change through the services; returns how many book changes it made."""
     from marketplace import book
     from marketplace.leases import end_lease, mark_running
     from marketplace.models import Order
 
+    done = 1
+    if n % 10 == 9:  # a trade: cross the ask, then end the lease at once
+        placed = book.place_bid(buyer_id=buyer, market_slug=SLUG, price=2_500_000,
+                                gpus=1, duration_seconds=3600)
+        for lease in placed.leases:
+            mark_running(lease=lease, container_id="bench")
+            end_lease(lease_id=lease.pk, status="completed", cause="bench")
+            done += 2  # the running lease changes no depth; the end returns GPUs
+    elif len(resting) > 40 or (resting and rng.random() < 0.45):
+        order_id, owner = resting.pop(rng.randrange(len(resting)))
+        if Order.objects.filter(pk=order_id, status__in=Order.ACTIVE).exists():
+            book.cancel_order(user_id=owner, order_id=order_id)
+    else:
+        price = rng.randrange(100, 240) * 10_000
+        placed = book.place_bid(buyer_id=buyer, market_slug=SLUG, price=price,
+                                gpus=rng.randint(1, 4), duration_seconds=3600)
+        resting.append((placed.order.pk, buyer))
+    return done
+
+
+_ASK: list = []
+
+
+def _direct_change(rng, buyer, n, resting) -> int:
+    """One change as rows written directly (one transaction): a resting bid, its
+    cancellation, or every 10th change a trade (a filled bid and its fill). No holds, no
+    matching: the bench database is thrown away."""
+    from django.db import transaction
+
+    from marketplace.models import Fill, GpuClass, Order
+
+    if not _ASK:
+        _ASK.append(Order.objects.get(market__slug=SLUG, side=Order.Side.ASK,
+                                      status__in=Order.ACTIVE))
+    ask = _ASK[0]
+    with transaction.atomic():
+        if n % 10 == 9:
+            bid = Order.objects.create(market_id=ask.market_id, owner_id=buyer, side="bid",
+                                       status="filled", price=2_500_000, gpus=1,
+                                       remaining_gpus=0, duration_seconds=3600)
+            Fill.objects.create(market_id=ask.market_id, bid=bid, ask=ask, gpus=1,
+                                price=ask.price)
+        elif len(resting) > 40 or (resting and rng.random() < 0.45):
+            order = resting.pop(rng.randrange(len(resting)))
+            order.status = "cancelled"
+            order.save(update_fields=["status"])
+        else:
+            gpus = rng.randint(1, 4)
+            resting.append(Order.objects.create(
+                market=GpuClass(pk=ask.market_id, slug=SLUG), owner_id=buyer, side="bid",
+                status="open", price=rng.randrange(100, 240) * 10_000, gpus=gpus,
+                remaining_gpus=gpus, duration_seconds=3600))
+    return 1
+
+
+def publisher(env, buyers, rate, seconds, warmup, index, start_at, out, mode) -> None:
+    """Change the book `rate` times a second for `seconds`: through the market's services
+    (mode "services"), or (mode "direct") by writing the order and fill rows directly, one
+    transaction per change, which costs the publishing process a fraction of the
+    services' matching, holds and ledger entries while the feed sees the same thing: a
+    committed change of the book noted by the post_save receivers, published after commit
+    by the process's feed publisher thread (depth read, seq, Redis pub/sub)."""
+    django_setup(env)
+    from frontend import feed
+
+    change = _direct_change if mode == "direct" else _service_change
     recording = hasattr(feed, "publisher")  # (absent from the pre-hub feed)
     if recording:
         feed.publisher().delays = {}
     rng = random.Random(index + 1)
     buyers = buyers[index::max(1, len(buyers) // 2)] or buyers
-    resting: list[tuple[int, int]] = []
+    resting: list = []  # (order id, owner) for services, Order rows for direct
     changes = measured = 0
     while time.time() < start_at.value:
         time.sleep(0.01)
@@ -112,24 +177,7 @@ def publisher(env, buyers, rate, seconds, warmup, index, start_at, out) -> None:
             break
         if due > now:
             time.sleep(due - now)
-        buyer = rng.choice(buyers)
-        done = 1
-        if changes % 10 == 9:  # a trade: cross the ask, then end the lease at once
-            placed = book.place_bid(buyer_id=buyer, market_slug=SLUG, price=2_500_000,
-                                    gpus=1, duration_seconds=3600)
-            for lease in placed.leases:
-                mark_running(lease=lease, container_id="bench")
-                end_lease(lease_id=lease.pk, status="completed", cause="bench")
-                done += 2  # the running lease changes no depth; the end returns GPUs
-        elif len(resting) > 40 or (resting and rng.random() < 0.45):
-            order_id, owner = resting.pop(rng.randrange(len(resting)))
-            if Order.objects.filter(pk=order_id, status__in=Order.ACTIVE).exists():
-                book.cancel_order(user_id=owner, order_id=order_id)
-        else:
-            price = rng.randrange(100, 240) * 10_000
-            placed = book.place_bid(buyer_id=buyer, market_slug=SLUG, price=price,
-                                    gpus=rng.randint(1, 4), duration_seconds=3600)
-            resting.append((placed.order.pk, buyer))
+        done = change(rng, rng.choice(buyers), changes, resting)
         changes += done
         if time.perf_counter() - start >= warmup:
             measured += done
@@ -144,93 +192,164 @@ def publisher(env, buyers, rate, seconds, warmup, index, start_at, out) -> None:
 
 
 def clients(port, count, stop_at, measure_from, started, out) -> None:
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
     asyncio.run(_clients(port, count, stop_at, measure_from, started, out))
 
 
-async def _clients(port, count, stop_at, measure_from, started, out) -> None:
-    from websockets.asyncio.client import connect
+class _Client(asyncio.Protocol):
+    """A minimal websocket client (RFC 6455) on a bare asyncio protocol: the load
+    generator has to stay far cheaper than the server it measures (the `websockets`
+    client cost about as much CPU per message as the server; on 2 shared cores that
+    showed up as latency). Server frames are unmasked; the only client frame, the
+    resync request, is masked as the RFC requires."""
 
-    uri = f"ws://127.0.0.1:{port}/ws/markets/{SLUG}/"
+    RESYNC = b"\x81\x91" + b"\x00\x00\x00\x00" + b'{"type":"resync"}'  # mask key 0
+
+    def __init__(self, stats, latencies, lat_seqs, measure_from):
+        self.stats, self.latencies, self.lat_seqs = stats, latencies, lat_seqs
+        self.measure_from = measure_from
+        self.buf = bytearray()
+        self.handshake = True
+        self.opened = asyncio.get_running_loop().create_future()
+        self.closed = asyncio.get_running_loop().create_future()
+        self.last: int | None = None
+        self.resyncing = False
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def connection_lost(self, exc):
+        if not self.opened.done():
+            self.opened.set_exception(exc or ConnectionError("closed in handshake"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data):
+        received = time.time()
+        buf = self.buf
+        buf += data
+        if self.handshake:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if not buf.startswith(b"HTTP/1.1 101"):
+                self.opened.set_exception(ConnectionError(bytes(buf[:40])))
+                self.transport.close()
+                return
+            del buf[:end + 4]
+            self.handshake = False
+            self.opened.set_result(None)
+        while len(buf) >= 2:
+            opcode, length = buf[0] & 0x0F, buf[1] & 0x7F
+            head = 2
+            if length == 126:
+                if len(buf) < 4:
+                    return
+                length, head = int.from_bytes(buf[2:4], "big"), 4
+            elif length == 127:
+                if len(buf) < 10:
+                    return
+                length, head = int.from_bytes(buf[2:10], "big"), 10
+            if len(buf) < head + length:
+                return
+            payload = bytes(buf[head:head + length])
+            del buf[:head + length]
+            if opcode == 0x1:
+                self.message(payload, received)
+            elif opcode == 0x9:  # ping → pong (masked, key 0)
+                self.transport.write(bytes([0x8A, 0x80 | len(payload)]) + b"\0\0\0\0"
+                                     + payload)
+            elif opcode == 0x8:
+                self.transport.close()
+                return
+
+    def message(self, raw: bytes, received: float) -> None:
+        stats = self.stats
+        # depth and trade frames: "type" first, "seq" and "ts" last (frontend/feed.py), so
+        # they are read from the tail; snapshots and warnings are parsed in full
+        if raw.startswith(b'{"type":"depth"') or raw.startswith(b'{"type":"trade"'):
+            tail = raw[raw.rindex(b'"seq":') + 6:-1]
+            seq_text, ts_text = tail.split(b',"ts":')
+            seq, ts = int(seq_text), float(ts_text)
+        else:
+            msg = json.loads(raw)
+            kind = msg["type"]
+            if kind == "snapshot":
+                self.resyncing = False
+                if self.last is None:
+                    stats["first_seqs"].append(msg["seq"])
+                else:
+                    stats["recovered"] += 1
+                self.last = msg["seq"]
+                return
+            if kind == "resync_required":  # the protocol: answer with a resync
+                stats["resync_required"] += 1
+                self.resync()
+                return
+            seq, ts = msg["seq"], msg["ts"]
+        stats["messages"] += 1
+        if self.measure_from.value and ts >= self.measure_from.value:
+            self.latencies.append(received - ts)
+            self.lat_seqs.append(seq)
+        last = self.last
+        if last is None or seq <= last:
+            return
+        if seq > last + 1:
+            stats["missed"] += seq - last - 1
+            self.resync()
+        self.last = seq
+
+    def resync(self) -> None:
+        if not self.resyncing:
+            self.resyncing = True
+            self.transport.write(self.RESYNC)
+
+
+async def _clients(port, count, stop_at, measure_from, started, out) -> None:
+    import base64
+
+    loop = asyncio.get_running_loop()
+    path = f"/ws/markets/{SLUG}/"
     latencies = array("d")
     lat_seqs = array("q")
     stats = {"missed": 0, "recovered": 0, "resync_required": 0, "messages": 0,
              "connected": 0, "failed": 0, "last_seqs": [], "first_seqs": []}
+    protocols: list[_Client] = []
 
-    async def one(ready: asyncio.Event, gate: asyncio.Semaphore):
+    async def one(gate: asyncio.Semaphore):
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n")
         try:
             async with gate:
-                ws = await connect(uri, origin="http://127.0.0.1", compression=None,
-                                   max_queue=None, open_timeout=60)
+                _, proto = await loop.create_connection(
+                    lambda: _Client(stats, latencies, lat_seqs, measure_from),
+                    "127.0.0.1", port)
+                proto.transport.write(request.encode())
+                await asyncio.wait_for(proto.opened, 60)
         except Exception:
             stats["failed"] += 1
             return
         stats["connected"] += 1
-        open_sockets.add(ws)
-        last = None
-        resyncing = False
-        try:
-            async for raw in ws:  # ends when the watchdog closes the connections
-                received = time.time()
-                # Cheap parsing, so the load generator measures the server rather than
-                # itself: the server writes "type" first and "seq", "ts" last in every
-                # message (frontend/feed.py); snapshots and warnings are fully parsed.
-                if not raw.startswith('{"type":"depth"') and \
-                        not raw.startswith('{"type":"trade"'):
-                    msg = json.loads(raw)
-                    kind = msg["type"]
-                    if kind == "snapshot":
-                        resyncing = False
-                        if last is None:
-                            stats["first_seqs"].append(msg["seq"])
-                        else:
-                            stats["recovered"] += 1
-                        last = msg["seq"]
-                        continue
-                    if kind == "resync_required":  # the protocol: answer with a resync
-                        stats["resync_required"] += 1
-                        if not resyncing:
-                            resyncing = True
-                            await ws.send('{"type":"resync"}')
-                        continue
-                    seq, ts = msg["seq"], msg["ts"]
-                else:
-                    tail = raw[raw.rindex('"seq":') + 6:-1]
-                    seq_text, ts_text = tail.split(',"ts":')
-                    seq, ts = int(seq_text), float(ts_text)
-                stats["messages"] += 1
-                if measure_from.value and ts >= measure_from.value:
-                    latencies.append(received - ts)
-                    lat_seqs.append(seq)
-                if seq <= last:
-                    continue
-                if seq > last + 1:
-                    stats["missed"] += seq - last - 1
-                    if not resyncing:
-                        resyncing = True
-                        await ws.send('{"type":"resync"}')
-                last = seq
-        except Exception:
-            pass
-        finally:
-            stats["last_seqs"].append(last or 0)
-            open_sockets.discard(ws)
-            await ws.close()
-
-    open_sockets: set = set()
-
-    async def watchdog():
-        while not (stop_at.value and time.time() >= stop_at.value):
-            await asyncio.sleep(0.2)
-        for ws in list(open_sockets):
-            await ws.close()
+        protocols.append(proto)
 
     gate = asyncio.Semaphore(50)
-    ready = asyncio.Event()
-    tasks = [asyncio.create_task(one(ready, gate)) for _ in range(count)]
-    while stats["connected"] + stats["failed"] < count:
-        await asyncio.sleep(0.1)
+    await asyncio.gather(*(one(gate) for _ in range(count)))
     started.release()
-    await asyncio.gather(*tasks, watchdog())
+    while not (stop_at.value and time.time() >= stop_at.value):
+        await asyncio.sleep(0.2)
+    for proto in protocols:
+        stats["last_seqs"].append(proto.last or 0)
+        proto.transport.write(b"\x88\x82\0\0\0\0\x03\xe8")  # close 1000 (masked)
+    await asyncio.sleep(0.5)
+    for proto in protocols:
+        proto.transport.close()
     out.put({"latencies": latencies, "lat_seqs": lat_seqs, "cpu": cpu_seconds(), **stats})
 
 
@@ -268,6 +387,8 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--publishers", type=int, default=2,
                         help="publishing processes, each at rate/publishers")
+    parser.add_argument("--changes", choices=("services", "direct"), default="services",
+                        help="how the publishers change the book (see publisher())")
     parser.add_argument("--rate", type=float, default=100, help="book changes per second")
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--warmup", type=float, default=3,
@@ -275,6 +396,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--ws", default="websockets-sansio",
                         help="uvicorn's websocket implementation (--ws)")
+    parser.add_argument("--app", default="bench.feed_asgi:application",
+                        help="the ASGI application (default: marketplace.asgi plus the "
+                             "server-side write times, bench/feed_asgi.py)")
+    parser.add_argument("--profile", default="",
+                        help="write a sampling profile of the server to this file")
     parser.add_argument("--db", default="gpumarket_feedbench")
     # socket_timeout above channels_redis's 5 s BZPOPMIN: redis-py 8 defaults to 5 s,
     # which kills every consumer idle for 5 s (redis/redis-py#4091)
@@ -286,10 +412,14 @@ def main() -> None:
     out = ctx.Queue()
     with ctx.Pool(1) as pool:
         seeded = pool.apply(seed, (env,))
+    writes_file = Path(tempfile.mkdtemp(prefix="feedbench")) / "writes.bin"
+    server_env = {**env, "FEED_BENCH_WRITES": str(writes_file)}
+    if args.profile:
+        server_env["FEED_BENCH_SAMPLE"] = str(Path(args.profile).resolve())
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
+        [sys.executable, "-m", "uvicorn", args.app, "--host",
          "127.0.0.1", "--port", str(args.port), "--ws", args.ws, "--log-level",
-         "warning", "--no-access-log"], cwd=ROOT, env=env)
+         "warning", "--no-access-log"], cwd=ROOT, env=server_env)
     try:
         wait_port(args.port)
         stop_at = ctx.Value("d", 0.0)
@@ -310,7 +440,8 @@ def main() -> None:
         print(f"{sum(per)} clients connected in {connect_s:.1f} s; publishing", flush=True)
         pubs = [ctx.Process(target=publisher,
                             args=(env, seeded["buyers"], args.rate / args.publishers,
-                                  args.seconds, args.warmup, i, start_at, out))
+                                  args.seconds, args.warmup, i, start_at, out,
+                                  args.changes))
                 for i in range(args.publishers)]
         busy0, wall0 = machine_busy(), time.time()
         for p in pubs:
@@ -367,6 +498,18 @@ def main() -> None:
     print(f"latency (receive - ts), {len(latencies)} messages after warm-up: "
           f"p50 {pct(latencies, 50) * 1000:.1f} ms, p99 {pct(latencies, 99) * 1000:.1f} ms, "
           f"max {max(latencies, default=float('nan')) * 1000:.1f} ms")
+    server_side = []
+    if writes_file.exists():
+        pairs = array("d")
+        pairs.frombytes(writes_file.read_bytes())
+        server_side = [pairs[i + 1] - pairs[i] for i in range(0, len(pairs), 2)
+                       if pairs[i] >= measure_from.value]
+        writes_file.unlink()
+    if server_side:
+        print(f"  of which in the server (written to the socket - ts), {len(server_side)} "
+              f"frames: p50 {pct(server_side, 50) * 1000:.1f} ms, "
+              f"p99 {pct(server_side, 99) * 1000:.1f} ms, "
+              f"max {max(server_side) * 1000:.1f} ms")
     if delays:
         print(f"end to end (receive - commit of the earliest change carried): "
               f"p50 {pct(e2e, 50) * 1000:.1f} ms, p99 {pct(e2e, 99) * 1000:.1f} ms, "

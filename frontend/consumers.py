@@ -133,7 +133,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                 {"type": "resync_required", "seq": seq, "expected": self.last_seq + 1,
                  "ts": time.time()}, separators=(",", ":")))
         self.last_seq = seq
-        await self.send(text_data=event["text"])
+        await self.send(text_data=event["text"])  # encoded once for the whole group
 
     async def send_snapshot(self, need_seq: int) -> None:
         """A snapshot numbered seq >= need_seq (Hub.snapshot: clients of a group that
@@ -176,7 +176,11 @@ class MarketFeedConsumer(FeedConsumer):
 
     async def connect(self) -> None:
         slug = self.scope["url_route"]["kwargs"]["gpu_class"]
-        self.market = await database_sync_to_async(self._market)(slug)
+        # a websocket of this market already connected here looked it up: no thread hop
+        # and no database connection per connect (1,000 clients connect in a burst)
+        self.market = getattr(feed.hub().any_member(feed.market_group(slug)), "market", None)
+        if self.market is None:
+            self.market = await database_sync_to_async(self._market)(slug)
         if self.market is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return

@@ -82,7 +82,15 @@ every transaction of the batch and carries the latest state). A market's depth i
 coalesced: at most one per market every FEED_DEPTH_INTERVAL (0.1 s; the first one after
 a quiet spell goes at once), always read after its seq was taken, so the depth carried
 by seq k includes every change whose seq is <= k, and the last depth is the latest book.
-Trades and the other messages are never coalesced away.
+Across processes (several web and worker processes commit changes of the same book)
+the coalescing is shared through Redis (`_RedisCounter.depth_turn`): one process at a
+time holds a market's depth slot for FEED_DEPTH_INTERVAL; a process whose changes were
+already read by another process's published depth publishes none of its own. So a
+market gets about one depth per interval whatever the number of processes, and still
+every committed change is followed by a depth read after it.
+Trades and the other messages are never coalesced away. Every event also carries `ns`,
+the Redis database of its sequence numbers: pub/sub channels are server-wide, and a hub
+ignores events numbered in another database (another deployment on the same server).
 
 Delivery: each ASGI process has one `Hub` per event loop that subscribes once per group
 to the channel layer (Redis pub/sub: `channels_redis.pubsub.RedisPubSubChannelLayer`;
@@ -155,6 +163,16 @@ class _LocalCounter:
     def incr_many(self, groups: list[str]) -> list[int]:
         return [self.incr(group) for group in groups]
 
+    # one process publishes everything: no depth coordination between processes
+    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
+        return dict.fromkeys(market_pks, 0)
+
+    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
+        return DEPTH_PUBLISH, 0
+
+    def depth_done(self, market_pk: int, covers: float) -> None:
+        pass
+
 
 class _RedisCounter:
     PREFIX = "gpumarket:feed:seq:"
@@ -177,6 +195,60 @@ class _RedisCounter:
             pipe.incr(self.PREFIX + group)
         return [int(v) for v in pipe.execute()]
 
+    # Depth coalescing across processes (module docstring, Publishing). Per market, one
+    # hash: `changes` counts the committed changes every process noted (HINCRBY after
+    # commit), `covered` is the highest `changes` value read before a depth that was then
+    # published. A process whose change got number v needs a published depth read after
+    # it: one with covered >= v. The slot key (PX = the interval) lets one process at a
+    # time publish; the others wait for it to expire and then either find their changes
+    # covered or take the slot themselves. Losing the keys (a flush, a Redis restart)
+    # resets both numbers together: a change is then never taken for covered.
+    DEPTH = "gpumarket:feed:depth:"
+    _TURN = """
+local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
+if covered >= tonumber(ARGV[1]) then return {0, 0} end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'changes') or '0')}
+end
+return {2, redis.call('PTTL', KEYS[2])}
+"""
+    _DONE = """
+local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
+if tonumber(ARGV[1]) > covered then redis.call('HSET', KEYS[1], 'covered', ARGV[1]) end
+return 0
+"""
+
+    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
+        pipe = self._redis.pipeline(transaction=False)
+        for pk in market_pks:
+            pipe.hincrby(f"{self.DEPTH}{pk}", "changes", 1)
+        return {pk: int(v) for pk, v in zip(market_pks, pipe.execute(), strict=True)}
+
+    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
+        """(DEPTH_COVERED, 0): another process published a depth read after change
+        `need`; (DEPTH_PUBLISH, covers): this process holds the slot, and its depth, read
+        from now on, covers every change numbered <= covers; (DEPTH_WAIT, seconds): another
+        process holds the slot for that long."""
+        turn = self._scripts("_TURN")
+        verdict, value = turn(keys=[f"{self.DEPTH}{market_pk}", f"{self.DEPTH}{market_pk}:slot"],
+                              args=[need, max(1, int(interval * 1000))])
+        if verdict == 0:
+            return DEPTH_COVERED, 0
+        if verdict == 1:
+            return DEPTH_PUBLISH, int(value)
+        return DEPTH_WAIT, max(0.001, int(value) / 1000)
+
+    def depth_done(self, market_pk: int, covers: float) -> None:
+        self._scripts("_DONE")(keys=[f"{self.DEPTH}{market_pk}"], args=[int(covers)])
+
+    def _scripts(self, name: str):
+        cache = self.__dict__.setdefault("_registered", {})
+        if name not in cache:
+            cache[name] = self._redis.register_script(getattr(self, name))
+        return cache[name]
+
+
+DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
 
 _counter: _LocalCounter | _RedisCounter | None = None
 _counter_lock = threading.Lock()
@@ -194,6 +266,19 @@ def counter() -> _LocalCounter | _RedisCounter:
 
 def current_seq(group: str) -> int:
     return counter().get(group)
+
+
+def namespace() -> str:
+    """The sequence numbers' namespace: the Redis database of the counters ("" without
+    Redis). Redis pub/sub channels are server-wide, not per database: a deployment (or a
+    test run) on another database of the same server publishes on the same channel names,
+    with its own numbering. Every event carries this; the hub drops foreign ones."""
+    url = getattr(settings, "REDIS_URL", "")
+    if not url:
+        return ""
+    from redis.connection import parse_url
+
+    return str(parse_url(url).get("db", 0))
 
 
 # ---------------------------------------------------------------- payloads
@@ -443,7 +528,9 @@ class Publisher:
         self._unfinished = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._dirty: dict[int, tuple[float, float]] = {}  # market pk → (due, committed_at)
+        # market pk → (due, committed_at of the earliest change, its last change's number)
+        self._dirty: dict[int, tuple[float, float, int]] = {}
+        self.depth_covered = 0  # depths left to another process's publication
         self._last_depth: dict[int, float] = {}
         self._markets: dict[int, Any] = {}
         self.delays: dict[tuple[str, int], float] | None = None  # bench: (group, seq) → ts − commit
@@ -477,7 +564,7 @@ class Publisher:
         idle_since: float | None = None
         while True:
             now = time.monotonic()
-            wait = min((due for due, _ in self._dirty.values()), default=None)
+            wait = min((due for due, *_ in self._dirty.values()), default=None)
             timeout = self.IDLE_CLOSE_S if wait is None else max(0.0, wait - now)
             try:
                 first = self._queue.get(timeout=timeout)
@@ -516,45 +603,61 @@ class Publisher:
     def _publish_round(self, merged: Batch | None) -> None:
         now = time.monotonic()
         out: list[tuple[str, dict[str, Any], int | None, float]] = []
+        interval = _setting("FEED_DEPTH_INTERVAL", 0.1)
         if merged is not None:
-            interval = _setting("FEED_DEPTH_INTERVAL", 0.1)
+            noted: dict[int, float] = {}
             for group, payload, user_id in merged.messages():
                 market = payload.pop("_depth_of", None)
                 if market is None:
                     out.append((group, payload, user_id, merged.committed_at))
                     continue
                 self._markets[market.pk] = market
-                due = max(now, self._last_depth.get(market.pk, 0.0) + interval)
-                if market.pk in self._dirty:  # keep the earlier due time and commit time
-                    old_due, old_commit = self._dirty[market.pk]
-                    self._dirty[market.pk] = (min(old_due, due),
-                                              min(old_commit, merged.committed_at))
+                noted[market.pk] = max(now, self._last_depth.get(market.pk, 0.0) + interval)
+            numbers = counter().depth_changes(sorted(noted)) if noted else {}
+            for pk, due in noted.items():
+                if pk in self._dirty:  # the earlier due and commit time, the later change
+                    old_due, old_commit, old_need = self._dirty[pk]
+                    self._dirty[pk] = (min(old_due, due), min(old_commit, merged.committed_at),
+                                       max(old_need, numbers[pk]))
                 else:
-                    self._dirty[market.pk] = (due, merged.committed_at)
-        for pk, (due, committed_at) in sorted(self._dirty.items()):
-            if due <= now:
-                market = self._markets[pk]
-                out.append((market_group(market.slug), {"type": "depth", "_depth_of": market},
-                            None, committed_at))
-                del self._dirty[pk]
-                self._last_depth[pk] = now
+                    self._dirty[pk] = (due, merged.committed_at, numbers[pk])
+        for pk, (due, committed_at, need) in sorted(self._dirty.items()):
+            if due > now:
+                continue
+            turn, value = counter().depth_turn(pk, need, interval)
+            if turn == DEPTH_WAIT:  # another process publishes this market's depth now
+                self._dirty[pk] = (now + value, committed_at, need)
+                continue
+            del self._dirty[pk]
+            if turn == DEPTH_COVERED:  # ... and it was read after this process's changes
+                self.depth_covered += 1
+                continue
+            market = self._markets[pk]
+            out.append((market_group(market.slug),
+                        {"type": "depth", "_depth_of": market, "_covers": (pk, value)},
+                        None, committed_at))
+            self._last_depth[pk] = now
         if out:
             self._send(out)
 
     def _send(self, messages: list[tuple[str, dict[str, Any], int | None, float]]) -> None:
         seqs = counter().incr_many([group for group, *_ in messages])
-        events = []
+        events, covers, ns = [], [], namespace()
         for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
             depth_of = payload.pop("_depth_of", None)
             if depth_of is not None:  # read after its seq was taken: module docstring
+                covers.append(payload.pop("_covers"))
                 payload.update(depth_payload(depth_of))
             ts = time.time()
             payload = {**payload, "seq": seq, "ts": ts}
             if self.delays is not None:
                 self.delays[(group, seq)] = ts - committed_at
             events.append({"type": EVENT_TYPE, "group": group, "seq": seq, "user": user_id,
+                           "ns": ns,
                            "text": json.dumps(payload, separators=(",", ":"))})
         send_events(events, self._loop)
+        for pk, value in covers:  # only once sent: others may now skip their own depth
+            counter().depth_done(pk, value)
 
 
 _publisher: Publisher | None = None
@@ -673,6 +776,7 @@ class Hub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.ns = namespace()
         self.groups: dict[str, _GroupState] = {}
         self._lock = asyncio.Lock()
         self._layer = None
@@ -689,6 +793,11 @@ class Hub:
 
     def seq(self, group: str) -> int:
         return self.groups[group].expected - 1
+
+    def any_member(self, group: str) -> Subscriber | None:
+        """A local subscriber of `group`, if any (a new one may share what it looked up)."""
+        state = self.groups.get(group)
+        return next(iter(state.members), None) if state is not None else None
 
     async def snapshot(self, group: str, need_seq: int, read) -> tuple[int, str]:
         """(seq, JSON text) of a snapshot of `group` numbered seq >= need_seq.
@@ -785,6 +894,8 @@ class Hub:
     def deliver(self, event: dict[str, Any]) -> None:
         state = self.groups.get(event.get("group", ""))
         if state is None or not state.subscribed:
+            return
+        if event.get("ns", self.ns) != self.ns:  # numbered by another Redis database
             return
         seq = event["seq"]
         if seq < state.expected or seq in state.pending:
