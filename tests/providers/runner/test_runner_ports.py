@@ -130,3 +130,16 @@ def test_the_agent_reports_the_endpoints_with_running(marketplace, docker_client
         assert "endpoints" not in plain
     finally:
         client.close()
+
+
+def test_run_refuses_an_unreachable_advertised_host(tmp_path):
+    from .test_runner_cli import runner
+
+    done = runner("run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "--state-dir",
+                  str(tmp_path), "--public-host", "0.0.0.0")
+    assert done.returncode == 1
+    assert "--public-host 0.0.0.0 binds every interface: also pass --advertise-host" \
+        in done.stderr
+    done = runner("run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "--state-dir",
+                  str(tmp_path), "--advertise-host", "gpu1.example.net")
+    assert done.returncode == 1 and "--advertise-host needs --public-host" in done.stderr
