@@ -18,6 +18,13 @@ Health is evaluated on every heartbeat: the readings and the XIDs since the last
 through health.evaluate; the heartbeat carries the non-ok findings. A fatal XID keeps its
 GPU out of service until the runner restarts (after the GPU reset NVIDIA's catalog asks
 for); a fatal reading holds while the reading stays fatal.
+After a lease's workload is stopped and removed, no process may still hold its GPUs
+(check_released: NVML's compute and graphics processes per GPU UUID; with --simulate the
+dump's "Processes" sections, gpu_processes.py). A GPU still held gets a fatal
+`process_left` finding: logged, sent with the next heartbeat (at once), and, like any fatal
+GPU, no lease is started on it (a pending lease on it is failed with that evidence) until a
+later heartbeat finds it free. Workloads of ended leases are stopped before new ones start,
+so a GPU is free before it is handed on.
 A newly started container is checked from inside (runtime.verify_gpus: `nvidia-smi -L`, or
 NVIDIA_VISIBLE_DEVICES with --simulate): if it sees other GPUs than the leased ones, the
 lease is reported `failed` with that evidence and the container removed.
@@ -47,11 +54,13 @@ from datetime import UTC, datetime, timedelta
 from . import __version__
 from .benchmark import post_result, run_in_subprocess
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
+from .gpu_processes import describe_all, source_for
 from .health import Finding, evaluate
 from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 
 MAX_BACKOFF_S = 30.0
+RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 LOG_LINES = 200  # lines of a workload's output sent as its tail
 LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
@@ -122,6 +131,11 @@ class Agent:
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
+        # which processes hold a GPU (gpu_processes.py): None where it cannot be asked
+        self.gpu_processes = source_for(gpus)
+        self.release_settle_s = RELEASE_SETTLE_S
+        self._busy: dict[str, Finding] = {}  # GPU uuid → process_left finding, until free
+        self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
         self.benchmark_run = run_in_subprocess
@@ -166,13 +180,61 @@ class Agent:
             fatal.setdefault(finding.uuid, finding)
         for uuid, finding in self._xid_fatal.items():
             fatal.setdefault(uuid, finding)
+        self._recheck_busy()
+        for uuid, finding in self._busy.items():
+            fatal.setdefault(uuid, finding)
         for uuid, finding in fatal.items():
             if uuid not in self.fatal:
                 self.log(f"GPU {uuid}: fatal: {finding.rule}: {finding.evidence}")
         self.fatal = fatal
         sent = [f for f in self.findings if f.severity != "ok"]
         sent += [f for u, f in self._xid_fatal.items() if f not in sent]
+        sent += [f for u, f in self._busy.items() if f not in sent]
         return sent
+
+    # -- GPUs free after a lease -----------------------------------------------------------
+    def _held(self, uuids: list[str], settle_s: float = 0.0) -> dict:
+        """{uuid: processes} of the GPUs in `uuids` that some process holds; a GPU still
+        held is asked again every 0.5 s for up to `settle_s` seconds. {} when no source."""
+        if self.gpu_processes is None or not uuids:
+            return {}
+        deadline = time.monotonic() + settle_s
+        while True:
+            held = {u: p for u, p in self.gpu_processes(list(uuids)).items() if p}
+            if not held or time.monotonic() >= deadline:
+                return held
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            uuids = list(held)
+
+    def check_released(self, lease_id: int, uuids: list[str]) -> list[Finding]:
+        """After lease `lease_id`'s workload was removed: the GPUs of `uuids` that a
+        process still holds (after release_settle_s seconds of grace) each get a fatal
+        `process_left` finding (evidence: the processes), logged once; no lease starts on
+        them until a heartbeat finds them free, and the next heartbeat goes out at once.
+        Returns the new findings."""
+        found = []
+        for uuid, processes in self._held(uuids, self.release_settle_s).items():
+            finding = Finding(uuid, "process_left", "fatal",
+                              f"{describe_all(processes)} still holds the GPU after lease "
+                              f"{lease_id}'s workload was removed")
+            if uuid not in self._busy:
+                self.log(f"GPU {uuid}: {finding.evidence}; no lease starts on it until it "
+                         "is free")
+            self._busy[uuid] = self.fatal[uuid] = finding
+            found.append(finding)
+        if found:
+            self._next_heartbeat = 0.0  # the marketplace takes the GPU out of the asks now
+        return found
+
+    def _recheck_busy(self) -> None:
+        """Drop the GPUs no process holds any more from `_busy` (logged)."""
+        if not self._busy:
+            return
+        held = self._held(list(self._busy))
+        for uuid in list(self._busy):
+            if uuid not in held:
+                del self._busy[uuid]
+                self.log(f"GPU {uuid}: no process holds it any more; back in service")
 
     def heartbeat(self) -> None:
         """Evaluate health, POST the readings and non-ok findings now, and learn the
@@ -295,15 +357,35 @@ class Agent:
                 del self._sent_tails[lease_id]
 
     def _stop(self, lease_id: int) -> None:
-        """Send the final tail, then stop and remove the workload."""
+        """Send the final tail, stop and remove the workload, then check that no process
+        still holds its GPUs (check_released)."""
+        uuids = self._lease_gpus.pop(lease_id, None)
+        if uuids is None:  # ended while the runner was down: the container knows its GPUs
+            uuids = next((w["gpus"].split(",") for w in self._describe()
+                          if w["lease"] == lease_id and w.get("gpus")), [])
         self.send_log(lease_id)
         self._sent_tails.pop(lease_id, None)
         self.runtime.stop(lease_id, self.grace_s)
+        self.check_released(lease_id, uuids)
+
+    def _describe(self) -> list[dict]:
+        try:
+            return self.runtime.describe() if hasattr(self.runtime, "describe") else []
+        except RuntimeFailure:
+            return []
 
     def reconcile(self, leases: list[dict]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
         handles = self.runtime.list_leases()
         listed = {int(lease["id"]): lease for lease in leases}
+        for lease_id, lease in listed.items():
+            self._lease_gpus[lease_id] = list(lease.get("gpu_uuids") or [])
+        for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
+            self._stop(lease_id)
+            self.log(f"lease {lease_id}: no longer listed by the marketplace; "
+                     f"container {_short(handles[lease_id])} stopped and removed")
+        for lease_id in list(self._lease_gpus.keys() - listed.keys()):
+            del self._lease_gpus[lease_id]  # ended without a workload here
         for lease_id, lease in listed.items():
             try:
                 self._reconcile_lease(lease, handles.get(lease_id))
@@ -313,10 +395,6 @@ class Agent:
                 if exc.transient or isinstance(exc, Unauthorized):
                     raise
                 self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
-        for lease_id in sorted(handles.keys() - listed.keys()):
-            self._stop(lease_id)
-            self.log(f"lease {lease_id}: no longer listed by the marketplace; "
-                     f"container {_short(handles[lease_id])} stopped and removed")
 
     def _unhealthy(self, lease: dict) -> Finding | None:
         """The fatal finding of the first leased GPU that has one, else None."""
