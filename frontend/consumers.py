@@ -7,8 +7,12 @@ events after checking, for every event, that it belongs to this connection (the 
 it subscribed to; for /ws/me/ the connected user). Formats and the sequence rules:
 frontend/feed.py.
 
-Each connection has a bounded queue (FEED_CLIENT_QUEUE messages, default 32) and its
-own sender task, so a slow client never stalls the hub or the other clients. When its
+Each connection has a bounded queue (FEED_CLIENT_QUEUE messages, default 128) and its
+own sender task, so a slow client never stalls the hub or the other clients. The queue
+holds references to the group's shared events (each encoded once), so its length costs
+no memory to speak of; it only decides how long a stall is ridden out: 128 messages are
+about 6 s of a busy market (~20 a second), where 32 turned a 1.5 s stall of the whole
+process (a CPU-starved server) into a resync of every client at once. When its
 queue is full the backlog is dropped, `resync_required` is queued in its place, and
 nothing more is queued for it until it asks for `{"type": "resync"}` (then a fresh
 snapshot). Nothing is lost silently: the client is told.
@@ -56,7 +60,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
 
     async def subscribe(self, group: str) -> None:
         self.group = group
-        self._queue = asyncio.Queue(maxsize=getattr(settings, "FEED_CLIENT_QUEUE", 32))
+        self._queue = asyncio.Queue(maxsize=getattr(settings, "FEED_CLIENT_QUEUE", 128))
         await self.accept()
         self.hub = feed.hub()
         await self.hub.join(group, self)

@@ -100,7 +100,7 @@ queue (frontend/consumers.py). Ordering guarantee: per group, a client receives 
 in increasing seq order. Events from several publishing processes may reach Redis out
 of order; the hub holds an early one up to FEED_REORDER_WAIT (0.1 s) for the missing
 seqs, then hands out what it has: the client sees the gap (`resync_required`, then it
-resyncs). A client too slow to drain its queue (FEED_CLIENT_QUEUE, 32) loses its
+resyncs). A client too slow to drain its queue (FEED_CLIENT_QUEUE, 128) loses its
 backlog and gets `resync_required`; nothing more is sent to it until it resyncs.
 """
 
