@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import stripe_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -15,7 +15,10 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
     path("wallet/", views.wallet, name="wallet-page"),
     path("wallet/dev-credit/", views.wallet_dev_credit, name="wallet-dev-credit"),
-    path("wallet/topup/", views.wallet_topup, name="wallet-topup"),
+    path("wallet/topup/", stripe_views.wallet_topup, name="wallet-topup"),
+    path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
+    path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,
+         name="wallet-topup-return"),
     path("markets/<slug:slug>/", views.market, name="market"),
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),

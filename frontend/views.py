@@ -172,27 +172,7 @@ def wallet_dev_credit(request):
                  status=400)
 
 
-@member
-@require_POST
-def wallet_topup(request):
-    from settlement import stripe_payments
-
-    if not settings.STRIPE_SECRET_KEY:
-        raise Http404("Stripe is not configured on this server")
-    form = f.TopUpForm(request.POST)
-    if form.is_valid():
-        cents = form.cleaned_data["amount"] // stripe_payments.MICROS_PER_CENT
-        try:
-            created = stripe_payments.topup_create(buyer_id=request.user.pk, amount_cents=cents)
-        except ValueError as exc:
-            form.add_error("amount", str(exc))
-        except stripe_payments.stripe.StripeError as exc:
-            form.add_error(None, f"Stripe refused the payment: {exc.user_message or exc}")
-        else:
-            return _page(request, "frontend/wallet.html", _wallet_context(
-                request, client_secret=created.client_secret), status=201)
-    return _page(request, "frontend/wallet.html", _wallet_context(request, topup_form=form),
-                 status=400)
+# the Stripe top-up (POST wallet/topup/ and paying in the page): frontend/stripe_views.py
 
 
 # ---------------------------------------------------------------- markets

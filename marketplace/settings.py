@@ -26,7 +26,9 @@ Variables (default in brackets):
   [unset: on-chain settlement off]; GPUMARKET_CHAIN_MIRROR_SECONDS [30]: how often
   deposits are credited and settlements mirrored.
 - STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
-  [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300].
+  [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300];
+  STRIPE_PUBLISHABLE_KEY [unset: no card payment in the wallet page], STRIPE_JS_URL
+  [https://js.stripe.com/v3/; loaded only when Stripe is configured].
 """
 
 from __future__ import annotations
@@ -241,6 +243,9 @@ STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
 STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
 STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com")
 STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
+# Stripe.js in the wallet page (frontend/stripe_views.py); tests: localstripe's mock
+STRIPE_PUBLISHABLE_KEY = env.str("STRIPE_PUBLISHABLE_KEY", default="")
+STRIPE_JS_URL = env.str("STRIPE_JS_URL", default="https://js.stripe.com/v3/")
 
 # On-chain settlement (off unless GPUMARKET_CHAIN_RPC_URL is set): the JSON-RPC node, the
 # deployed Settlement contract, and the operator account the node signs for.

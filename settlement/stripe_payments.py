@@ -96,6 +96,73 @@ def topup_create(*, buyer_id: int, amount_cents: int) -> NewTopUp:
     return NewTopUp(topup=topup, client_secret=intent.client_secret)
 
 
+# ---------------------------------------------------------------- paying in the page
+#
+# Stripe.js in the wallet page (frontend/stripe_views.py, static/frontend/stripe-topup.js):
+# the card goes from the browser to Stripe only (Card Element, `confirmCardSetup` of a
+# SetupIntent made for this top-up); the server then charges the top-up's PaymentIntent
+# with that PaymentMethod, and the page completes a 3-D Secure step, if Stripe asks for
+# one, with `confirmCardPayment(<the PaymentIntent's client secret>)`. The wallet is
+# credited from what Stripe says — the verified webhook, or `topup_sync` retrieving the
+# PaymentIntent with our secret key when the page comes back — never from the browser.
+
+
+def topup_card_setup(*, topup: TopUp) -> str:
+    """A SetupIntent for the card the buyer types into the page, tagged with the top-up;
+    returns its client secret (for Stripe.js)."""
+    intent = client().v1.setup_intents.create(
+        params={"payment_method_types": ["card"], "usage": "on_session",
+                "metadata": {"gpumarket_user_id": str(topup.buyer_id),
+                             "gpumarket_topup_id": str(topup.pk)}},
+        options={"idempotency_key": f"gpumarket-topup-setup-{topup.pk}"},
+    )
+    return intent.client_secret
+
+
+def topup_pay(*, buyer_id: int, topup_id: int, setup_intent_id: str) -> str:
+    """Charge the top-up's PaymentIntent with the card set up in the page; returns the
+    PaymentIntent's status (`succeeded`, `requires_action`: the page authenticates with
+    confirmCardPayment, `processing`, …). Raises TopUp.DoesNotExist (not this buyer's),
+    ValueError (a SetupIntent that is not this top-up's, or not succeeded) and
+    stripe.StripeError. A succeeded payment is credited at once (as by the webhook)."""
+    topup = TopUp.objects.get(pk=topup_id, buyer_id=buyer_id)
+    stripe_client = client()
+    setup = stripe_client.v1.setup_intents.retrieve(setup_intent_id)
+    meta = setup.metadata.to_dict() if setup.metadata else {}
+    if meta.get("gpumarket_topup_id") != str(topup.pk) or not topup.payment_intent_id:
+        raise ValueError("this card was not set up for this top-up")
+    if setup.status != "succeeded" or not setup.payment_method:
+        raise ValueError(f"the card is not set up (Stripe says {setup.status})")
+    method = setup.payment_method if isinstance(setup.payment_method, str) \
+        else setup.payment_method.id
+    intent = stripe_client.v1.payment_intents.retrieve(topup.payment_intent_id)
+    if intent.status in ("requires_payment_method", "requires_confirmation"):
+        stripe_client.v1.payment_intents.update(
+            intent.id, params={"payment_method": method},
+            options={"idempotency_key": f"gpumarket-topup-{topup.pk}-pm-{setup.id}"})
+        intent = stripe_client.v1.payment_intents.confirm(intent.id, options={
+            "idempotency_key": f"gpumarket-topup-{topup.pk}-confirm-{setup.id}"})
+    if intent.status == "succeeded":
+        with transaction.atomic():
+            _credit_intent(intent)
+    return intent.status
+
+
+def topup_sync(*, buyer_id: int, topup_id: int) -> tuple[str, TopUp]:
+    """Ask Stripe (server-side, secret key) for the top-up's PaymentIntent and credit it
+    if it succeeded and was not credited yet; returns (Stripe's status, the top-up).
+    Raises TopUp.DoesNotExist and stripe.StripeError."""
+    topup = TopUp.objects.get(pk=topup_id, buyer_id=buyer_id)
+    if not topup.payment_intent_id:
+        return "failed", topup
+    intent = client().v1.payment_intents.retrieve(topup.payment_intent_id)
+    if intent.status == "succeeded":
+        with transaction.atomic():
+            _credit_intent(intent)
+        topup.refresh_from_db()
+    return intent.status, topup
+
+
 def verify(payload: bytes, signature: str | None) -> stripe.Event:
     """Check the `Stripe-Signature` header against the raw body (HMAC-SHA256 with the
     endpoint secret, timestamp within STRIPE_WEBHOOK_TOLERANCE_SECONDS). Raises
@@ -139,11 +206,17 @@ def _apply(event: stripe.Event) -> str:
         return _debit(event)
     if event.type != "payment_intent.succeeded":
         return f"ignored {event.type}"
-    intent = event.data.object
+    return _credit_intent(event.data.object)
+
+
+def _credit_intent(intent) -> str:
+    """Credit a PaymentIntent that Stripe says succeeded (a verified webhook, or our own
+    server-side retrieve): once per PaymentIntent, whichever path comes first. Runs in
+    the caller's transaction; the top-up row is locked first, so the two paths queue."""
     key = f"stripe-pi:{intent.id}"
+    topup = TopUp.objects.select_for_update().filter(payment_intent_id=intent.id).first()
     if JournalEntry.objects.filter(idempotency_key=key).exists():
         return f"payment intent {intent.id} already credited"
-    topup = TopUp.objects.select_for_update().filter(payment_intent_id=intent.id).first()
     user_id = topup.buyer_id if topup else None
     if user_id is None:
         meta = intent.metadata.to_dict() if intent.metadata else {}

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from tests.conftest import DATA, ROOT, require_or_skip
 from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.settlement.test_stripe_topups import localstripe_url  # noqa: F401 (fixture)
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -175,6 +176,55 @@ def test_buyer_funds_bids_and_sees_fill_and_lease_without_reload(live_server, br
     expect(page.locator(f"#lease-{second.pk}")).to_contain_text("e2e0c0ffee42")
     assert page.evaluate("window.__noReload") == marker
     browser.shot("browser-buyer-market")
+    assert browser.errors == []
+
+
+def test_buyer_tops_up_with_a_test_card_in_the_page_and_sees_the_credit(
+        live_server, browser, settings, localstripe_url):  # noqa: F811
+    """Stripe.js (localstripe's own mock of it, loaded from the STRIPE_JS_URL setting):
+    the buyer types the 4242 test card into the Card Element, pays, and the wallet shows
+    the credit — which came from Stripe's answer to the server (and, racing it, from
+    localstripe's signed webhook to the live server), credited once."""
+    import httpx
+    from playwright.sync_api import expect
+
+    from settlement import services as ledger
+    from settlement.models import JournalEntry, TopUp
+
+    secret = "whsec_gpumarket_browser"
+    settings.STRIPE_SECRET_KEY = "sk_test_gpumarket"
+    settings.STRIPE_PUBLISHABLE_KEY = "pk_test_gpumarket"
+    settings.STRIPE_WEBHOOK_SECRET = secret
+    settings.STRIPE_API_BASE = localstripe_url
+    settings.STRIPE_JS_URL = f"{localstripe_url}/js.stripe.com/v3/"
+    httpx.post(f"{localstripe_url}/_config/webhooks/gpumarket",
+               data={"url": f"{live_server.url}/api/v1/stripe/webhook/", "secret": secret}
+               ).raise_for_status()
+    page = browser.page
+    browser.signup(live_server.url, "card-buyer")
+    expect(page.locator("#wallet-available")).to_have_text("$0.00")
+
+    page.get_by_label("Amount (USD)").fill("25.00")
+    page.get_by_label("Amount (USD)").press("Enter")  # from the keyboard
+    card = page.locator("#card-element")
+    expect(card.locator("input")).to_have_count(5)  # the mock's Card Element
+    for field, value in (("number", "4242424242424242"), ("exp_month", "12"),
+                         ("exp_year", "34"), ("cvc", "123"), ("postal_code", "10001")):
+        card.get_by_placeholder(field, exact=True).fill(value)
+    assert ledger.wallet(user_id=TopUp.objects.get().buyer_id).available == 0
+    browser.shot("browser-stripe-card")
+
+    page.get_by_role("button", name="Pay $25.00").click()
+    page.wait_for_url(re.compile(r"/wallet/$"))
+    expect(page.get_by_text("Stripe confirmed your payment: 25.00 USD added.")).to_be_visible()
+    expect(page.locator("#wallet-available")).to_have_text("$25.00")
+    browser.shot("browser-stripe-topup-credited")
+    topup = TopUp.objects.get()
+    assert topup.status == "succeeded" and topup.credited == 25_000_000
+    assert ledger.wallet(user_id=topup.buyer_id).available == 25_000_000
+    time.sleep(1)  # localstripe's webhook, if it comes after the page's return: still once
+    assert JournalEntry.objects.filter(kind="stripe_topup").count() == 1
+    assert ledger.wallet(user_id=topup.buyer_id).available == 25_000_000
     assert browser.errors == []
 
 
