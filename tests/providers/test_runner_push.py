@@ -216,3 +216,58 @@ def test_push_flush_sends_after_commit_from_a_task_process_too():
     _bid(buyer)
     assert push.flush(10)
     assert push.current_seq(node.pk) == before + 1
+
+
+def _serve(port: int):
+    import uvicorn
+
+    from marketplace.asgi import application
+
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until("uvicorn to start", lambda: server.started, timeout=15, every=0.05)
+    return server, thread
+
+
+def test_the_listener_reconnects_after_the_marketplace_restarts(transactional_db):
+    """The runner's websocket thread (providers/runner/push.py) against a real uvicorn that
+    stops and comes back on the same port: one log line per change of state, `connected`
+    follows it, and notices flow again after the reconnection."""
+    from providers.runner.push import PushListener
+
+    _, node, token, buyer = _market()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lines: list[str] = []
+    notices: list[int | None] = []
+    listener = PushListener(f"http://127.0.0.1:{port}", token, log=lines.append,
+                            poll_interval=2, max_backoff=1)
+    server, thread = _serve(port)
+    listener.start(notices.append)
+    try:
+        wait_until("the first connection", lambda: listener.connected, timeout=15)
+        server.should_exit = True
+        thread.join(15)
+        wait_until("the drop to be noticed", lambda: not listener.connected, timeout=15)
+        time.sleep(2.5)  # several failed reconnection attempts (max_backoff 1 s)
+        assert [line.split(" (")[0] for line in lines] == [
+            f"push: websocket ws://127.0.0.1:{port}/ws/runner/ connected; leases arrive as "
+            "soon as they change",
+            f"push: websocket ws://127.0.0.1:{port}/ws/runner/ down"]
+
+        server, thread = _serve(port)
+        wait_until("the reconnection", lambda: listener.connected, timeout=15)
+        assert len(lines) == 3 and lines[2] == lines[0]
+        before = len(notices)
+        _bid(buyer)
+        wait_until("a notice after the reconnection", lambda: len(notices) > before,
+                   timeout=15)
+        assert notices[-1] == push.current_seq(node.pk)
+    finally:
+        listener.stop()
+        server.should_exit = True
+        thread.join(15)
+        connections.close_all()
