@@ -103,7 +103,11 @@ def print_line(message: str) -> None:
 class Agent:
     """One runner. client: MarketplaceClient; gpus: nvml.NvmlGpus or nvml.DumpGpus;
     runtime: runtime.DockerRuntime or runtime.ProcessRuntime. Intervals in seconds;
-    grace_s: seconds between SIGTERM and SIGKILL when stopping a workload."""
+    grace_s: seconds between SIGTERM and SIGKILL when stopping a workload; push:
+    push.PushListener (started and stopped by run()) or None to poll only; resync_interval:
+    seconds between lease-list fetches while push is connected and quiet. Attributes a
+    caller may set: gpu_processes (gpu_processes.py source, None: no release check) and
+    release_settle_s (seconds a GPU may stay held after its workload is removed)."""
 
     def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
