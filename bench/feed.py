@@ -399,6 +399,10 @@ def main() -> None:
     parser.add_argument("--app", default="bench.feed_asgi:application",
                         help="the ASGI application (default: marketplace.asgi plus the "
                              "server-side write times, bench/feed_asgi.py)")
+    parser.add_argument("--server-times", action="store_true",
+                        help="also record when the server wrote each frame "
+                             "(bench/feed_asgi.py; it wraps ASGI send, which turns the "
+                             "feed's direct frame writes off: frontend/consumers.py)")
     parser.add_argument("--profile", default="",
                         help="write a sampling profile of the server to this file")
     parser.add_argument("--db", default="gpumarket_feedbench")
@@ -413,7 +417,9 @@ def main() -> None:
     with ctx.Pool(1) as pool:
         seeded = pool.apply(seed, (env,))
     writes_file = Path(tempfile.mkdtemp(prefix="feedbench")) / "writes.bin"
-    server_env = {**env, "FEED_BENCH_WRITES": str(writes_file)}
+    server_env = dict(env)
+    if args.server_times:
+        server_env["FEED_BENCH_WRITES"] = str(writes_file)
     if args.profile:
         server_env["FEED_BENCH_SAMPLE"] = str(Path(args.profile).resolve())
     server = subprocess.Popen(

@@ -10,8 +10,9 @@ bench needs to tell the server's share of the latency from the clients' share.
   but its own) written as text to <file> at exit: where the server spends its time,
   without cProfile's per-call overhead distorting a workload of tiny calls.
 
-Both cost a little per frame (one more coroutine level, a string search); the bench
-prints the figures with and without them (see bench/README.md).
+The write times wrap ASGI `send`, so the feed's direct frame writes (frontend/
+consumers.py) are off while they are recorded: that measures the ASGI path. The
+sampler costs the GIL every 2 ms.
 """
 
 from __future__ import annotations

@@ -17,6 +17,18 @@ queue is full the backlog is dropped, `resync_required` is queued in its place, 
 nothing more is queued for it until it asks for `{"type": "resync"}` (then a fresh
 snapshot). Nothing is lost silently: the client is told.
 
+Direct writes (FEED_DIRECT_WRITES, default on): most of a busy feed's cost was the path
+of each event through the queue, the sender task and four layers of ASGI `send` to
+every client (bench/README.md). When the connection is served by uvicorn's
+websockets-sansio protocol without extensions (no permessage-deflate: a compressed
+frame differs per connection), an event whose seq is the next one for a client whose
+sender is idle with an empty queue is written to its socket directly as a frame encoded
+once for the whole group (`text_frame`): the same bytes ASGI `send` would write, in the
+same order. Anything else takes the queue: the snapshot, gaps, warnings, a socket that
+pushes back (uvicorn's flow control: the slow-client rule applies as before), a closing
+connection, another server, a wrapped `send`. Detection (`direct_socket`) checks the
+class and the attributes it uses and falls back to ASGI when any is missing.
+
 Close codes: 4401 not authenticated (/ws/me/), 4404 unknown market or auction.
 """
 
@@ -43,6 +55,50 @@ CLOSE_NOT_FOUND = 4404
 
 
 
+def direct_socket(send):
+    """uvicorn's websocket protocol (websockets-sansio) behind Channels' session wrapper,
+    if that is what carries this connection and no extension (permessage-deflate) was
+    negotiated: then an event's frame, encoded once for the whole group, can be written
+    to each socket as is. Anything else (another server, a wrapped send, compression):
+    None, and every message goes through ASGI `send`."""
+    proto = getattr(getattr(getattr(send, "__self__", None), "real_send", None), "__self__",
+                    None)
+    cls = type(proto)
+    if (cls.__name__ != "WebSocketsSansIOProtocol"
+            or cls.__module__ != "uvicorn.protocols.websockets.websockets_sansio_impl"):
+        return None
+    conn = getattr(proto, "conn", None)
+    needed = ("transport", "writable", "close_sent", "disconnected", "handshake_complete")
+    if conn is None or getattr(conn, "extensions", None) or \
+            not all(hasattr(proto, name) for name in needed):
+        return None
+    return proto
+
+
+def text_frame(text: str) -> bytes:
+    """One unmasked, unfragmented, uncompressed server text frame (RFC 6455, 5.2)."""
+    data = text.encode()
+    n = len(data)
+    if n < 126:
+        return bytes((0x81, n)) + data
+    if n < 1 << 16:
+        return bytes((0x81, 126)) + n.to_bytes(2, "big") + data
+    return bytes((0x81, 127)) + n.to_bytes(8, "big") + data
+
+
+def _write_frame(proto, event: dict[str, Any]) -> bool:
+    """Write the event's shared frame to the socket if it is open and not pushing back
+    (uvicorn's flow control); False: go through the queue and ASGI instead."""
+    if (not proto.handshake_complete or proto.close_sent or proto.disconnected
+            or not proto.writable.is_set() or proto.transport.is_closing()):
+        return False
+    frame = event.get("frame")
+    if frame is None:
+        frame = event["frame"] = text_frame(event["text"])
+    proto.transport.write(frame)
+    return True
+
+
 class FeedConsumer(AsyncWebsocketConsumer):
     """Common part: hub membership, snapshot with seq, gap detection, resync, and the
     per-connection bounded queue."""
@@ -57,14 +113,18 @@ class FeedConsumer(AsyncWebsocketConsumer):
     hub: feed.Hub | None = None
     _queue: asyncio.Queue | None = None
     _sender: asyncio.Task | None = None
+    _socket = None       # uvicorn's protocol when frames may be written directly
+    _idle: bool = False  # the sender waits on an empty queue: nothing queued or in flight
 
     async def subscribe(self, group: str) -> None:
         self.group = group
         self._queue = asyncio.Queue(maxsize=getattr(settings, "FEED_CLIENT_QUEUE", 128))
         await self.accept()
         self.hub = feed.hub()
+        if getattr(settings, "FEED_DIRECT_WRITES", True):
+            self._socket = direct_socket(self.base_send)
         await self.hub.join(group, self)
-        self._queue.put_nowait(self._snapshot_item())  # first in the queue: before any event
+        self._put(self._snapshot_item())  # first in the queue: before any event
         self._sender = asyncio.create_task(self._send_loop())
 
     # -- called by the hub, synchronously, for every event of the group
@@ -74,19 +134,27 @@ class FeedConsumer(AsyncWebsocketConsumer):
             return
         if self.lagging:
             return
+        if (self._idle and self._socket is not None and self.last_seq is not None
+                and event["seq"] == self.last_seq + 1 and _write_frame(self._socket, event)):
+            self.last_seq = event["seq"]  # nothing queued, nothing in flight: in order
+            return
         try:
-            self._queue.put_nowait(("event", event))
+            self._put(("event", event))
         except asyncio.QueueFull:
             self._overflow(event)
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        self._idle = False  # from now until the sender finds its queue empty again
+        self._queue.put_nowait(item)
 
     def _overflow(self, event: dict[str, Any]) -> None:
         """Too slow: drop its backlog and tell it to resync; the group goes on."""
         dropped = self._clear()
         if any(kind == "snapshot" for kind, _ in dropped):  # that supersedes all
-            self._queue.put_nowait(self._snapshot_item())
+            self._put(self._snapshot_item())
             return
         self.lagging = True
-        self._queue.put_nowait(("text", json.dumps(
+        self._put(("text", json.dumps(
             {"type": "resync_required", "seq": event["seq"],
              "expected": (self.last_seq or 0) + 1, "ts": time.time()},
             separators=(",", ":"))))
@@ -105,15 +173,17 @@ class FeedConsumer(AsyncWebsocketConsumer):
     def _request_snapshot(self) -> None:
         self.lagging = False
         try:
-            self._queue.put_nowait(self._snapshot_item())
+            self._put(self._snapshot_item())
         except asyncio.QueueFull:  # a snapshot supersedes the backlog
             self._clear()
-            self._queue.put_nowait(self._snapshot_item())
+            self._put(self._snapshot_item())
 
     async def _send_loop(self) -> None:
         try:
             while True:
+                self._idle = self._queue.empty()
                 kind, item = await self._queue.get()
+                self._idle = False
                 if kind == "event":
                     await self._forward(item)
                 elif kind == "snapshot":
@@ -169,9 +239,9 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if isinstance(message, dict) and message.get("type") == "resync":
             if self._queue is not None:
                 self._request_snapshot()
-        elif self._queue is not None:  # through the queue: the sender is the only writer
+        elif self._queue is not None:  # through the queue, in order with the rest
             with contextlib.suppress(asyncio.QueueFull):
-                self._queue.put_nowait(("text", json.dumps(
+                self._put(("text", json.dumps(
                     {"type": "error", "message": 'unknown message: send {"type": "resync"}'})))
 
 

@@ -1,0 +1,144 @@
+"""Direct frame writes (frontend/consumers.py): under uvicorn, an event goes to each
+idle client's socket as one frame encoded once for the group — byte for byte what ASGI
+`send` writes — and in order; a connection with permessage-deflate, a socket that pushes
+back, or a closing one takes the ASGI path."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from websockets.frames import Frame, Opcode
+
+from frontend import feed
+from frontend.consumers import _write_frame, text_frame
+from marketplace import book
+from tests.factories import funded_buyer, registered_node
+
+H100 = "h100-sxm-80gb"
+GROUP = feed.market_group(H100)
+
+
+@pytest.mark.parametrize("size", [0, 5, 125, 126, 65535, 65536, 200_000])
+def test_text_frame_is_the_frame_websockets_writes(size):
+    text = ("é" * size)[:size] if size % 2 else "x" * size
+    assert text_frame(text) == Frame(Opcode.TEXT, text.encode()).serialize(
+        mask=False, extensions=[])
+
+
+class _Transport:
+    def __init__(self):
+        self.written, self.closing = [], False
+
+    def write(self, data):
+        self.written.append(data)
+
+    def is_closing(self):
+        return self.closing
+
+
+def _proto(**state):
+    writable = asyncio.Event()
+    writable.set()
+    base = {"handshake_complete": True, "close_sent": False, "disconnected": False,
+            "writable": writable, "transport": _Transport()}
+    return SimpleNamespace(**{**base, **state})
+
+
+def test_a_socket_that_pushes_back_or_closes_is_not_written_directly():
+    event = {"seq": 1, "text": '{"type":"depth","seq":1}'}
+    ok = _proto()
+    assert _write_frame(ok, event) and ok.transport.written == [text_frame(event["text"])]
+    assert event["frame"] == text_frame(event["text"])  # encoded once, then shared
+    paused = _proto()
+    paused.writable.clear()
+    closing = _proto()
+    closing.transport.closing = True
+    for proto in (paused, closing, _proto(close_sent=True), _proto(disconnected=True),
+                  _proto(handshake_complete=False)):
+        assert not _write_frame(proto, event) and proto.transport.written == []
+
+
+@pytest.fixture
+def uvicorn_server(settings, transactional_db):
+    import uvicorn
+
+    from marketplace.asgi import application
+
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off",
+                                           ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield port
+    server.should_exit = True
+    thread.join(10)
+    from django.db import connections
+
+    connections.close_all()
+
+
+@pytest.mark.usefixtures("clean_channel_layer")
+def test_plain_and_compressed_clients_get_the_same_events_in_order(uvicorn_server,
+                                                                   monkeypatch):
+    from websockets.asyncio.client import connect
+
+    from frontend import consumers
+
+    direct = []
+    real_write = consumers._write_frame
+
+    def counting(proto, event):
+        done = real_write(proto, event)
+        direct.append(done and event["seq"])
+        return done
+
+    monkeypatch.setattr(consumers, "_write_frame", counting)
+    registered_node()
+    buyer = funded_buyer(100)
+    url = f"ws://127.0.0.1:{uvicorn_server}/ws/markets/{H100}/"
+
+    def bids():
+        for i in range(5):
+            book.place_bid(buyer_id=buyer.pk, market_slug=H100, price=1_000_000 + i * 10_000,
+                           gpus=1, duration_seconds=3600)
+        feed.flush()
+
+    async def scenario():
+        plain = await connect(url, origin="http://127.0.0.1", compression=None)
+        deflate = await connect(url, origin="http://127.0.0.1")  # permessage-deflate
+        snaps = [json.loads(await ws.recv()) for ws in (plain, deflate)]
+        [hub] = [h for h in list(feed._hubs.values()) if GROUP in h.groups]
+        sockets = sorted(m._socket is not None for m in hub.groups[GROUP].members)
+        await asyncio.to_thread(bids)
+        got = []
+        for ws in (plain, deflate):
+            frames = []
+            while True:
+                try:
+                    frames.append(json.loads(await asyncio.wait_for(ws.recv(), 1.5)))
+                except TimeoutError:
+                    break
+            got.append(frames)
+        await plain.close()
+        await deflate.close()
+        return snaps, sockets, got
+
+    snaps, sockets, (plain, deflate) = asyncio.run(scenario())
+    assert sockets == [False, True]  # direct writes for the plain one only
+    assert [seq for seq in direct if seq] == [m["seq"] for m in plain]  # all of them
+    assert plain == deflate and plain  # the very same messages
+    seqs = [m["seq"] for m in plain]
+    assert seqs == list(range(snaps[0]["seq"] + 1, snaps[0]["seq"] + 1 + len(seqs)))
+    assert plain[-1]["type"] == "depth" and plain[-1]["best_bid"] == "1.040000"
