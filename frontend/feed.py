@@ -391,10 +391,15 @@ def lease_payload(lease, role: str) -> dict[str, Any]:
 
 
 def wallet_payload(user_id: int) -> dict[str, Any]:
+    return wallet_payloads([user_id])[user_id]
+
+
+def wallet_payloads(user_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """wallet_payload of several users, read in one query."""
     from settlement import services as ledger
 
-    w = ledger.wallet(user_id=user_id)
-    return {"available": _usd(w.available), "held": _usd(w.held), "earned": _usd(w.earned)}
+    return {u: {"available": _usd(w.available), "held": _usd(w.held), "earned": _usd(w.earned)}
+            for u, w in ledger.wallets(user_ids=user_ids).items()}
 
 
 def me_snapshot(user_id: int) -> dict[str, Any]:
@@ -496,10 +501,11 @@ class Batch:
                 .values_list("account__owner_id", "entry_id", "entry__kind")
             for owner_id, entry_id, kind in rows:
                 per_user[owner_id][entry_id] = kind
+            wallets = wallet_payloads(per_user)
             for user_id in sorted(per_user):
                 entries = [{"id": e, "kind": k} for e, k in sorted(per_user[user_id].items())]
                 out.append((user_group(user_id), {"type": "balance", "entries": entries,
-                                                   "wallet": wallet_payload(user_id)}, user_id))
+                                                   "wallet": wallets[user_id]}, user_id))
         return out
 
 

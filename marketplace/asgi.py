@@ -1,5 +1,6 @@
-"""ASGI entry point: HTTP through Django; websockets through Channels (the live feed,
-frontend/routing.py): session authentication, and an Origin in ALLOWED_HOSTS."""
+"""ASGI entry point: HTTP through Django (a bid placed with an API token first through
+the bid batcher, marketplace/api/bid_batcher.py); websockets through Channels (the
+live feed, frontend/routing.py): session authentication, and an Origin in ALLOWED_HOSTS."""
 
 import os
 
@@ -13,8 +14,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
+from marketplace.api.bid_batcher import BidFastPath  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
+    # token-authenticated bids go to the batcher (group commit); the rest to Django
+    "http": BidFastPath(django_asgi_app),
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

@@ -72,6 +72,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
+from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
@@ -420,6 +421,25 @@ def _check_common(*, price: int, gpus: int) -> None:
         raise InvalidInput(f"must be between 1 and {MAX_GPUS}", field="gpus")
 
 
+@dataclass(frozen=True)
+class BidRequest:
+    """One bid for place_bids: the keyword arguments of place_bid (same units)."""
+
+    buyer_id: int
+    market_slug: str
+    price: int
+    gpus: int
+    duration_seconds: int
+    gang_size: int | None = None
+    time_in_force: str = "GTC"
+    image: str = ""
+    command: list[str] | None = None
+    expires_at: datetime | None = None
+    client_order_id: str | None = None
+    interruptible: bool = False
+    ports: list[int] | None = None
+
+
 def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
               duration_seconds: int, gang_size: int | None = None,
               time_in_force: str = "GTC", image: str = "", command: list[str] | None = None,
@@ -439,55 +459,188 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
     is written.
     """
+    result = place_bids([BidRequest(
+        buyer_id=buyer_id, market_slug=market_slug, price=price, gpus=gpus,
+        duration_seconds=duration_seconds, gang_size=gang_size, time_in_force=time_in_force,
+        image=image, command=command, expires_at=expires_at, client_order_id=client_order_id,
+        interruptible=interruptible, ports=ports)], now=now)[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def place_bids(requests: list[BidRequest], *,
+               now: datetime | None = None) -> list[Placed | Exception]:
+    """Place several bids, each exactly as place_bid would, as if one after the other in
+    the order given — but with one transaction, one market lock and a fixed number of
+    statements per market for all of them (group commit: the API's order endpoint gathers
+    concurrent bids into one call, marketplace/api/bid_batcher.py).
+
+    Returns, per request, its Placed or the exception refusing it (InvalidInput,
+    InsufficientFunds, …): a refused bid writes nothing and does not affect the others.
+    An unexpected error while writing a group of several bids makes each of them run
+    again alone, so that error belongs to the bid that causes it only. A client_order_id
+    that appears twice in one call (same buyer) is placed once; the second answers as a
+    replay of the first.
+    """
     now = now or timezone.now()
-    _check_client_order_id(client_order_id)
-    replayed = _replay(buyer_id, client_order_id)
-    if replayed is not None:
-        return replayed
-    market = get_market(market_slug)
-    gang_size = gpus if gang_size is None else gang_size
-    _check_common(price=price, gpus=gpus)
-    if not 0 < duration_seconds <= MAX_DURATION_SECONDS:
+    results: list[Placed | Exception | None] = [None] * len(requests)
+    markets: dict[str, GpuClass] = {}
+    groups: dict[int, list[tuple[int, BidRequest, int]]] = {}
+    seen_ids: set[tuple[int, str]] = set()
+    again: list[int] = []  # a client_order_id repeated within this call
+    for i, r in enumerate(requests):
+        try:
+            _check_client_order_id(r.client_order_id)
+            replayed = _replay(r.buyer_id, r.client_order_id)
+            if replayed is not None:
+                results[i] = replayed
+                continue
+            if r.client_order_id is not None:
+                if (r.buyer_id, r.client_order_id) in seen_ids:
+                    again.append(i)
+                    continue
+                seen_ids.add((r.buyer_id, r.client_order_id))
+            market = markets.get(r.market_slug) or get_market(r.market_slug)
+            markets[r.market_slug] = market
+            hold_amount = _check_bid(r, now)
+        except Exception as exc:  # each refusal is that bid's answer
+            results[i] = exc
+            continue
+        groups.setdefault(market.pk, []).append((i, r, hold_amount))
+    for market_id, items in groups.items():
+        for (i, _, _), result in zip(items, _place_group(market_id, items, now), strict=True):
+            results[i] = result
+    if again:
+        for i, result in zip(again, place_bids([requests[i] for i in again], now=now),
+                             strict=True):
+            results[i] = result
+    return results  # type: ignore[return-value]  (every slot is filled)
+
+
+def _check_bid(r: BidRequest, now: datetime) -> int:
+    """The checks of place_bid that need no lock; returns the hold amount (micro-USD)."""
+    gang_size = r.gpus if r.gang_size is None else r.gang_size
+    _check_common(price=r.price, gpus=r.gpus)
+    if not 0 < r.duration_seconds <= MAX_DURATION_SECONDS:
         raise InvalidInput("must be between 1 second and 366 days", field="hours")
-    if gang_size <= 0 or gpus % gang_size:
-        raise InvalidInput(f"must divide gpus ({gpus})", field="gang_size")
-    if time_in_force not in Order.TimeInForce.values:
+    if gang_size <= 0 or r.gpus % gang_size:
+        raise InvalidInput(f"must divide gpus ({r.gpus})", field="gang_size")
+    if r.time_in_force not in Order.TimeInForce.values:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
-    if expires_at is not None and expires_at <= now:
+    if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
-    ports = clean_ports(ports)
-    hold_amount = checked_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
+    clean_ports(r.ports)
+    return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
+
+
+def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
+                 now: datetime) -> list[Placed | Exception]:
+    """One market's bids in one transaction; alone again when the group fails."""
     try:
-        with _tracked(market.pk), transaction.atomic():
-            market = lock_market(market.pk)
-            _expire_due(market, now)
-            order = Order(
-                market=market, owner_id=buyer_id, side=Order.Side.BID, price=price, gpus=gpus,
-                remaining_gpus=gpus, duration_seconds=duration_seconds, gang_size=gang_size,
-                time_in_force=time_in_force, image=image, command=command,
-                expires_at=expires_at, client_order_id=client_order_id or "",
-                interruptible=bool(interruptible), ports=ports,
-            )
-            _touch(order)
-            order.save(force_insert=True)
-            hold = ledger.hold_place(buyer_id=buyer_id, amount=hold_amount,
-                                     reference=f"order:{order.pk}")
-            order.hold_id = hold.pk
-            order.save(update_fields=["hold_id"])
-            order.events.create(from_status="", to_status="open", at=now, cause="bid placed")
-            book = _load_book(market, exclude=order.pk)
-            result = book.submit_bid(_engine_bid(order), _epoch(now))
-            leases = _apply(market, order, result, now)
-            if order.status in Order.ACTIVE and order.remaining_gpus > 0:
-                _schedule_preemption(market, order, now)
-    except IntegrityError as exc:
+        with _tracked(market_id), transaction.atomic():
+            return _write_bids(market_id, [(r, amount) for _, r, amount in items], now)
+    except _Regroup:
+        return [_place_group(market_id, [item], now)[0] for item in items]
+    except Exception as exc:
+        if len(items) > 1:
+            log.warning("a group of %d bids failed (%r); placing them one by one",
+                        len(items), exc)
+            return [_place_group(market_id, [item], now)[0] for item in items]
+        r = items[0][1]
         # the same client_order_id raced in from another request (possibly another
         # market): that one committed first and stands
-        replayed = _replay(buyer_id, client_order_id) if _is_client_id_clash(exc) else None
-        if replayed is None:
-            raise
-        return replayed
-    return Placed(order=order, leases=leases)
+        if isinstance(exc, IntegrityError) and _is_client_id_clash(exc):
+            replayed = _replay(r.buyer_id, r.client_order_id)
+            if replayed is not None:
+                return [replayed]
+        return [exc]
+
+
+def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
+                now: datetime) -> list[Placed | Exception]:
+    """Under the market lock: insert the orders, hold their cost (one statement each for
+    all of them), then match them one by one in the given order."""
+    from settlement.models import Hold
+
+    market = lock_market(market_id)
+    _expire_due(market, now)
+    book = _load_book(market)  # before the new orders exist: each is submitted below
+    orders = []
+    for r, _ in items:
+        order = Order(
+            market=market, owner_id=r.buyer_id, side=Order.Side.BID, price=r.price,
+            gpus=r.gpus, remaining_gpus=r.gpus, duration_seconds=r.duration_seconds,
+            gang_size=r.gpus if r.gang_size is None else r.gang_size,
+            time_in_force=r.time_in_force, image=r.image, command=r.command,
+            expires_at=r.expires_at, client_order_id=r.client_order_id or "",
+            interruptible=bool(r.interruptible), ports=clean_ports(r.ports))
+        _touch(order)
+        orders.append(order)
+    orders = Order.objects.bulk_create(orders)
+    holds = ledger.holds_place_many([(o.owner_id, amount, f"order:{o.pk}")
+                                     for o, (_, amount) in zip(orders, items, strict=True)])
+    refused = [o.pk for o, h in zip(orders, holds, strict=True) if not isinstance(h, Hold)]
+    if refused:
+        Order.objects.filter(pk__in=refused).delete()
+    placed = [o for o, h in zip(orders, holds, strict=True) if isinstance(h, Hold)]
+    for order, hold in zip(placed, [h for h in holds if isinstance(h, Hold)], strict=True):
+        order.hold_id = hold.pk
+    if placed:
+        _set_hold_ids(placed)
+        order_events = [order.events.model(order=o, from_status="", to_status="open", at=now,
+                                           cause="bid placed") for o in placed]
+        order_events[0].__class__.objects.bulk_create(order_events)
+    leases_of: dict[int, list[Lease]] = {}
+    victims_possible = _preemption_candidates_exist(market)
+    for order in placed:
+        result = book.submit_bid(_engine_bid(order), _epoch(now))
+        leases: list[Lease] = []
+        if result.fills or result.killed or result.self_trade_cancels or not result.rested:
+            leases = _apply(market, order, result, now)
+            victims_possible = victims_possible or any(x.interruptible for x in leases)
+        if victims_possible and order.status in Order.ACTIVE and order.remaining_gpus > 0:
+            _schedule_preemption(market, order, now)
+        leases_of[order.pk] = leases
+    # A hold is refused before any bid is matched, but one by one, an earlier bid of the
+    # same buyer that filled (its hold moved to the lease at the trade price, never more)
+    # or was cancelled would have given money back first: then place them one by one.
+    released = {o.owner_id for o in placed if o.status != "open"}
+    if any(o.owner_id in released for o, h in zip(orders, holds, strict=True)
+           if not isinstance(h, Hold)):
+        raise _Regroup
+    using = Order.objects.db
+    for order in placed:
+        post_save.send(sender=Order, instance=order, created=True, raw=False, using=using,
+                       update_fields=None)
+    return [Placed(order=o, leases=leases_of[o.pk]) if isinstance(h, Hold) else h
+            for o, h in zip(orders, holds, strict=True)]
+
+
+class _Regroup(Exception):
+    """Roll the group back and place its bids one by one (see _write_bids)."""
+
+
+def _set_hold_ids(orders: list[Order]) -> None:
+    """Save each order's hold_id, in one UPDATE (arrays on PostgreSQL: Django's
+    bulk_update builds an expression object per row, which dominated a group's cost)."""
+    connection = transaction.get_connection()
+    if connection.vendor != "postgresql":
+        Order.objects.bulk_update(orders, ["hold_id"])
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            'UPDATE "marketplace_order" SET "hold_id" = h.hold_id FROM '
+            'unnest(%s::bigint[], %s::bigint[]) AS h(id, hold_id) '
+            'WHERE "marketplace_order"."id" = h.id',
+            [[o.pk for o in orders], [o.hold_id for o in orders]])
+
+
+def _preemption_candidates_exist(market: GpuClass) -> bool:
+    """Whether any lease of `market` could be preempted at all (one cheap query, so that a
+    group of bids skips _schedule_preemption's per-bid search when none can)."""
+    return Lease.objects.filter(market=market, interruptible=True, status__in=Lease.ACTIVE,
+                                preempt_at__isnull=True, ask__isnull=False).exists()
 
 
 def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price: int,
@@ -723,5 +876,5 @@ def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],
     return side(Order.Side.BID, "-price"), side(Order.Side.ASK, "price")
 
 
-__all__ = ["Placed", "cancel_order", "depth", "expire_orders", "place_ask", "place_bid",
-           "return_gpus_to_ask"]
+__all__ = ["BidRequest", "Placed", "cancel_order", "depth", "expire_orders", "place_ask",
+           "place_bid", "place_bids", "return_gpus_to_ask"]

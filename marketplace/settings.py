@@ -19,6 +19,9 @@ Variables (default in brackets):
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
   being outbid and being preempted (marketplace/book.py, "Preemption").
+- GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
+  transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
+  each alone.
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
@@ -236,6 +239,9 @@ GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECON
 if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:
     raise ImproperlyConfigured("GPUMARKET_PREEMPTION_NOTICE_SECONDS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
+if GPUMARKET_BID_BATCH_MAX < 1:
+    raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
 
 # Stripe (off unless STRIPE_SECRET_KEY is set). STRIPE_API_BASE points the official
 # library elsewhere (tests: localstripe on 127.0.0.1).

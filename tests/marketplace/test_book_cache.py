@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from marketplace import book, health
@@ -77,7 +78,6 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
     buyers.append(nodes[0][0])
     ledger.dev_credit(user_id=nodes[0][0].pk, amount=10_000 * 1_000_000)
     market = GpuClass.objects.get(slug=MARKET)
-    real_apply = book._apply
     refusals = []
 
     def refused(call, **kwargs) -> None:
@@ -114,13 +114,16 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
                                if rng.random() < 0.3 else None),
                 "now": now}
             if action == "rollback":
-                def failing_apply(*a, **kw):
-                    real_apply(*a, **kw)
+                # a failure inside the transaction after the engine changed the cached
+                # book: a post_save receiver of the new order raising
+                def failing_receiver(sender, instance, **kw):
                     raise Boom("after the engine changed the book")
-                monkeypatch.setattr(book, "_apply", failing_apply)
-                with pytest.raises((Boom, Conflict, ledger.InsufficientFunds)):
-                    book.place_bid(**kwargs)
-                monkeypatch.setattr(book, "_apply", real_apply)
+                post_save.connect(failing_receiver, sender=Order, dispatch_uid="boom")
+                try:
+                    with pytest.raises((Boom, Conflict, ledger.InsufficientFunds)):
+                        book.place_bid(**kwargs)
+                finally:
+                    post_save.disconnect(sender=Order, dispatch_uid="boom")
             else:
                 refused(book.place_bid, **kwargs)
         elif action == "ask":

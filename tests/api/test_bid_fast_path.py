@@ -1,0 +1,152 @@
+"""The order endpoint's fast path under ASGI (marketplace/api/bid_batcher.py): bids with
+an API token are grouped by the batcher and answered exactly as the DRF view answers
+them; everything else reaches Django unchanged. Real PostgreSQL (the batcher thread has
+its own connection, so the tests commit), the real ASGI application."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from rest_framework.authtoken.models import Token
+
+from marketplace.api import bid_batcher
+from marketplace.asgi import application
+from marketplace.models import Order
+from settlement import services as ledger
+from settlement.checks import first_violation
+from tests.api.helpers import client_for
+from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BID = {"side": "bid", "gpu_class": "h100-sxm-80gb", "gpus": 2, "hours": 1, "price": "2.10"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_batcher():
+    """A batcher per test, stopped afterwards (its thread closes its connection); the GPU
+    class catalog (transactional tests flush the data migration's rows)."""
+    ensure_catalog()
+    bid_batcher._batcher = None
+    yield
+    if bid_batcher._batcher is not None:
+        bid_batcher.BidBatcher.stop(bid_batcher._batcher)
+    bid_batcher._batcher = None
+
+
+def asgi_post(*requests: tuple[str | None, dict], host: str = "testserver",
+              raw: bytes | None = None) -> list[httpx.Response]:
+    """POST each (token, body) to /api/v1/orders/ through the ASGI app, all at once."""
+    async def run():
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as c:
+            async def one(token, body):
+                headers = {"Authorization": f"Token {token}"} if token else {}
+                if raw is not None:
+                    return await c.post("/api/v1/orders/", content=raw, headers={
+                        **headers, "Content-Type": "application/json"})
+                return await c.post("/api/v1/orders/", json=body, headers=headers)
+            return await asyncio.gather(*(one(t, b) for t, b in requests))
+    return asyncio.run(run())
+
+
+def token_of(user) -> str:
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+def without_ids(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k not in ("id", "created_at", "leases")}
+
+
+def test_a_bid_through_the_batcher_answers_as_the_drf_view_does():
+    buyer = funded_buyer(100)
+    [fast] = asgi_post((token_of(buyer), BID))
+    slow = client_for(buyer).post("/api/v1/orders/", BID, format="json")
+    assert fast.status_code == slow.status_code == 201
+    assert without_ids(fast.json()) == without_ids(slow.json())
+    assert fast.json()["leases"] == [] and set(fast.json()) == set(slow.json())
+    assert fast.headers["content-type"] == "application/json"
+    assert fast.headers["x-content-type-options"] == "nosniff"
+    assert fast.headers["x-frame-options"] == slow.headers["X-Frame-Options"]
+    assert bid_batcher.batcher().stats["bids"] == 1
+
+
+def test_concurrent_bids_are_placed_in_one_group_and_each_gets_its_answer(monkeypatch):
+    """The batcher thread is held back until all 12 bids are queued, so they form one
+    group; each caller still gets its own order (and a lease where it crossed the ask)."""
+    provider, node, _ = registered_node()
+    client_for(provider).post("/api/v1/orders/", {
+        "side": "ask", "node": node.pk, "gpus": 2, "price": "2.20",
+        "available_until": in_a_day().isoformat()}, format="json")
+    buyers = [funded_buyer(100) for _ in range(6)]
+    batcher = bid_batcher.batcher()
+    real_ensure, real_queue = batcher._ensure_thread, batcher._queue
+
+    class HeldQueue:
+        """The batcher's queue, starting its thread only once 12 bids are in."""
+
+        puts = 0
+
+        def put(self, item):
+            real_queue.put(item)
+            HeldQueue.puts += 1
+            if HeldQueue.puts == 12:
+                real_ensure()
+
+        def get(self):
+            return real_queue.get()
+
+        def get_nowait(self):
+            return real_queue.get_nowait()
+
+    monkeypatch.setattr(batcher, "_queue", HeldQueue())
+    monkeypatch.setattr(batcher, "_ensure_thread", lambda: None)
+    prices = ["2.00", "2.05", "2.30", "2.10", "2.15", "2.25"] * 2
+    responses = asgi_post(*((token_of(buyers[i % 6]), {**BID, "gpus": 1, "price": p})
+                            for i, p in enumerate(prices)))
+    assert [r.status_code for r in responses] == [201] * 12
+    assert batcher.stats == {"groups": 1, "bids": 12, "largest": 12}
+    ids = [r.json()["id"] for r in responses]
+    assert ids == sorted(ids)  # placed in arrival order
+    # the ask (2 GPUs at 2.20) filled the first two bids at or above 2.20, in order
+    filled = [r.json() for r in responses if r.json()["leases"]]
+    assert [b["price"] for b in filled] == ["2.300000", "2.250000"]
+    for r, price in zip(responses, prices, strict=True):
+        order = Order.objects.get(pk=r.json()["id"])
+        assert order.status == r.json()["status"] and f"{order.price / 1e6:.2f}" == price
+    assert first_violation() is None
+
+
+def test_refusals_come_back_with_the_drf_views_status_and_body():
+    poor = funded_buyer(1)
+    fast_broke, fast_bad = asgi_post((token_of(poor), BID),
+                                     (token_of(poor), {**BID, "price": 2.1}))
+    slow = client_for(poor)
+    slow_broke = slow.post("/api/v1/orders/", BID, format="json")
+    slow_bad = slow.post("/api/v1/orders/", {**BID, "price": 2.1}, format="json")
+    assert fast_broke.status_code == slow_broke.status_code == 400
+    assert fast_broke.json() == slow_broke.json()
+    assert "insufficient balance" in fast_broke.json()["detail"]
+    assert fast_bad.status_code == slow_bad.status_code == 400
+    assert fast_bad.json() == slow_bad.json()
+    assert Order.objects.count() == 0 and ledger.wallet(user_id=poor.pk).held == 0
+
+
+def test_what_the_fast_path_cannot_answer_reaches_django():
+    buyer = funded_buyer(100)
+    provider, node, _ = registered_node()
+    ask = {"side": "ask", "node": node.pk, "gpus": 1, "price": "3.00",
+           "available_until": in_a_day().isoformat()}
+    unknown, no_token, an_ask = asgi_post(("not-a-token", BID), (None, BID),
+                                          (token_of(provider), ask))
+    assert unknown.status_code == 401 and no_token.status_code == 401
+    assert unknown.json() == {"detail": "Invalid token."}
+    assert an_ask.status_code == 201 and an_ask.json()["side"] == "ask"
+    [bad_host] = asgi_post((token_of(buyer), BID), host="evil.example")
+    assert bad_host.status_code == 400
+    [not_json] = asgi_post((token_of(buyer), BID), raw=b'{"side": "bid", ')
+    assert not_json.status_code == 400 and "JSON parse error" in not_json.json()["detail"]
+    assert Order.objects.filter(side="bid").count() == 0
+    assert bid_batcher._batcher is None or bid_batcher._batcher.stats["bids"] <= 1
