@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import random
@@ -102,8 +103,40 @@ async def wait_until_up(base: str, timeout: float = 30.0) -> None:
     raise SystemExit("the server did not come up")
 
 
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client on one connection (asyncio streams): writes a
+    pre-encoded POST, reads the status line, the headers and Content-Length bytes of
+    body, and checks the body is JSON. A tenth of httpx's CPU per request, so the
+    machine's two cores go to the server and PostgreSQL, not to the load generator."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port, self.token = host, port, token
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = json.dumps(body).encode()
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+            f"Authorization: Token {self.token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        length = next(int(line.split(":", 1)[1]) for line in lines[1:]
+                      if line.lower().startswith("content-length:"))
+        return status, json.loads(await self.reader.readexactly(length))
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 async def drive(base: str, tokens: list[str], *, orders: int, concurrency: int,
-                seconds: float, seed: int) -> tuple[list[float], Counter, float]:
+                seconds: float, seed: int, use_httpx: bool = False
+                ) -> tuple[list[float], Counter, float]:
     rng = random.Random(seed)
     bodies = [{"side": "bid", "gpu_class": "h100-sxm-80gb", "gpus": rng.choice((1, 2)),
                "hours": 1,
@@ -113,20 +146,33 @@ async def drive(base: str, tokens: list[str], *, orders: int, concurrency: int,
     codes: Counter = Counter()
     next_index = 0
     deadline = time.monotonic() + seconds
+    host, port = base.removeprefix("http://").split(":")
 
     async def client_loop(k: int) -> None:
         nonlocal next_index
-        headers = {"Authorization": f"Token {tokens[k % len(tokens)]}"}
-        limits = httpx.Limits(max_connections=1)
-        async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits,
-                                     timeout=30) as client:
+        token = tokens[k % len(tokens)]
+        if use_httpx:
+            client = httpx.AsyncClient(base_url=base, timeout=30,
+                                       headers={"Authorization": f"Token {token}"},
+                                       limits=httpx.Limits(max_connections=1))
+        else:
+            client = RawClient(host, int(port), token)
+        try:
             while next_index < orders and time.monotonic() < deadline:
                 body = bodies[next_index]
                 next_index += 1
                 t0 = time.perf_counter()
-                r = await client.post("/api/v1/orders/", json=body)
+                if use_httpx:
+                    r = await client.post("/api/v1/orders/", json=body)
+                    status, answer = r.status_code, r.json()
+                else:
+                    status, answer = await client.post("/api/v1/orders/", body)
                 latencies.append(time.perf_counter() - t0)
-                codes[r.status_code] += 1
+                codes[status] += 1
+                if status == 201 and "id" not in answer:
+                    raise SystemExit(f"a 201 without an order id: {answer}")
+        finally:
+            await (client.aclose() if use_httpx else client.close())
 
     start = time.perf_counter()
     await asyncio.gather(*(client_loop(k) for k in range(concurrency)))
@@ -149,6 +195,8 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--httpx", action="store_true",
+                    help="drive with httpx instead of the minimal raw HTTP/1.1 client")
     ap.add_argument("--app", default="marketplace.asgi:application",
                     help="ASGI application for uvicorn (e.g. a variant for measurement)")
     args = ap.parse_args()
@@ -172,7 +220,7 @@ def main() -> None:
         asyncio.run(wait_until_up(base))
         latencies, codes, elapsed = asyncio.run(drive(
             base, tokens, orders=args.orders, concurrency=args.concurrency,
-            seconds=args.seconds, seed=args.seed))
+            seconds=args.seconds, seed=args.seed, use_httpx=args.httpx))
     finally:
         server.terminate()
         server.wait(timeout=30)

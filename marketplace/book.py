@@ -367,11 +367,17 @@ def _is_client_id_clash(exc: IntegrityError) -> bool:
     return "client_order_id" in str(exc)  # SQLite names the columns instead
 
 
+def _past_due(now: datetime) -> Q:
+    """Active orders past their time: a bid's expires_at, an ask's available_until (as
+    written, the partial indexes order_active_expiry / order_active_window serve it)."""
+    return Q(expires_at__lte=now) | Q(side=Order.Side.ASK, available_until__lte=now)
+
+
 def _expire_due(market: GpuClass, now: datetime) -> list[int]:
     """Expire the market's active orders past their time: bids past `expires_at` (hold
     released), asks past `available_until`. The caller holds the market lock."""
     due = (Order.objects.filter(market=market, status__in=Order.ACTIVE)
-           .filter(Q(expires_at__lte=now) | Q(available_until__lte=now)).order_by("pk"))
+           .filter(_past_due(now)).order_by("pk"))
     expired = []
     for order in due:
         if order.side == Order.Side.BID:
@@ -390,7 +396,7 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     market_ids = sorted(set(
         Order.objects.filter(status__in=Order.ACTIVE)
-        .filter(Q(expires_at__lte=now) | Q(available_until__lte=now))
+        .filter(_past_due(now))
         .values_list("market_id", flat=True)))
     expired: list[int] = []
     for market_id in market_ids:

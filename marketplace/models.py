@@ -126,7 +126,16 @@ class Order(StateMachine):
         ]
         indexes = [models.Index(fields=["market", "side", "status"]),
                    models.Index(fields=["market", "book_version"],
-                                name="order_market_book_version")]
+                                name="order_market_book_version"),
+                   # the expiry sweep under every bid's lock (book._expire_due): the few
+                   # active orders with a deadline, not every resting order
+                   models.Index(fields=["market", "expires_at"], name="order_active_expiry",
+                                condition=Q(status__in=["open", "partially_filled"],
+                                            expires_at__isnull=False)),
+                   models.Index(fields=["market", "available_until"],
+                                name="order_active_window",
+                                condition=Q(status__in=["open", "partially_filled"],
+                                            side="ask"))]
 
     def __str__(self) -> str:
         return f"{self.side} #{self.pk} {self.market_id} {self.gpus}×{self.price}"
