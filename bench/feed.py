@@ -2,15 +2,25 @@
 changes ~R times a second; prints delivery latency p50/p99 and missed/recovered updates.
 
     .venv/bin/python bench/feed.py                       # 1000 clients, 100 changes/s, 20 s
-    .venv/bin/python bench/feed.py --clients 200 --rate 100 --seconds 20
+    .venv/bin/python bench/feed.py --changes services --publishers 2   # the real services
 
 Setup (all local, created by the script): PostgreSQL database `gpumarket_feedbench`
 (dropped and re-created, migrated), Redis DB 5 (flushed) as the channel layer, one
-`uvicorn marketplace.asgi:application` process on 127.0.0.1, `--publishers` processes
-that change the h100-sxm-80gb book through the real services (resting bids, cancels, and
-every 10th change a crossing bid whose lease is ended at once so its GPUs return), each
-at rate/publishers, and `--client-procs` processes holding the websockets to
-/ws/markets/h100-sxm-80gb/ (never in the server's process).
+`uvicorn bench.feed_asgi:application` process on 127.0.0.1 (marketplace.asgi, plus the
+optional recordings of bench/feed_asgi.py), `--publishers` processes that change the
+h100-sxm-80gb book `--rate` times a second in all (resting bids, cancels, and every 10th
+change a trade), and `--client-procs` processes holding the websockets to
+/ws/markets/h100-sxm-80gb/ (never in the server's process; a minimal RFC 6455 client on
+uvloop, so that the load generator stays cheap; `--deflate` negotiates permessage-deflate
+as browsers do).
+
+How the book changes (`--changes`): "direct" (default) writes the order and fill rows,
+one transaction per change, so that one process reaches 100 changes/s on a 2-core
+machine; "services" goes through book.place_bid / cancel_order / end_lease (holds,
+matching, ledger), about 17 ms of CPU per change in the publishing process, which caps
+it near 40 changes/s per process here. For the feed both are the same: a committed
+change noted by the post_save receivers and published after commit by the process's
+feed publisher thread (depth read, seq, Redis pub/sub).
 
 Timing: the publishers run for `--seconds`; the first `--warmup` seconds are excluded
 from the latency figures (messages whose `ts` is earlier are not counted). Latency:
@@ -36,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from array import array
 from pathlib import Path
 
@@ -191,13 +202,13 @@ def publisher(env, buyers, rate, seconds, warmup, index, start_at, out, mode) ->
              "delays": delays, "cpu": cpu_seconds()})
 
 
-def clients(port, count, stop_at, measure_from, started, out) -> None:
+def clients(port, count, stop_at, measure_from, started, out, deflate=False) -> None:
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(_clients(port, count, stop_at, measure_from, started, out))
+    asyncio.run(_clients(port, count, stop_at, measure_from, started, out, deflate))
 
 
 class _Client(asyncio.Protocol):
@@ -219,6 +230,7 @@ class _Client(asyncio.Protocol):
         self.last: int | None = None
         self.resyncing = False
         self.transport = None
+        self.inflate = zlib.decompressobj(-15)
 
     def connection_made(self, transport):
         self.transport = transport
@@ -258,7 +270,10 @@ class _Client(asyncio.Protocol):
             if len(buf) < head + length:
                 return
             payload = bytes(buf[head:head + length])
+            compressed = buf[0] & 0x40
             del buf[:head + length]
+            if compressed:  # permessage-deflate (RFC 7692), context kept between messages
+                payload = self.inflate.decompress(payload + b"\x00\x00\xff\xff")
             if opcode == 0x1:
                 self.message(payload, received)
             elif opcode == 0x9:  # ping → pong (masked, key 0)
@@ -310,7 +325,7 @@ class _Client(asyncio.Protocol):
             self.transport.write(self.RESYNC)
 
 
-async def _clients(port, count, stop_at, measure_from, started, out) -> None:
+async def _clients(port, count, stop_at, measure_from, started, out, deflate) -> None:
     import base64
 
     loop = asyncio.get_running_loop()
@@ -325,7 +340,9 @@ async def _clients(port, count, stop_at, measure_from, started, out) -> None:
         key = base64.b64encode(os.urandom(16)).decode()
         request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                   f"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n\r\n")
+                   f"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1\r\n"
+                   + ("Sec-WebSocket-Extensions: permessage-deflate; "
+                      "client_max_window_bits\r\n" if deflate else "") + "\r\n")
         try:
             async with gate:
                 _, proto = await loop.create_connection(
@@ -385,9 +402,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--client-procs", type=int, default=2)
-    parser.add_argument("--publishers", type=int, default=2,
+    parser.add_argument("--publishers", type=int, default=1,
                         help="publishing processes, each at rate/publishers")
-    parser.add_argument("--changes", choices=("services", "direct"), default="services",
+    parser.add_argument("--changes", choices=("services", "direct"), default="direct",
                         help="how the publishers change the book (see publisher())")
     parser.add_argument("--rate", type=float, default=100, help="book changes per second")
     parser.add_argument("--seconds", type=float, default=20)
@@ -399,6 +416,9 @@ def main() -> None:
     parser.add_argument("--app", default="bench.feed_asgi:application",
                         help="the ASGI application (default: marketplace.asgi plus the "
                              "server-side write times, bench/feed_asgi.py)")
+    parser.add_argument("--deflate", action="store_true",
+                        help="clients negotiate permessage-deflate, as browsers do (the "
+                             "server then compresses every frame for every client)")
     parser.add_argument("--server-times", action="store_true",
                         help="also record when the server wrote each frame "
                              "(bench/feed_asgi.py; it wraps ASGI send, which turns the "
@@ -410,6 +430,7 @@ def main() -> None:
     # which kills every consumer idle for 5 s (redis/redis-py#4091)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5?socket_timeout=30")
     args = parser.parse_args()
+    load_before = f"{os.getloadavg()[0]:.2f}"  # the machine may be shared: say how busy
     env = bench_env(args)
     prepare(args, env)
     ctx = mp.get_context("spawn")
@@ -435,7 +456,7 @@ def main() -> None:
         per = [args.clients // args.client_procs + (i < args.clients % args.client_procs)
                for i in range(args.client_procs)]
         procs = [ctx.Process(target=clients, args=(args.port, n, stop_at, measure_from,
-                                                   started, out))
+                                                   started, out, args.deflate))
                  for n in per]
         t0 = time.time()
         for p in procs:
@@ -492,8 +513,11 @@ def main() -> None:
     elapsed = max(r["elapsed"] for r in pub_results)
     window = max(1e-9, elapsed - args.warmup)
     print(f"feed bench: {args.clients} clients in {args.client_procs} process(es), one "
-          f"uvicorn process, {args.publishers} publisher process(es), Redis {args.redis}, "
-          f"PostgreSQL {args.db}, {os.cpu_count()} CPUs")
+          f"uvicorn process ({args.app}, --ws {args.ws}), {args.publishers} publisher "
+          f"process(es) ({args.changes} changes), "
+          f"{'permessage-deflate' if args.deflate else 'uncompressed'} frames, Redis "
+          f"{args.redis}, PostgreSQL {args.db}, {os.cpu_count()} CPUs; load average before "
+          f"{load_before}, after {os.getloadavg()[0]:.2f}")
     print(f"connected {total['connected']} (failed {total['failed']}) in {connect_s:.1f} s")
     print(f"book changes: {changes} in {elapsed:.1f} s ({changes / elapsed:.0f}/s asked "
           f"{args.rate:.0f}/s); after the {args.warmup:.0f} s warm-up: {measured} in "
