@@ -96,7 +96,9 @@ Delivery: each ASGI process has one `Hub` per event loop that subscribes once pe
 to the channel layer (Redis pub/sub: `channels_redis.pubsub.RedisPubSubChannelLayer`;
 in-memory in the embedded default, where the publisher hands events to the hub
 directly) and fans each event out in memory to its websockets, each with a bounded
-queue (frontend/consumers.py). Ordering guarantee: per group, a client receives events
+queue (frontend/consumers.py; under uvicorn, an event for a client with nothing queued
+is written straight to its socket as one frame encoded once for the group: "Direct
+writes" there). Ordering guarantee: per group, a client receives events
 in increasing seq order. Events from several publishing processes may reach Redis out
 of order; the hub holds an early one up to FEED_REORDER_WAIT (0.1 s) for the missing
 seqs, then hands out what it has: the client sees the gap (`resync_required`, then it
