@@ -20,11 +20,14 @@ GPU out of service until the runner restarts (after the GPU reset NVIDIA's catal
 for); a fatal reading holds while the reading stays fatal.
 After a lease's workload is stopped and removed, no process may still hold its GPUs
 (check_released: NVML's compute and graphics processes per GPU UUID; with --simulate the
-dump's "Processes" sections, gpu_processes.py). A GPU still held gets a fatal
-`process_left` finding: logged, sent with the next heartbeat (at once), and, like any fatal
-GPU, no lease is started on it (a pending lease on it is failed with that evidence) until a
-later heartbeat finds it free. Workloads of ended leases are stopped before new ones start,
-so a GPU is free before it is handed on.
+dump's "Processes" sections, gpu_processes.py), except those of the startup baseline: the
+processes already on a GPU when the runner started are not the marketplace's (logged once,
+and a `process_foreign` warning on every heartbeat while they run; the GPU stays offered).
+A GPU held by any other process gets a fatal `process_left` finding: logged, sent with the
+next heartbeat (at once), and, like any fatal GPU, no lease is started on it (a pending
+lease on it is failed with that evidence) until a later heartbeat finds it free of them.
+The full rule is in gpu_processes.py. Workloads of ended leases are stopped before new ones
+start, so a GPU is free before it is handed on.
 A newly started container is checked from inside (runtime.verify_gpus: `nvidia-smi -L`, or
 NVIDIA_VISIBLE_DEVICES with --simulate): if it sees other GPUs than the leased ones, the
 lease is reported `failed` with that evidence and the container removed.
@@ -54,7 +57,7 @@ from datetime import UTC, datetime, timedelta
 from . import __version__
 from .benchmark import post_result, run_in_subprocess
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
-from .gpu_processes import describe_all, source_for
+from .gpu_processes import GpuProcess, describe_all, source_for
 from .health import Finding, evaluate
 from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
@@ -107,7 +110,8 @@ class Agent:
     push.PushListener (started and stopped by run()) or None to poll only; resync_interval:
     seconds between lease-list fetches while push is connected and quiet. Attributes a
     caller may set: gpu_processes (gpu_processes.py source, None: no release check) and
-    release_settle_s (seconds a GPU may stay held after its workload is removed)."""
+    release_settle_s (seconds a GPU may stay held after its workload is removed). baseline:
+    {uuid: processes already there at startup}, None until taken (take_baseline)."""
 
     def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
@@ -139,6 +143,8 @@ class Agent:
         self.gpu_processes = source_for(gpus)
         self.release_settle_s = RELEASE_SETTLE_S
         self._busy: dict[str, Finding] = {}  # GPU uuid → process_left finding, until free
+        # GPU uuid → the processes on it when the runner started (not the marketplace's)
+        self.baseline: dict[str, list[GpuProcess]] | None = None
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
@@ -169,12 +175,13 @@ class Agent:
         send. Logs each GPU that turns fatal, once."""
         if readings is None:
             readings = self.gpus.sample_health(self._uuids)
+        self.take_baseline()
         xids = self.gpus.xid_events() if hasattr(self.gpus, "xid_events") else []
         note = getattr(self.gpus, "xid_note", None)
         if note and not self._xid_note_logged:
             self.log(note)
             self._xid_note_logged = True
-        self.findings = evaluate(readings, xids)
+        self.findings = evaluate(readings, xids) + self._foreign_findings()
         fatal: dict[str, Finding] = {}
         for finding in self.findings:
             if finding.severity != "fatal":
@@ -197,14 +204,77 @@ class Agent:
         return sent
 
     # -- GPUs free after a lease -----------------------------------------------------------
+    def take_baseline(self) -> None:
+        """Once, at startup (the first heartbeat or reconciliation): record the processes
+        on each GPU as not the marketplace's, and log them. On a live source (NVML) a GPU
+        that a lease workload already holds gets none (its processes are the lease's); a
+        workload whose GPUs are unknown leaves every GPU without a baseline."""
+        if self.baseline is not None:
+            return
+        self.baseline = {}
+        if self.gpu_processes is None:
+            return
+        leased: set[str] = set()
+        unknown = False
+        if getattr(self.gpu_processes, "live", True):
+            for workload in self._describe():
+                gpus = [u for u in (workload.get("gpus") or "").split(",") if u]
+                leased.update(gpus)
+                unknown = unknown or not gpus
+        for uuid, processes in self.gpu_processes(list(self._uuids)).items():
+            if not processes:
+                continue
+            if unknown or uuid in leased:
+                whose = "a lease workload's GPU" if uuid in leased else \
+                    "a lease workload with unrecorded GPUs runs"
+                self.log(f"GPU {uuid}: {describe_all(processes)} at startup ({whose}): not "
+                         "taken as the baseline; checked when the lease ends")
+                continue
+            self.baseline[uuid] = list(processes)
+            self.log(f"GPU {uuid}: {describe_all(processes)} already running at startup: not "
+                     "a marketplace workload; the GPU stays offered (a lease on it shares it) "
+                     "and the release check leaves it alone")
+
+    def _foreign_findings(self) -> list[Finding]:
+        """A `process_foreign` warning per GPU on which a baseline process still runs;
+        baseline processes that exited are dropped from the baseline (logged)."""
+        if not self.baseline or self.gpu_processes is None:
+            return []
+        current = self.gpu_processes(list(self.baseline))
+        found = []
+        for uuid in list(self.baseline):
+            if uuid not in current:  # cannot ask now: judged on a later heartbeat
+                continue
+            now = {p.key: p for p in current[uuid]}
+            still = [now[p.key] for p in self.baseline[uuid] if p.key in now]
+            for gone in (p for p in self.baseline[uuid] if p.key not in now):
+                self.log(f"GPU {uuid}: {gone.describe()} (running at startup) has exited")
+            if still:
+                self.baseline[uuid] = still
+                found.append(Finding(uuid, "process_foreign", "warn",
+                                     f"{describe_all(still)} already running when the runner "
+                                     "started: not a marketplace workload; a lease on this GPU "
+                                     "shares it"))
+            else:
+                del self.baseline[uuid]
+        return found
+
+    def _not_baseline(self, uuid: str, processes: list[GpuProcess]) -> list[GpuProcess]:
+        """`processes` of GPU `uuid` less those of its startup baseline."""
+        known = {p.key for p in (self.baseline or {}).get(uuid, [])}
+        return [p for p in processes if p.key not in known]
+
     def _held(self, uuids: list[str], settle_s: float = 0.0) -> dict:
-        """{uuid: processes} of the GPUs in `uuids` that some process holds; a GPU still
-        held is asked again every 0.5 s for up to `settle_s` seconds. {} when no source."""
+        """{uuid: processes} of the GPUs in `uuids` that some process outside the startup
+        baseline holds; a GPU still held is asked again every 0.5 s for up to `settle_s`
+        seconds. {} when no source."""
         if self.gpu_processes is None or not uuids:
             return {}
+        self.take_baseline()
         deadline = time.monotonic() + settle_s
         while True:
-            held = {u: p for u, p in self.gpu_processes(list(uuids)).items() if p}
+            held = {u: p for u, p in ((u, self._not_baseline(u, p)) for u, p in
+                                      self.gpu_processes(list(uuids)).items()) if p}
             if not held or time.monotonic() >= deadline:
                 return held
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -215,7 +285,11 @@ class Agent:
         process still holds (after release_settle_s seconds of grace) each get a fatal
         `process_left` finding (evidence: the processes), logged once; no lease starts on
         them until a heartbeat finds them free, and the next heartbeat goes out at once.
-        Returns the new findings."""
+        Processes of the startup baseline do not count (gpu_processes.py). Returns the new
+        findings."""
+        removed = getattr(self.gpu_processes, "workload_removed", None)
+        if removed is not None:  # --simulate: replayed leftovers appear now
+            removed(list(uuids))
         found = []
         for uuid, processes in self._held(uuids, self.release_settle_s).items():
             finding = Finding(uuid, "process_left", "fatal",
@@ -380,6 +454,7 @@ class Agent:
 
     def reconcile(self, leases: list[dict]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
+        self.take_baseline()  # before anything is stopped or started
         handles = self.runtime.list_leases()
         listed = {int(lease["id"]): lease for lease in leases}
         for lease_id, lease in listed.items():

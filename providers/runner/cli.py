@@ -7,7 +7,8 @@
                          [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
                          [--memory-per-gpu SIZE] [--cpus-per-gpu N] [--pids-limit N]
                          [--shm-size SIZE]
-                         [--simulate FILE [--replay-xid LOG] [--replay-health JSON]]
+                         [--simulate FILE [--replay-xid LOG] [--replay-health JSON]
+                                          [--replay-process-left JSON]]
     gpumarket-runner inventory [--simulate FILE] [--json]
     gpumarket-runner status [--state-dir DIR]
     gpumarket-runner doctor [--state-dir DIR] [--url URL] [--token TOKEN]
@@ -15,8 +16,12 @@
 
 `--replay-xid LOG` feeds the XID lines of a kernel log (as `dmesg` prints them) to the health
 rules on the first heartbeat; `--replay-health JSON` lays readings over the dump's, e.g.
-'{"GPU-…": {"temperature_c": 95, "ecc_uncorrectable": 3}}' (inline or a file). Both need
---simulate: on a real host XIDs come from NVML events and readings from NVML.
+'{"GPU-…": {"temperature_c": 95, "ecc_uncorrectable": 3}}' (inline or a file);
+`--replay-process-left JSON` makes processes appear on a GPU when the first lease workload on
+it is removed (a leftover: fatal `process_left`), e.g. '{"GPU-…": [{"pid": 4242, "name":
+"python", "used_mib": 1024}]}' (inline or a file; gpu_processes.py). All need --simulate: on
+a real host XIDs come from NVML events, readings and processes from NVML. The processes a
+dump records are the recorded host's baseline, never a leftover (gpu_processes.py).
 
 Environment: GPUMARKET_URL, GPUMARKET_RUNNER_TOKEN, GPUMARKET_RUNNER_STATE_DIR stand in for
 --url, --token, --state-dir. `register` saves {url, token, simulate, node} in
@@ -52,6 +57,7 @@ from .agent import Agent, print_line
 from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
+from .gpu_processes import load_replay_process_left
 from .limits import ResourcePolicy, parse_size
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
@@ -76,17 +82,21 @@ def _state_dir(value: str | None) -> Path:
 
 
 def load_gpus(simulate: str | None, replay_xid: str | None = None,
-              replay_health: str | None = None):
+              replay_health: str | None = None, replay_process_left: str | None = None):
     """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays); CliError
     (code 2) without a driver; CliError (code 1) for a replay without --simulate or an
     unusable replay."""
-    if (replay_xid or replay_health) and not simulate:
-        raise CliError("--replay-xid and --replay-health need --simulate FILE: on a real host "
-                       "XIDs come from NVML events and readings from NVML")
+    if (replay_xid or replay_health or replay_process_left) and not simulate:
+        raise CliError("--replay-xid, --replay-health and --replay-process-left need "
+                       "--simulate FILE: on a real host XIDs come from NVML events, readings "
+                       "and processes from NVML")
     if simulate:
         try:
             health = load_replay_health(replay_health) if replay_health else None
-            return DumpGpus(simulate, replay_xid=replay_xid, replay_health=health)
+            left = load_replay_process_left(replay_process_left) if replay_process_left \
+                else None
+            return DumpGpus(simulate, replay_xid=replay_xid, replay_health=health,
+                            replay_process_left=left)
         except ReplayError as exc:
             raise CliError(str(exc)) from None
     try:
@@ -298,7 +308,7 @@ def _cmd_run(args) -> int:
     config = load_config(_state_dir(args.state_dir))
     url, token = _url_and_token(args, config)
     simulate = args.simulate or config.get("simulate")
-    gpus = load_gpus(simulate, args.replay_xid, args.replay_health)
+    gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
     node = _node_label(config.get("node") or {})
     policy = resource_policy(args, config)
     runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
@@ -587,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replay-health", metavar="JSON",
                      help='with --simulate: readings over the dump\'s, e.g. '
                           '\'{"GPU-…": {"temperature_c": 95}}\' (inline or a file)')
+    run.add_argument("--replay-process-left", metavar="JSON",
+                     help='with --simulate: processes that appear on a GPU when the first '
+                          'lease workload on it is removed (a leftover), e.g. \'{"GPU-…": '
+                          '[{"pid": 4242, "name": "python"}]}\' (inline or a file)')
     run.set_defaults(func=_cmd_run)
 
     doc = sub.add_parser("doctor", help="check driver, Docker, NVIDIA runtime, clock and "

@@ -4,23 +4,58 @@ A workload that outlives its container (a process that escaped the container's c
 hung CUDA context the driver has not torn down, or a host process someone started on a
 leased GPU) would share the GPU with the next buyer. So after the runner stops and removes
 a lease's workload it asks, per leased GPU UUID, which processes still hold it (agent.py,
-`check_released`); a GPU that is not free gets a fatal `process_left` finding until it is.
+`check_released`).
+
+The rule (agent.py applies it):
+- Baseline. When the runner starts (its first heartbeat or reconciliation), it records the
+  processes on each GPU by (pid, name): they were there before this runner ran any lease,
+  so they are not the marketplace's (the provider's own job, a display server, a monitoring
+  agent; with `--simulate`, the processes the recorded host ran). Each is logged once at
+  startup and, while it runs, sent with every heartbeat as a `warn` finding
+  `process_foreign` ("pid … already running when the runner started: not a marketplace
+  workload; a lease on this GPU shares it"). The GPU stays offered: health already treats
+  "works, but shared or slowed" as a warning (utilization is reported, never judged;
+  power brake, PCIe link and thermal slowdown are warnings), the provider registered the
+  GPU knowingly, and the runner cannot tell a permanent system process from a job. It is a
+  heartbeat finding, not part of the inventory: processes come and go, so it is judged on
+  every heartbeat from the first one (right after the inventory is sent). A
+  baseline process that exits is dropped from the baseline (a later process with the same
+  pid and name counts as new). Exception: on a live source (NVML), a GPU that a lease
+  workload already holds at startup (a restarted runner re-adopting it) gets an empty
+  baseline, since its processes are that lease's; a workload whose GPUs are unknown empties
+  the baseline of every GPU. The dump's recorded processes are never a workload's.
+- After a lease. Once the workload is removed, a process on one of its GPUs that is not in
+  the baseline is left behind: after RELEASE_SETTLE_S of grace the GPU gets a fatal
+  `process_left` finding, sent at once and on every heartbeat, and no lease starts on it
+  until no such process holds it. Baseline processes never count. (A process started on
+  an idle GPU while the runner runs is judged when a lease on that GPU ends.)
+- Replay (`--simulate` only): `--replay-process-left JSON` names processes that appear on a
+  GPU when the first lease workload on it is removed, e.g. '{"GPU-…": [{"pid": 4242,
+  "name": "/opt/conda/bin/python", "type": "C", "used_mib": 1024}]}' (inline or a file);
+  they stay until the runner restarts, like a replayed XID. Tests may also change the
+  table with `DumpProcesses.set`.
 
 Sources, one interface — `__call__(uuids) -> {uuid: [GpuProcess, …]}` (a GPU absent from
-the answer could not be asked and is not judged):
+the answer could not be asked and is not judged) and `live` (whether lease workloads'
+processes show up in it):
 - NvmlProcesses: NVML's nvmlDeviceGetComputeRunningProcesses and
   nvmlDeviceGetGraphicsRunningProcesses for the handle of each UUID (GPU or MIG device),
   names from nvmlSystemGetProcessName;
 - DumpProcesses (`--simulate`): the "Processes" section of each GPU in the recorded
-  `nvidia-smi -q` report ("Processes : None" when none), which tests may change with `set`.
+  `nvidia-smi -q` report ("Processes : None" when none), plus the replayed leftovers.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .nvml import ReplayError
 from .nvsmi import _GPU_HEADER, _parse_tree, read_text
+
+KINDS = ("C", "G", "C+G")
+NAME_MAX = 80  # characters of a process name shown in evidence
 
 
 @dataclass(frozen=True)
@@ -33,12 +68,19 @@ class GpuProcess:
     kind: str = "C"
     used_mib: int | None = None
 
+    @property
+    def key(self) -> tuple[int, str]:
+        """(pid, name): what the baseline compares (memory use changes, the process not)."""
+        return (self.pid, self.name)
+
     def describe(self) -> str:
-        """'pid 1002127 /usr/bin/python (compute, 9212 MiB)'."""
+        """'pid 1002127 /usr/bin/python (compute, 9212 MiB)'; a name longer than NAME_MAX
+        characters is cut (evidence stays short: a celery worker's name can be 300)."""
         what = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}.get(self.kind,
                                                                                 self.kind)
         memory = f", {self.used_mib} MiB" if self.used_mib is not None else ""
-        name = f" {self.name}" if self.name else ""
+        short = self.name if len(self.name) <= NAME_MAX else self.name[:NAME_MAX - 1] + "…"
+        name = f" {short}" if short else ""
         return f"pid {self.pid}{name} ({what}{memory})"
 
 
@@ -75,15 +117,29 @@ def processes_from_text(text: str, name: str = "<dump>") -> dict[str, list[GpuPr
 
 
 class DumpProcesses:
-    """The processes recorded in a `nvidia-smi -q` report (`--simulate FILE`)."""
+    """The processes recorded in a `nvidia-smi -q` report (`--simulate FILE`).
 
-    def __init__(self, path: str | Path) -> None:
+    left_after_lease: {uuid: [GpuProcess, …]} that appear on that GPU when the first lease
+    workload on it is removed (`--replay-process-left`; workload_removed adds them)."""
+
+    live = False  # the recorded processes ran on the recorded host, never in a lease here
+
+    def __init__(self, path: str | Path,
+                 left_after_lease: dict[str, list[GpuProcess]] | None = None) -> None:
         self.path = Path(path)
         self.table = processes_from_text(read_text(self.path), self.path.name)
+        self.pending = {u: list(p) for u, p in (left_after_lease or {}).items()}
 
     def set(self, uuid: str, processes: list[GpuProcess]) -> None:
         """Replace what the report says runs on `uuid` (tests: a process appears or exits)."""
         self.table[uuid] = list(processes)
+
+    def workload_removed(self, uuids: list[str]) -> None:
+        """A lease workload on `uuids` was just removed: the replayed leftovers of those GPUs
+        appear now (once each)."""
+        for uuid in uuids:
+            for process in self.pending.pop(uuid, []):
+                self.table[uuid] = [*self.table.get(uuid, []), process]
 
     def __call__(self, uuids: list[str]) -> dict[str, list[GpuProcess]]:
         return {u: list(self.table[u]) for u in uuids if u in self.table}
@@ -91,6 +147,8 @@ class DumpProcesses:
 
 class NvmlProcesses:
     """The processes NVML sees on each GPU. nv: the initialised pynvml module."""
+
+    live = True  # a lease workload's processes show up here (host pids)
 
     def __init__(self, nv) -> None:
         self.nv = nv
@@ -128,10 +186,57 @@ class NvmlProcesses:
         return out
 
 
+def load_replay_process_left(value: str) -> dict[str, list[GpuProcess]]:
+    """--replay-process-left: inline JSON, or the path of a JSON file, holding
+    {"GPU-…": [{"pid": 4242, "name": "/opt/conda/bin/python", "type": "C",
+    "used_mib": 1024}, …]} (pid required; name "", type "C", used_mib null by default).
+    ReplayError naming the GPU and field of anything else."""
+    flag = "--replay-process-left"
+    text = value
+    if not value.lstrip().startswith(("{", "[")):
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ReplayError(f"{flag} {value}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ReplayError(f"{flag} is not JSON: {exc}") from None
+    shape = f'{flag} must be {{"GPU-…": [{{"pid": 4242, "name": "python"}}, …]}}'
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ReplayError(shape)
+    out: dict[str, list[GpuProcess]] = {}
+    for uuid, items in data.items():
+        found = []
+        for i, item in enumerate(items):
+            where = f"{flag} {uuid}[{i}]"
+            if not isinstance(item, dict):
+                raise ReplayError(shape)
+            unknown = sorted(set(item) - {"pid", "name", "type", "used_mib"})
+            if unknown:
+                raise ReplayError(f"{where}: unknown field(s) {', '.join(unknown)} (known: "
+                                  "pid, name, type, used_mib)")
+            pid, name = item.get("pid"), item.get("name", "")
+            kind, used = item.get("type", "C"), item.get("used_mib")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                raise ReplayError(f"{where}.pid: a process id (a whole number above 0)")
+            if not isinstance(name, str):
+                raise ReplayError(f"{where}.name: a string")
+            if kind not in KINDS:
+                raise ReplayError(f"{where}.type: one of {', '.join(KINDS)}")
+            if used is not None and (not isinstance(used, int) or isinstance(used, bool)
+                                     or used < 0):
+                raise ReplayError(f"{where}.used_mib: MiB as a whole number, or null")
+            found.append(GpuProcess(pid, name, kind, used))
+        out[uuid] = found
+    return out
+
+
 def source_for(gpus) -> DumpProcesses | NvmlProcesses | None:
     """The process source matching a GPU source: DumpProcesses for nvml.DumpGpus (its
-    `path`), NvmlProcesses for nvml.NvmlGpus (its pynvml module); None for anything else."""
+    `path` and `replay_process_left`), NvmlProcesses for nvml.NvmlGpus (its pynvml module);
+    None for anything else."""
     if getattr(gpus, "simulate", False) and getattr(gpus, "path", None) is not None:
-        return DumpProcesses(gpus.path)
+        return DumpProcesses(gpus.path, getattr(gpus, "replay_process_left", None))
     nv = getattr(gpus, "_nvml", None)
     return NvmlProcesses(nv) if nv is not None else None

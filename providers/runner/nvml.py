@@ -210,15 +210,19 @@ class DumpGpus:
 
     replay_xid: a kernel log whose XID lines are delivered (mapped to GPUs by PCI bus id)
     on the first xid_events() call; replay_health: {uuid: {reading key: value}} laid over
-    the recorded readings (nvml.load_replay_health). Constructing it parses the file and
-    raises nvsmi.DumpError if it is malformed, ReplayError for an unusable replay.
+    the recorded readings (nvml.load_replay_health); replay_process_left: {uuid: [processes]}
+    that appear on a GPU when the first lease workload on it is removed
+    (gpu_processes.load_replay_process_left; kept here for gpu_processes.source_for).
+    Constructing it parses the file and raises nvsmi.DumpError if it is malformed,
+    ReplayError for an unusable replay.
     """
 
     simulate = True
     xid_note = None
 
     def __init__(self, path: str | Path, *, replay_xid: str | Path | None = None,
-                 replay_health: dict[str, dict] | None = None) -> None:
+                 replay_health: dict[str, dict] | None = None,
+                 replay_process_left: dict[str, list] | None = None) -> None:
         self.path = Path(path)
         text = read_text(self.path)
         self._inventory = parse_text(text, name=self.path.name)
@@ -230,6 +234,11 @@ class DumpGpus:
                 raise ReplayError(f"--replay-health names {uuid}, which is not a GPU of "
                                   f"{self.path.name}")
             self._health[uuid] = {**self._health[uuid], **values}
+        for uuid in replay_process_left or {}:
+            if uuid not in known:
+                raise ReplayError(f"--replay-process-left names {uuid}, which is not a GPU of "
+                                  f"{self.path.name}")
+        self.replay_process_left = dict(replay_process_left or {})
         self._pending_xids: list[XidEvent] = []
         if replay_xid is not None:
             self.replay_xid(replay_xid)

@@ -343,7 +343,7 @@ class ProcessRuntime:
     """Lease commands as local processes (no isolation, no image): only for hosts where no
     Docker Engine answers. The image is ignored; the command runs with the lease env.
 
-    state_dir: where processes.json ({lease id: {pid, start, log, status_file}}) and the
+    state_dir: where processes.json ({lease id: {pid, start, log, status_file, gpus}}) and the
     per-lease logs and exit-status files live, so a restarted runner re-adopts them.
     """
 
@@ -402,7 +402,8 @@ class ProcessRuntime:
             raise RuntimeFailure(f"cannot start {command[0]}: {exc.strerror or exc}") from None
         self._children[child.pid] = child
         entries[lease_id] = {"pid": child.pid, "start": _proc_start_time(child.pid),
-                             "status_file": str(status_file), "log": str(log)}
+                             "status_file": str(status_file), "log": str(log),
+                             "gpus": env["NVIDIA_VISIBLE_DEVICES"]}
         self._save(entries)
         return f"pid-{child.pid}"
 
@@ -436,12 +437,14 @@ class ProcessRuntime:
 
     def describe(self) -> list[dict]:
         """For `status`: lease, handle ("pid-N"), name (the log file), state ("running" or
-        "exited"), gpus ("" — processes get the GPUs through their env only)."""
+        "exited"), gpus (the NVIDIA_VISIBLE_DEVICES it was started with; "" when started by
+        an older runner that did not record them)."""
         out = []
         for lease_id, entry in sorted(self._load().items()):
             out.append({"lease": lease_id, "handle": f"pid-{entry['pid']}",
                         "name": entry.get("log", ""),
-                        "state": "running" if self._alive(entry) else "exited", "gpus": ""})
+                        "state": "running" if self._alive(entry) else "exited",
+                        "gpus": entry.get("gpus", "")})
         return out
 
     def logs(self, lease_id: int, lines: int = 200) -> str:

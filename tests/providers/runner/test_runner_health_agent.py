@@ -46,10 +46,15 @@ def test_fatal_xid_fails_only_the_lease_on_that_gpu(
     marketplace.add_lease(32, [GPU1], image=test_image, command=["sleep", "60"])
     agent.tick()
     assert running(docker_client, docker_node) == {"31": "running", "32": "running"}
-    assert marketplace.heartbeats[-1]["findings"] == [  # the recording's one real warning
+    assert marketplace.heartbeats[-1]["findings"] == [  # the recording's real warnings
         {"uuid": "GPU-973565ff-45cf-12ea-4e91-33386720f7bb", "rule": "hw_power_brake",
          "severity": "warn",
-         "evidence": "HW power brake active: the host's power supply slows the GPU"}]
+         "evidence": "HW power brake active: the host's power supply slows the GPU"},
+        {"uuid": "GPU-973565ff-45cf-12ea-4e91-33386720f7bb", "rule": "process_foreign",
+         "severity": "warn",
+         "evidence": "pid 1002127 /usr/bin/python (compute, 9212 MiB) already running when "
+                     "the runner started: not a marketplace workload; a lease on this GPU "
+                     "shares it"}]
 
     gpus.replay_xid(log)  # the kernel reports XID 119 on GPU0
     agent.tick()

@@ -68,12 +68,70 @@ def test_replay_flags_need_simulate(tmp_path):
     done = runner("run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "--state-dir",
                   str(tmp_path), "--replay-health", '{"x": {}}')
     assert done.returncode == 1
-    assert "--replay-xid and --replay-health need --simulate FILE" in done.stderr
+    assert ("--replay-xid, --replay-health and --replay-process-left need --simulate FILE"
+            in done.stderr)
     bad = runner("run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "--state-dir",
                  str(tmp_path), "--simulate", str(H100), "--replay-health",
                  '{"GPU-566e6f65-c38e-b12f-4824-6944218668b9": {"temp": 1}}')
     assert bad.returncode == 1
     assert "unknown reading(s) temp" in bad.stderr
+    left = runner("run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "--state-dir",
+                  str(tmp_path), "--simulate", str(H100), "--replay-process-left",
+                  f'{{"{GPU0}": [{{"pid": "x"}}]}}')
+    assert left.returncode == 1
+    assert f"--replay-process-left {GPU0}[0].pid: a process id" in left.stderr
+
+
+@pytest.mark.docker
+def test_run_with_a_replayed_leftover_keeps_that_gpu_out_and_not_the_recorded_ones(
+    marketplace, docker_client, test_image, tmp_path
+):
+    """The recorded process of the dump's third GPU is the baseline (a warning); the process
+    replayed on GPU0 after its lease is left behind (fatal)."""
+    held = "GPU-973565ff-45cf-12ea-4e91-33386720f7bb"
+    state = tmp_path / "state"
+    assert runner("register", "--url", marketplace.url, "--token", TOKEN, "--simulate",
+                  str(H100), "--state-dir", str(state)).returncode == 0
+    marketplace.add_lease(61, [GPU0], image=test_image, command=["sleep", "60"],
+                          duration_seconds=1)
+    marketplace.add_lease(62, [held], image=test_image, command=["sleep", "60"],
+                          duration_seconds=1)
+    node_label = f"gpumarket.node={marketplace.node['id']}"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(state),
+         "--poll-interval", "0.3", "--heartbeat-interval", "0.3", "--network", "none",
+         "--no-push", "--replay-process-left",
+         f'{{"{GPU0}": [{{"pid": 4242, "name": "python", "used_mib": 1024}}]}}'],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean,
+    )
+
+    def left_sent():
+        beats = list(marketplace.heartbeats)
+        return beats and any(f["rule"] == "process_left" for f in beats[-1].get("findings", []))
+
+    try:
+        deadline = time.monotonic() + 20
+        while not (left_sent() and len(marketplace.events_for(62)) >= 3) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.terminate()
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert [e["status"] for e in marketplace.events_for(61)][-1] == "completed"
+        assert [e["status"] for e in marketplace.events_for(62)][-1] == "completed"
+        findings = {(f["uuid"], f["rule"], f["severity"])
+                    for f in marketplace.heartbeats[-1]["findings"]}
+        assert (GPU0, "process_left", "fatal") in findings
+        assert (held, "process_foreign", "warn") in findings
+        assert not any(u == held and s == "fatal" for u, _r, s in findings)
+        assert (f"GPU {GPU0}: pid 4242 python (compute, 1024 MiB) still holds the GPU after "
+                "lease 61's workload was removed") in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for container in docker_client.containers.list(all=True, filters={"label": node_label}):
+            container.remove(force=True)
 
 
 @pytest.mark.docker

@@ -66,6 +66,8 @@ def test_process_runtime_start_list_readopt_stop(tmp_path):
 
     again = ProcessRuntime(tmp_path)  # a restarted runner finds it in the state dir
     assert again.list_leases() == {7: handle}
+    # with its GPUs (the release check needs them: gpu_processes.py)
+    assert [w["gpus"] for w in again.describe()] == [",".join(UUIDS)]
     assert again.exit_status(7) is None
     again.stop(7, grace_s=2)
     assert again.list_leases() == {}
