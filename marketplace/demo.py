@@ -195,9 +195,15 @@ class Demo:
                 hint = (" (the recorded GPUs are already registered in this DATABASE_URL by an "
                         "earlier run: use a fresh database)" if "409" in reg.stderr else "")
                 raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}{hint}")
+            # Without Redis the channel layer is in-memory, per process: the worker's notices
+            # (a lease created when it closes the auction) never reach the web process's
+            # /ws/runner/, and a connected runner would only see them at its 30 s resync.
+            # So the demo's runners poll every 0.5 s instead.
+            push = [] if "REDIS_URL" in os.environ else ["--no-push"]
             self.spawn(f"runner-{name}", [py, "-m", "providers.runner", "run", "--state-dir",
-                                          str(state), "--poll-interval", "0.5", "--runtime",
-                                          runtime, "--network", "none"])
+                                          str(state), "--poll-interval", "0.5",
+                                          "--heartbeat-interval", "2", "--runtime", runtime,
+                                          "--network", "none", *push])
             nodes[name] = node["id"]
         for node in self.call("GET", "/api/v1/nodes/", "provider")["results"]:
             models = {}
@@ -270,6 +276,7 @@ class Demo:
             say("lease ended", f"lease {lease_id}: {lease['status']} ({lease['cause']})")
             say("ledger split", f"lease {lease_id}: cost {lease['cost']} USD = provider "
                 f"{lease['provider_amount']} (85 %) + platform {lease['platform_fee']} (15 %)")
+        self.report_gpu_health()
         wallet = self.call("GET", "/api/v1/wallet/", "provider")
         say("provider earned", f"Acme GPU Cloud: {wallet['earned']} USD")
         for who in ("alice", "bob", "carol"):
@@ -284,6 +291,34 @@ class Demo:
             return 1
         say("done", "scenario complete")
         return 0
+
+    def report_gpu_health(self) -> None:
+        """After the leases ended: wait for a heartbeat of every node, then say how many of
+        its GPUs are healthy, the warnings by rule, and each unhealthy GPU's finding (a GPU
+        still held after a lease would show here: providers/runner/gpu_processes.py)."""
+        after = datetime.now(UTC)
+
+        def beaten():
+            nodes = self.call("GET", "/api/v1/nodes/", "provider")["results"]
+            return nodes if all(n["last_heartbeat_at"] and datetime.fromisoformat(
+                n["last_heartbeat_at"].replace("Z", "+00:00")) > after for n in nodes) else None
+
+        for node in self.wait_for("a heartbeat of every node", beaten, timeout=30):
+            gpus = node["gpus"]
+            warnings: dict[str, int] = {}
+            fatal = []
+            for gpu in gpus:
+                for f in gpu["findings"]:
+                    if f["severity"] == "warn":
+                        warnings[f["rule"]] = warnings.get(f["rule"], 0) + 1
+                    else:
+                        fatal.append(f"{gpu['uuid']} {f['rule']}: {f['evidence']}")
+            healthy = sum(1 for g in gpus if g["healthy"])
+            text = f"{node['name']}: {healthy} of {len(gpus)} GPUs healthy"
+            if warnings:
+                text += "; warnings: " + ", ".join(f"{r} ×{n}" for r, n in sorted(
+                    warnings.items()))
+            say("gpu health", text + "".join(f"; unhealthy: {f}" for f in fatal))
 
     def _port_free(self) -> bool:
         import socket

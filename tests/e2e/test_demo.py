@@ -33,11 +33,19 @@ def test_make_demo_oneshot_reports_the_whole_flow(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     for step in ("provider ", "gpus registered", "ask ", "bid ", "fill ", "auction closed",
-                 "lease started", "lease ended", "ledger split", "ledger check", "done"):
+                 "lease started", "lease ended", "gpu health", "ledger split", "ledger check",
+                 "done"):
         assert f"[demo] {step}" in out, f"missing step {step!r} in:\n{out}"
     assert "8 × NVIDIA H100 80GB HBM3 (h100-sxm-80gb)" in out
     assert "8 × NVIDIA GeForce RTX 4090 (rtx-4090)" in out
     assert "winner bob, clearing price 1.300000" in out
+    # The processes the recorded hosts ran (every RTX 4090, the third H100) are a baseline
+    # the runner leaves alone: a warning each, never a failed GPU after the leases.
+    assert re.search(r"gpu health +h100-node-1: 8 of 8 GPUs healthy; warnings: "
+                     r"hw_power_brake ×1, process_foreign ×1\n", out), out
+    assert re.search(r"gpu health +rtx4090-node-1: 8 of 8 GPUs healthy; warnings: "
+                     r"process_foreign ×8\n", out), out
+    assert "unhealthy" not in out
     assert re.search(r"lease started +lease \d+: 2 × h100-sxm-80gb in container \w{6,}", out)
     # every settled lease: provider + platform = cost, platform = cost × 15 % floored
     splits = re.findall(r"cost (\d+\.\d{6}) USD = provider (\d+\.\d{6}) \(85 %\) \+ platform "
