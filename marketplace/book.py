@@ -82,6 +82,7 @@ from marketplace.leases import clean_ports
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
+from settlement.bulk import insert_all
 from settlement.money import MAX_USD_MICROS, lease_cost
 
 log = logging.getLogger("gpumarket.market")
@@ -583,7 +584,7 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
             interruptible=bool(r.interruptible), ports=clean_ports(r.ports))
         _touch(order)
         orders.append(order)
-    orders = Order.objects.bulk_create(orders)
+    orders = insert_all(orders)
     holds = ledger.holds_place_many([(o.owner_id, amount, f"order:{o.pk}")
                                      for o, (_, amount) in zip(orders, items, strict=True)])
     refused = [o.pk for o, h in zip(orders, holds, strict=True) if not isinstance(h, Hold)]
@@ -596,7 +597,7 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
         _set_hold_ids(placed)
         order_events = [order.events.model(order=o, from_status="", to_status="open", at=now,
                                            cause="bid placed") for o in placed]
-        order_events[0].__class__.objects.bulk_create(order_events)
+        insert_all(order_events)
     leases_of: dict[int, list[Lease]] = {}
     victims_possible = _preemption_candidates_exist(market)
     for order in placed:

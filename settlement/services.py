@@ -22,6 +22,7 @@ from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.utils import timezone
 
+from settlement.bulk import insert_all
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
 from settlement.split import Split, split
@@ -106,14 +107,14 @@ class _Entry:
 def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
     """The writes of balanced entries whose accounts the caller has locked and checked:
     one INSERT of the entries, one of all their postings and one UPDATE of the balances,
-    whatever their number. bulk_create sends no post_save, so it is sent here for each
-    entry (the live feed listens to it)."""
+    whatever their number (settlement.bulk). That sends no post_save, so it is sent here
+    for each entry (the live feed listens to it)."""
     if not entries:
         return []
-    made = JournalEntry.objects.bulk_create([
+    made = insert_all([
         JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference, hold=e.hold,
                      idempotency_key=e.idempotency_key) for e in entries])
-    Posting.objects.bulk_create([Posting(entry=entry, account_id=pk, amount=amt)
+    insert_all([Posting(entry=entry, account_id=pk, amount=amt)
                                  for entry, e in zip(made, entries, strict=True)
                                  for pk, amt in e.rows])
     delta: dict[int, int] = {}
@@ -257,7 +258,7 @@ def holds_place_many(requests: list[tuple[int, int, str]]) -> list[Hold | Insuff
             held = {b: locked[(Kind.BUYER_HELD, b)][0] if (Kind.BUYER_HELD, b) in locked
                     else account(Kind.BUYER_HELD, b).pk  # first use; nobody else sees it
                     for b in {buyer for buyer, _, _ in accepted}}
-            holds = Hold.objects.bulk_create([
+            holds = insert_all([
                 Hold(buyer_id=buyer, original=amount, amount=amount, reference=reference)
                 for buyer, amount, reference in accepted])
             _write_entries([

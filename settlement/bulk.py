@@ -1,0 +1,63 @@
+"""A lean bulk INSERT for the bid path's rows (orders, holds, journal entries, postings,
+order events), which a group of bids writes by the dozen.
+
+Django's QuerySet.bulk_create prepares every field of every object through the full
+model-field API (about 30 µs of CPU per row of a small model on the 2-core bench
+machine, measured); here each column's values go to PostgreSQL as one array and a
+single `INSERT … SELECT … FROM unnest(…) RETURNING id` writes them all (about 2 µs per
+row). Values are taken as Django would take them (`Field.pre_save` with add=True: the
+defaults set at construction, auto_now_add times), and converted with the field's own
+`get_db_prep_save`; JSON columns travel as text (the field's encoder). On other
+databases (SQLite for the demo) it is bulk_create itself.
+
+No signals are sent, exactly as with bulk_create; callers that need post_save send it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from django.db import connections, router
+from django.db.models import JSONField, Model
+
+
+def insert_all(objs: Sequence[Model]) -> list[Model]:
+    """INSERT `objs` (unsaved instances of one model, primary keys unset) and set their
+    primary keys, in order. Returns `objs`. Raises what the database raises (an
+    IntegrityError for a violated constraint), with nothing written."""
+    if not objs:
+        return list(objs)
+    model = type(objs[0])
+    using = router.db_for_write(model)
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return model.objects.using(using).bulk_create(objs)
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if f is not meta.pk]
+    columns, arrays, selects, params = [], [], [], []
+    for i, field in enumerate(fields):
+        values = [field.pre_save(obj, True) for obj in objs]
+        if isinstance(field, JSONField):  # as text, parsed by PostgreSQL
+            params.append([None if v is None else json.dumps(v, cls=field.encoder)
+                           for v in values])
+            arrays.append("%s::text[]")
+            selects.append(f"c{i}::jsonb")
+        else:
+            params.append([field.get_db_prep_save(v, connection) for v in values])
+            arrays.append(f"%s::{field.cast_db_type(connection)}[]")
+            selects.append(f"c{i}")
+        columns.append(connection.ops.quote_name(field.column))
+    # identifiers come from the model's own metadata, quoted; every value is a parameter
+    sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({', '.join(columns)}) "  # noqa: S608
+           f"SELECT {', '.join(selects)} FROM unnest({', '.join(arrays)}) "
+           f"AS u({', '.join(f'c{i}' for i in range(len(fields)))}) "
+           f"RETURNING {connection.ops.quote_name(meta.pk.column)}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [row[0] for row in cursor.fetchall()]
+    for obj, pk in zip(objs, ids, strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = using
+    return list(objs)
