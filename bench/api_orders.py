@@ -3,10 +3,11 @@ server (uvicorn, marketplace.asgi:application) on 127.0.0.1 with PostgreSQL.
 
 Setup (not timed): a fresh database (dropped and created, then migrated), one
 provider whose node has 8 H100s offered by a standing ask at 2.49 USD/GPU-hour, and
-`--buyers` funded buyers with API tokens. Then `--concurrency` asyncio clients (httpx,
-one connection each) POST bids to /api/v1/orders/ — 1–2 GPUs, 1 hour, prices seeded
-normal around 2.30 (sigma 0.10, 0.01 tick), so a few cross the ask and most rest — until
-`--orders` bids are answered or `--seconds` pass. Prints orders/s over the whole run,
+`--buyers` funded buyers with API tokens. Then `--concurrency` asyncio clients (a
+minimal HTTP/1.1 keep-alive client each, one connection; --httpx for httpx) POST bids
+to /api/v1/orders/ — 1–2 GPUs, 1 hour, prices seeded normal around 2.30 (sigma 0.10,
+0.01 tick), so a few cross the ask and most rest — until `--orders` bids are answered
+or `--seconds` pass. Prints orders/s over the whole run,
 p50/p99 latency of each request, and the status codes.
 
 The server runs with DEBUG off and no access log; it shares the machine's cores with
@@ -14,7 +15,7 @@ PostgreSQL and with this client. The DESIGN.md target is >= 500 orders/s with p9
 100 ms on a 2-core machine.
 
 Run:  .venv/bin/python bench/api_orders.py [--orders 3000] [--concurrency 16]
-          [--workers 2] [--buyers 50] [--seconds 60] [--db gpumarket_bench]
+          [--workers 1] [--httpx] [--buyers 50] [--seconds 60] [--db gpumarket_bench]
           [--pg postgres://postgres@127.0.0.1:5432] [--port 8391] [--seed 1]
 """
 
@@ -188,7 +189,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orders", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="uvicorn worker processes (1: one market's bids form the largest "
+                         "groups in one batcher; see bench/README.md for 2)")
     ap.add_argument("--buyers", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=60.0, help="stop after this long")
     ap.add_argument("--db", default="gpumarket_bench")
@@ -227,7 +230,8 @@ def main() -> None:
 
     ms = sorted(x * 1000 for x in latencies)
     print(f"python {platform.python_version()} ({platform.python_implementation()}), "
-          f"{os.cpu_count()} CPUs; uvicorn workers {args.workers}, clients "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (1 min, at the "
+          f"end); uvicorn workers {args.workers}, clients "
           f"{args.concurrency}, buyers {args.buyers}, database {args.db}")
     print(f"orders {len(ms)} in {elapsed:.2f} s: {len(ms) / elapsed:,.0f} orders/s; "
           f"p50 {pct(ms, 50):.1f} ms, p99 {pct(ms, 99):.1f} ms, max {ms[-1]:.1f} ms; "
