@@ -20,12 +20,14 @@ snapshot). Nothing is lost silently: the client is told.
 Direct writes (FEED_DIRECT_WRITES, default on): most of a busy feed's cost was the path
 of each event through the queue, the sender task and four layers of ASGI `send` to
 every client (bench/README.md). When the connection is served by uvicorn's
-websockets-sansio protocol without extensions (no permessage-deflate: a compressed
-frame differs per connection), an event whose seq is the next one for a client whose
-sender is idle with an empty queue is written to its socket directly as a frame encoded
-once for the whole group (`text_frame`): the same bytes ASGI `send` would write, in the
-same order. Anything else takes the queue: the snapshot, gaps, warnings, a socket that
-pushes back (uvicorn's flow control: the slow-client rule applies as before), a closing
+websockets-sansio protocol, an event whose seq is the next one for a client whose
+sender is idle with an empty queue is written to its socket directly: without
+extensions as a frame encoded once for the whole group (`text_frame`), with
+permessage-deflate (browsers) through the connection's own websockets protocol object
+(`send_text` + `data_to_send`, exactly what uvicorn's `send` calls, so its compressor
+state stays right). The same bytes ASGI `send` would write, in the same order. Anything
+else takes the queue: the snapshot, gaps, warnings, a socket that pushes back
+(uvicorn's flow control: the slow-client rule applies as before), a closing
 connection, another server, a wrapped `send`. Detection (`direct_socket`) checks the
 class and the attributes it uses and falls back to ASGI when any is missing.
 
@@ -48,6 +50,11 @@ from django.conf import settings
 
 from frontend import feed
 
+try:
+    from websockets.exceptions import InvalidState
+except ImportError:  # without websockets there is no uvicorn sansio protocol to write to
+    InvalidState = RuntimeError
+
 log = logging.getLogger("gpumarket.feed")
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -57,20 +64,21 @@ CLOSE_NOT_FOUND = 4404
 
 def direct_socket(send):
     """uvicorn's websocket protocol (websockets-sansio) behind Channels' session wrapper,
-    if that is what carries this connection and no extension (permessage-deflate) was
-    negotiated: then an event's frame, encoded once for the whole group, can be written
-    to each socket as is. Anything else (another server, a wrapped send, compression):
-    None, and every message goes through ASGI `send`."""
+    if that is what carries this connection: events can then be written to it without
+    the ASGI layers. Anything else (another server, a wrapped `send`): None, and every
+    message goes through ASGI `send`."""
     proto = getattr(getattr(getattr(send, "__self__", None), "real_send", None), "__self__",
                     None)
     cls = type(proto)
     if (cls.__name__ != "WebSocketsSansIOProtocol"
             or cls.__module__ != "uvicorn.protocols.websockets.websockets_sansio_impl"):
         return None
-    conn = getattr(proto, "conn", None)
-    needed = ("transport", "writable", "close_sent", "disconnected", "handshake_complete")
-    if conn is None or getattr(conn, "extensions", None) or \
-            not all(hasattr(proto, name) for name in needed):
+    needed = ("transport", "writable", "close_sent", "disconnected", "handshake_complete",
+              "initial_response", "conn")
+    if not all(hasattr(proto, name) for name in needed):
+        return None
+    conn = proto.conn
+    if not all(hasattr(conn, name) for name in ("extensions", "send_text", "data_to_send")):
         return None
     return proto
 
@@ -87,15 +95,30 @@ def text_frame(text: str) -> bytes:
 
 
 def _write_frame(proto, event: dict[str, Any]) -> bool:
-    """Write the event's shared frame to the socket if it is open and not pushing back
-    (uvicorn's flow control); False: go through the queue and ASGI instead."""
+    """Write the event to the socket if it is open and not pushing back (uvicorn's flow
+    control); False: go through the queue and ASGI instead. Without extensions: the
+    frame encoded once for the whole group. With permessage-deflate (browsers ask for
+    it): the connection's own websockets protocol compresses and frames it — the very
+    calls uvicorn's `send` makes, with the compressor state it keeps per connection."""
     if (not proto.handshake_complete or proto.close_sent or proto.disconnected
-            or not proto.writable.is_set() or proto.transport.is_closing()):
+            or proto.initial_response is not None or not proto.writable.is_set()
+            or proto.transport.is_closing()):
         return False
-    frame = event.get("frame")
-    if frame is None:
-        frame = event["frame"] = text_frame(event["text"])
-    proto.transport.write(frame)
+    conn = proto.conn
+    if not conn.extensions:
+        frame = event.get("frame")
+        if frame is None:
+            frame = event["frame"] = text_frame(event["text"])
+        proto.transport.write(frame)
+        return True
+    data = event.get("utf8")
+    if data is None:
+        data = event["utf8"] = event["text"].encode()
+    try:
+        conn.send_text(data)
+    except InvalidState:  # not open any more: the ASGI path tells the consumer
+        return False
+    proto.transport.write(b"".join(conn.data_to_send()))
     return True
 
 
