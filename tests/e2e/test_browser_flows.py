@@ -179,53 +179,95 @@ def test_buyer_funds_bids_and_sees_fill_and_lease_without_reload(live_server, br
     assert browser.errors == []
 
 
-def test_buyer_tops_up_with_a_test_card_in_the_page_and_sees_the_credit(
-        live_server, browser, settings, localstripe_url):  # noqa: F811
-    """Stripe.js (localstripe's own mock of it, loaded from the STRIPE_JS_URL setting):
-    the buyer types the 4242 test card into the Card Element, pays, and the wallet shows
-    the credit — which came from Stripe's answer to the server (and, racing it, from
-    localstripe's signed webhook to the live server), credited once."""
+def _stripe_page(settings, live_server, stripe_url: str) -> None:
     import httpx
-    from playwright.sync_api import expect
-
-    from settlement import services as ledger
-    from settlement.models import JournalEntry, TopUp
 
     secret = "whsec_gpumarket_browser"
     settings.STRIPE_SECRET_KEY = "sk_test_gpumarket"
     settings.STRIPE_PUBLISHABLE_KEY = "pk_test_gpumarket"
     settings.STRIPE_WEBHOOK_SECRET = secret
-    settings.STRIPE_API_BASE = localstripe_url
-    settings.STRIPE_JS_URL = f"{localstripe_url}/js.stripe.com/v3/"
-    httpx.post(f"{localstripe_url}/_config/webhooks/gpumarket",
+    settings.STRIPE_API_BASE = stripe_url
+    settings.STRIPE_JS_URL = f"{stripe_url}/js.stripe.com/v3/"
+    # localstripe also posts its signed webhooks to the live server: either path may
+    # credit first, the other finds it done
+    httpx.post(f"{stripe_url}/_config/webhooks/gpumarket",
                data={"url": f"{live_server.url}/api/v1/stripe/webhook/", "secret": secret}
                ).raise_for_status()
+
+
+def _type_card(page, number: str) -> None:
+    from playwright.sync_api import expect
+
+    card = page.locator("#card-element")
+    expect(card.locator("input")).to_have_count(5)  # the mock's Card Element
+    for field, value in (("number", number), ("exp_month", "12"), ("exp_year", "34"),
+                         ("cvc", "123"), ("postal_code", "10001")):
+        card.get_by_placeholder(field, exact=True).fill(value)
+
+
+@pytest.mark.parametrize(("card", "three_d_secure"), [("4242424242424242", False),
+                                                      ("4000002500003155", True)])
+def test_buyer_tops_up_with_a_test_card_in_the_page_and_sees_the_credit(
+        live_server, browser, settings, localstripe_url, card, three_d_secure):  # noqa: F811
+    """Stripe.js (localstripe's own mock of it, loaded from the STRIPE_JS_URL setting):
+    the buyer types a test card into the Card Element and pays; a 3-D Secure card is
+    authenticated in the page (confirmCardSetup, then confirmCardPayment with the
+    PaymentIntent's client secret, each answered in the mock's dialog). The wallet shows
+    the credit, which came from Stripe's answer to the server, once."""
+    from playwright.sync_api import expect
+
+    from settlement import services as ledger
+    from settlement.models import JournalEntry, TopUp
+
+    _stripe_page(settings, live_server, localstripe_url)
     page = browser.page
     browser.signup(live_server.url, "card-buyer")
     expect(page.locator("#wallet-available")).to_have_text("$0.00")
 
     page.get_by_label("Amount (USD)").fill("25.00")
     page.get_by_label("Amount (USD)").press("Enter")  # from the keyboard
-    card = page.locator("#card-element")
-    expect(card.locator("input")).to_have_count(5)  # the mock's Card Element
-    for field, value in (("number", "4242424242424242"), ("exp_month", "12"),
-                         ("exp_year", "34"), ("cvc", "123"), ("postal_code", "10001")):
-        card.get_by_placeholder(field, exact=True).fill(value)
+    _type_card(page, card)
     assert ledger.wallet(user_id=TopUp.objects.get().buyer_id).available == 0
-    browser.shot("browser-stripe-card")
+    browser.shot(f"browser-stripe-card-{card[-4:]}")
 
     page.get_by_role("button", name="Pay $25.00").click()
+    if three_d_secure:  # the card's setup, then the payment itself
+        for _ in range(2):
+            page.get_by_role("button", name="Complete authentication").click()
     page.wait_for_url(re.compile(r"/wallet/$"))
     expect(page.get_by_text("Stripe confirmed your payment: 25.00 USD added.")).to_be_visible()
     expect(page.locator("#wallet-available")).to_have_text("$25.00")
-    browser.shot("browser-stripe-topup-credited")
+    browser.shot(f"browser-stripe-topup-credited-{card[-4:]}")
     topup = TopUp.objects.get()
     assert topup.status == "succeeded" and topup.credited == 25_000_000
-    assert ledger.wallet(user_id=topup.buyer_id).available == 25_000_000
     time.sleep(1)  # localstripe's webhook, if it comes after the page's return: still once
     assert JournalEntry.objects.filter(kind="stripe_topup").count() == 1
     assert ledger.wallet(user_id=topup.buyer_id).available == 25_000_000
     assert browser.errors == []
+
+
+def test_a_declined_card_is_shown_and_nothing_is_credited(live_server, browser, settings,
+                                                          localstripe_url):  # noqa: F811
+    from playwright.sync_api import expect
+
+    from settlement import services as ledger
+    from settlement.models import JournalEntry, TopUp
+
+    _stripe_page(settings, live_server, localstripe_url)
+    page = browser.page
+    browser.signup(live_server.url, "declined-buyer")
+    page.get_by_label("Amount (USD)").fill("25.00")
+    page.get_by_role("button", name="Top up with Stripe").click()
+    _type_card(page, "4000000000000002")
+    page.get_by_role("button", name="Pay $25.00").click()
+    expect(page.locator("#card-errors")).to_contain_text("declined")
+    expect(page.get_by_role("button", name="Pay $25.00")).to_be_enabled()  # try another
+    browser.shot("browser-stripe-declined")
+    assert ledger.wallet(user_id=TopUp.objects.get().buyer_id).available == 0
+    assert JournalEntry.objects.filter(kind="stripe_topup").count() == 0
+    # the mock's fetch of a 402 is logged by Chromium as a failed resource load: that one
+    # line is the declined card's answer, no error of the page's own
+    assert [e for e in browser.errors if "status of 402" not in e] == []
 
 
 def test_sealed_auction_counts_down_and_shows_its_result(live_server, browser):
