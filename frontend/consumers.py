@@ -158,13 +158,21 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if self.lagging:
             return
         if (self._idle and self._socket is not None and self.last_seq is not None
-                and event["seq"] == self.last_seq + 1 and _write_frame(self._socket, event)):
+                and event["seq"] == self.last_seq + 1 and self._write_directly(event)):
             self.last_seq = event["seq"]  # nothing queued, nothing in flight: in order
             return
         try:
             self._put(("event", event))
         except asyncio.QueueFull:
             self._overflow(event)
+
+    def _write_directly(self, event: dict[str, Any]) -> bool:
+        try:
+            return _write_frame(self._socket, event)
+        except Exception:  # never let one socket break the fan-out to the others
+            log.debug("feed: direct write on %s failed; ASGI path", self.group, exc_info=True)
+            self._socket = None
+            return False
 
     def _put(self, item: tuple[str, Any]) -> None:
         self._idle = False  # from now until the sender finds its queue empty again

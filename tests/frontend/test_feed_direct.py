@@ -50,6 +50,22 @@ def _proto(**state):
     return SimpleNamespace(**{**base, **state})
 
 
+def test_a_failing_direct_write_falls_back_to_the_queue():
+    from frontend.consumers import FeedConsumer
+
+    class Broken(_Transport):
+        def write(self, data):
+            raise OSError("gone")
+
+    consumer = FeedConsumer()
+    consumer.group, consumer.last_seq, consumer._idle = GROUP, 4, True
+    consumer._socket = _proto(transport=Broken())
+    consumer._queue = asyncio.Queue(maxsize=8)
+    consumer.offer({"group": GROUP, "seq": 5, "text": '{"type":"depth","seq":5}'})
+    assert consumer._socket is None and consumer._queue.qsize() == 1  # queued instead
+    assert consumer.last_seq == 4  # the sender will forward it
+
+
 def test_a_socket_that_pushes_back_or_closes_is_not_written_directly():
     event = {"seq": 1, "text": '{"type":"depth","seq":1}'}
     ok = _proto()
