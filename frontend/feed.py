@@ -175,6 +175,11 @@ class _LocalCounter:
     def depth_done(self, market_pk: int, covers: float) -> None:
         pass
 
+    def listening_users(self) -> set[int]:
+        """Users with a /ws/me/ subscriber: in-memory layer, so in this process's hubs."""
+        return {int(group[len("user."):]) for hub in list(_hubs.values())
+                for group in list(hub.groups) if group.startswith("user.")}
+
 
 class _RedisCounter:
     PREFIX = "gpumarket:feed:seq:"
@@ -242,6 +247,20 @@ return 0
 
     def depth_done(self, market_pk: int, covers: float) -> None:
         self._scripts("_DONE")(keys=[f"{self.DEPTH}{market_pk}"], args=[int(covers)])
+
+    def listening_users(self) -> set[int]:
+        """Users with a /ws/me/ subscriber in any process: the user groups' pub/sub
+        channels that have a subscriber (channels_redis names a group's channel
+        `<prefix>__group__<group>`; pub/sub spans every Redis database, so another
+        deployment's users may be counted too — which only costs a message)."""
+        config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+        pattern = f"{config.get('prefix', 'asgi')}__group__{user_group(0)[:-1]}"
+        users = set()
+        for channel in self._redis.pubsub_channels(pattern + "*"):
+            tail = channel.decode()[len(pattern):]
+            if tail.isdigit():
+                users.add(int(tail))
+        return users
 
     def _scripts(self, name: str):
         cache = self.__dict__.setdefault("_registered", {})
@@ -453,11 +472,13 @@ class Batch:
             getattr(self, name).update(getattr(other, name))
         self.committed_at = min(self.committed_at, other.committed_at)
 
-    def messages(self) -> list[tuple[str, dict[str, Any], int | None]]:
+    def messages(self, listening: set[int] | None = None
+                 ) -> list[tuple[str, dict[str, Any], int | None]]:
         """(group, payload, user id for user groups) in publishing order, read after
         commit. Rows that no longer exist (rolled back in a savepoint) are skipped. A
         market's depth is a placeholder `{"type": "depth", "_depth_of": market}`, read
-        when it is published (see Publisher)."""
+        when it is published (see Publisher). `listening`: the users whose order and
+        balance messages are wanted (None: every user's)."""
         from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
         from settlement.models import Posting
 
@@ -477,9 +498,11 @@ class Batch:
             for auction in Auction.objects.filter(pk__in=self.auctions) \
                     .select_related("market"):
                 out.append((auction_group(auction.pk), auction_payload(auction), None))
-        if self.orders:
-            for order in Order.objects.filter(pk__in=self.orders).select_related("market") \
-                    .order_by("pk"):
+        orders = Order.objects.filter(pk__in=self.orders)
+        if listening is not None:  # nobody else would receive them: not even read
+            orders = orders.filter(owner_id__in=listening)
+        if self.orders and listening != set():
+            for order in orders.select_related("market").order_by("pk"):
                 out.append((user_group(order.owner_id),
                             {"type": "order", "order": order_payload(order)}, order.owner_id))
         if self.sealed_bids:
@@ -495,11 +518,14 @@ class Batch:
                     out.append((user_group(user_id),
                                 {"type": "lease", "lease": lease_payload(lease, role)},
                                 user_id))
-        if self.entries:
+        if self.entries and listening != set():
             per_user: dict[int, dict[int, str]] = defaultdict(dict)
             # accounts without an owner (platform, external) are not published
-            rows = Posting.objects.filter(entry_id__in=self.entries,
-                                          account__owner__isnull=False) \
+            postings = Posting.objects.filter(entry_id__in=self.entries,
+                                              account__owner__isnull=False)
+            if listening is not None:
+                postings = postings.filter(account__owner_id__in=listening)
+            rows = postings \
                 .values_list("account__owner_id", "entry_id", "entry__kind")
             for owner_id, entry_id, kind in rows:
                 per_user[owner_id][entry_id] = kind
@@ -614,7 +640,12 @@ class Publisher:
         interval = _setting("FEED_DEPTH_INTERVAL", 0.1)
         if merged is not None:
             noted: dict[int, float] = {}
-            for group, payload, user_id in merged.messages():
+            # Order and balance messages only for users someone listens to (/ws/me/):
+            # asked after commit and before reading, and a subscriber reads its snapshot
+            # after subscribing, so a change it was not sent is in its snapshot.
+            listening = counter().listening_users() if (merged.orders or merged.entries) \
+                else None
+            for group, payload, user_id in merged.messages(listening):
                 market = payload.pop("_depth_of", None)
                 if market is None:
                     out.append((group, payload, user_id, merged.committed_at))

@@ -12,7 +12,7 @@ from rest_framework.authtoken.models import Token
 
 from marketplace import auctions, book
 from marketplace.leases import end_lease, mark_running
-from tests.factories import funded_buyer, in_a_day, registered_node
+from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
 from tests.frontend.conftest import call, connect, drain, recv
 
 pytestmark = [pytest.mark.django_db(transaction=True),
@@ -119,10 +119,49 @@ def test_own_orders_leases_and_balance_only_never_another_users():
     assert [m["bid"]["price"] for m in b if m["type"] == "sealed_bid"] == ["3.333333"]
     assert not any(m["type"] == "lease" for m in b)
     assert {m["bid"]["id"] for m in b if m["type"] == "sealed_bid"} == {bob_bid_id}
-    # nobody but bob ever sees his sealed bid's price
+    # nobody but bob ever sees his sealed bid's price, or his order (ids of different
+    # tables may coincide, so orders are compared as orders)
     for user in (alice, provider):
         for raw in frames[user]:
             assert "3.333333" not in raw and "3333333" not in raw
-            assert f'"id":{bob_order_id},' not in raw
-    # and alice's lease never reaches bob
-    assert all(f'"id":{lease_id},' not in raw for raw in frames[bob])
+        assert bob_order_id not in {m["order"]["id"] for m in mine[user]
+                                    if m["type"] == "order"}
+
+
+def test_order_and_balance_messages_only_for_users_someone_listens_to():
+    """The publisher asks which users have a /ws/me/ subscriber (after commit, before
+    reading) and reads and sends order and balance messages for those only; a user who
+    connects later finds the change in the snapshot instead."""
+    from frontend import feed
+
+    ensure_catalog()
+    alice, bob = funded_buyer(100), funded_buyer(100)
+    alice_path, bob_path = _token_path(alice), _token_path(bob)
+
+    async def scenario():
+        comm, connected, _ = await connect(alice_path)
+        assert connected
+        await recv(comm)
+        listening = await call(feed.counter().listening_users)
+        await call(book.place_bid, buyer_id=alice.pk, market_slug=H100, price=1_000_000,
+                   gpus=1, duration_seconds=3600)
+        bob_order = await call(book.place_bid, buyer_id=bob.pk, market_slug=H100,
+                               price=1_100_000, gpus=1, duration_seconds=3600)
+        heard = await drain(comm, timeout=0.8)
+        await comm.disconnect()
+        late, connected, _ = await connect(bob_path)
+        snap = await recv(late)
+        await late.disconnect()
+        return listening, heard, bob_order.order.pk, snap
+
+    listening, heard, bob_order_id, snap = async_to_sync(scenario)()
+    assert alice.pk in listening and bob.pk not in listening
+    kinds = [json.loads(f)["type"] for f in heard]
+    assert "order" in kinds and "balance" in kinds
+    assert bob_order_id in {o["id"] for o in snap["orders"]}
+    assert snap["wallet"]["held"] == "1.100000"
+
+    # what the publisher reads: for nobody listening, no order or posting row at all
+    batch = feed.Batch(orders={bob_order_id}, entries=set())
+    assert batch.messages(listening=set()) == []
+    assert [g for g, *_ in batch.messages(listening={bob.pk})] == [feed.user_group(bob.pk)]
