@@ -50,9 +50,12 @@ def rebalance_asks(*, node: Node) -> None:
     node.refresh_from_db(fields=["last_heartbeat_at", "registered_at"])
     last_seen = _last_seen(node)
     silent = last_seen is not None and last_seen < silent_cutoff(now)
-    for market_id in (Gpu.objects.filter(node=node).order_by().values_list("gpu_class_id",
-                                                                            flat=True)
-                      .distinct()):
+    # every market the node has GPUs or asks in (an ask never outlives its GPUs' class)
+    market_ids = set(Gpu.objects.filter(node=node).values_list("gpu_class_id", flat=True))
+    market_ids |= set(Order.objects.filter(node=node, side=Order.Side.ASK,
+                                           status__in=(*Order.ACTIVE, "filled"))
+                      .values_list("market_id", flat=True))
+    for market_id in sorted(market_ids):
         with transaction.atomic():
             lock_market(market_id)
             asks = list(Order.objects.filter(node=node, market_id=market_id,

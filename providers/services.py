@@ -99,6 +99,16 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     taken = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True)
     if taken:
         raise InventoryConflict(f"GPU {taken[0]} is registered to another node", field="gpus")
+    # A GPU's UUID names one physical board, whose model never changes: a different class
+    # for a known UUID is a wrong report, and accepting it would strand the GPU's asks,
+    # leases and auctions in the old market.
+    for uuid, known in (Gpu.objects.filter(uuid__in=uuids, node=node)
+                        .values_list("uuid", "gpu_class__slug")):
+        said = next(g["gpu_class"] for g in gpus if g["uuid"] == uuid)
+        if said != known:
+            raise InventoryConflict(
+                f"GPU {uuid} is registered as {known}, not {said}: a GPU's model cannot "
+                "change (a new board has a new UUID)", field="gpus")
     try:
         with transaction.atomic():
             for g in gpus:

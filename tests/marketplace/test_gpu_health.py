@@ -85,3 +85,46 @@ def test_an_ask_never_offers_an_unhealthy_gpu():
     ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
                          price=2_000_000, gpus=7, available_until=in_a_day()).order
     assert ask.remaining_gpus == 7
+
+
+def test_a_known_gpu_reported_as_another_model_is_refused_and_its_ask_stays():
+    """A GPU UUID names one board: an inventory that re-declares it as another class is a
+    409 naming the GPU, and nothing changes (found by a user trial: the a10 ask then
+    stood for a GPU that had 'become' an H100, and every crossing a10 bid got a 409)."""
+    provider, node, token = registered_node()
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=2_490_000, gpus=2, available_until=in_a_day()).order
+    gpu = node.gpus.order_by("pci_bus_id").first()
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    r = api.post("/api/v1/runner/inventory/", {
+        "hostname": "node-1", "driver_version": "535", "cuda_version": "12.2",
+        "runner_version": "t", "source": "test",
+        "gpus": [{"uuid": gpu.uuid, "product_name": "NVIDIA A10", "gpu_class": "a10",
+                  "memory_mib": 23028, "pci_bus_id": gpu.pci_bus_id}]}, format="json")
+    assert r.status_code == 409, r.content
+    assert "is registered as h100-sxm-80gb, not a10" in r.json()["detail"]
+    gpu.refresh_from_db()
+    assert gpu.gpu_class.slug == "h100-sxm-80gb"
+    ask.refresh_from_db()
+    assert ask.remaining_gpus == 2
+
+
+def test_an_ask_in_a_market_where_the_node_has_no_gpus_left_is_withdrawn():
+    """rebalance_asks covers every market the node has asks in, not only its GPUs' current
+    classes: an ask whose GPUs are gone from its class offers nothing, and a crossing bid
+    rests instead of failing."""
+    from marketplace.health import rebalance_asks
+    from marketplace.models import GpuClass
+
+    provider, node, _ = registered_node()
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=2_490_000, gpus=2, available_until=in_a_day()).order
+    node.gpus.update(gpu_class=GpuClass.objects.get(slug="a10"))  # (an operator's edit)
+    rebalance_asks(node=node)
+    ask.refresh_from_db()
+    assert ask.remaining_gpus == 0
+    bid = book.place_bid(buyer_id=funded_buyer(100).pk, market_slug="h100-sxm-80gb",
+                         price=2_600_000, gpus=1, duration_seconds=3600)
+    assert bid.order.status == "open" and bid.leases == []
+    assert first_violation() is None
