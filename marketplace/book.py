@@ -46,7 +46,10 @@ for GPUs to free for it. The rule:
     whole gangs of the bid on that node;
   * victims are taken lowest limit price first (then the newest lease first), only
     until the bid's remaining gangs are covered; a victim that does not help complete
-    a gang is left alone.
+    a gang is left alone. Leases already scheduled for the bid (unended, `preempt_at`
+    set, `preempted_for` = the bid) cover its gangs first, with what their ask offers:
+    a bid only ever gets what it still lacks;
+  * a bid that expires by the deadline preempts nothing (it would be called off).
 Each victim gets `preempt_at = now + GPUMARKET_PREEMPTION_NOTICE_SECONDS`,
 `preempted_for` = the bid, and an event with cause and deadline at once (its buyer
 sees it in the lease's events, in the API and on /ws/me/ through the Lease post_save
@@ -57,6 +60,27 @@ better resting bid that fits takes them first. If the ask was withdrawn or expir
 meanwhile, the freed GPUs simply stay free. If the waiting bid is no longer active at
 the deadline (filled elsewhere, cancelled, expired), the preemption is called off
 (event recorded; the lease runs on).
+
+Reconsideration. A bid that rests when no lease can be preempted for it must not wait
+forever once one can: whenever the market's preemptible leases may have grown,
+`reconsider_preemptions` runs at once, in the same transaction under the market lock:
+  * a fill made a new interruptible lease (place_bids, right after the bid that made it
+    and over the bids placed so far, so a group still equals its bids one by one;
+    place_ask);
+  * a preemption was called off (leases.preempt_lease);
+  * GPUs of an ended lease went back to an ask, or could not because it no longer
+    stands (return_gpus_to_ask: the returned GPUs may complete a gang with a lease, the
+    matching may have made interruptible leases, or a victim's bid did not get its GPUs
+    — the freed GPUs went to a better bid by price-time priority, or stay free).
+It takes the resting GTC bids that strictly outbid some candidate victim, highest
+price first then oldest, each through the rule above (the leases already scheduled for
+a bid counted first); what a bid counts on from an ask is not counted again for the
+bids after it in the same pass. It stops when no candidate is left that a remaining bid
+outbids. Nothing else can make a lease preemptible or useful to a bid (time only closes
+windows and expires bids), so there is no beat sweep: a higher bid never waits for a
+sweep interval. The hot path pays nothing for it: a bid whose fills make no
+interruptible lease (the common case) never calls it; on the other paths it costs one
+query when the market has no candidate, at most four reads when it has.
 """
 
 from __future__ import annotations
@@ -71,7 +95,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db.models import F, Q, Sum
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
@@ -606,7 +630,9 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
         if result.fills or result.killed or result.self_trade_cancels or not result.rested:
             leases = _apply(market, order, result, now)
             victims_possible = victims_possible or any(x.interruptible for x in leases)
-        if victims_possible and order.status in Order.ACTIVE and order.remaining_gpus > 0:
+        if any(x.interruptible for x in leases):
+            reconsider_preemptions(market.pk, now, through_bid=order.pk)  # `order` too
+        elif victims_possible and order.status in Order.ACTIVE and order.remaining_gpus > 0:
             _schedule_preemption(market, order, now)
         leases_of[order.pk] = leases
     # A hold is refused before any bid is matched, but one by one, an earlier bid of the
@@ -704,6 +730,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
             book = _load_book(market, exclude=order.pk)
             result = book.submit_ask(_engine_ask(order), _epoch(now))
             leases = _apply(market, order, result, now)
+            if any(x.interruptible for x in leases):
+                reconsider_preemptions(market.pk, now)
     except IntegrityError as exc:
         replayed = _replay(provider_id, client_order_id) if _is_client_id_clash(exc) else None
         if replayed is None:
@@ -789,9 +817,15 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     Price: the ask has stood since it was placed, so the earlier of the two orders sets
     the price, as for any resting order: a bid placed after the ask (for instance the
     bid that preempted an interruptible lease) trades at the ask's price, a bid that was
-    resting before the ask at its own."""
+    resting before the ask at its own.
+
+    Either way the market's preemptible leases are then offered to the resting bids
+    again (reconsider_preemptions): the GPUs back on the ask may complete a gang with
+    them, the matching may have made new interruptible leases, or the ended lease was
+    a victim whose bid did not get its GPUs."""
     ask = Order.objects.get(pk=ask_id)
     if ask.status not in (*Order.ACTIVE, "filled") or ask.available_until <= now:
+        reconsider_preemptions(ask.market_id, now)
         return []
     market = ask.market
     _expire_due(market, now)  # an expired resting bid must not take the returned GPUs
@@ -802,7 +836,9 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     result = book.submit_ask(_engine_ask(ask), _epoch(now))
     result.fills[:] = [f if f.bid_id < ask.pk else replace(f, price=ask.price)
                        for f in result.fills]
-    return _apply(market, ask, result, now)
+    leases = _apply(market, ask, result, now)
+    reconsider_preemptions(market.pk, now)
+    return leases
 
 
 def _schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Lease]:
@@ -810,48 +846,158 @@ def _schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Le
     still wanted) outbids, as few as cover its remaining gangs (module docstring,
     "Preemption"). The caller holds the market lock. Returns the leases scheduled."""
     gang = bid.gang_size or bid.remaining_gpus
-    need = bid.remaining_gpus // gang
-    if need <= 0:
+    if bid.remaining_gpus // gang <= 0:
         return []
-    notice = settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS
-    deadline = now + timedelta(seconds=notice)
+    deadline = now + timedelta(seconds=settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS)
+    if not _outlives(bid, deadline):
+        return []
     candidates = list(
-        Lease.objects.select_for_update(of=("self",))
-        .filter(market=market, interruptible=True, status__in=Lease.ACTIVE,
-                preempt_at__isnull=True, ask__isnull=False, fill__isnull=False,
-                fill__bid__price__lt=bid.price)
+        _preemptible(market.pk).filter(fill__bid__price__lt=bid.price)
         .exclude(buyer_id=bid.owner_id)
         .order_by("fill__bid__price", "-pk"))
     if not candidates:
         return []
     asks = {a.pk: a for a in Order.objects.filter(pk__in={c.ask_id for c in candidates})}
-    usable_until = deadline + timedelta(seconds=bid.duration_seconds)
+    chosen = _choose_victims(bid, candidates, asks, _offers(asks), [], deadline)
+    _mark_preempted(bid, chosen, now, deadline)
+    return chosen
 
-    def usable(ask: Order) -> bool:
+
+def reconsider_preemptions(market_id: int, now: datetime, *,
+                           through_bid: int | None = None) -> list[Lease]:
+    """Offer the market's preemptible leases (module docstring, "Preemption") to the
+    resting bids again, after the set may have grown: a new interruptible lease from a
+    fill, a preemption called off, GPUs back on an ask. The caller holds the market lock.
+
+    Resting GTC bids that strictly outbid some candidate go highest price first, then
+    oldest, each through the rule of _schedule_preemption, counting first the leases
+    already scheduled for it (it gets only what it still lacks) and what the bids
+    before it in this pass counted on from each ask. Stops when no candidate is left
+    that a remaining bid outbids. Returns the leases scheduled. Running it again
+    without a change in between schedules nothing.
+
+    through_bid: only bids up to this id (place_bids: the group's later bids are
+    written, with higher ids, but not placed yet)."""
+    candidates = list(_preemptible(market_id).annotate(bid_price=F("fill__bid__price"))
+                      .order_by("fill__bid__price", "-pk"))
+    if not candidates:
+        return []
+    bids = list(Order.objects.filter(
+        market_id=market_id, side=Order.Side.BID, status__in=Order.ACTIVE,
+        time_in_force=Order.TimeInForce.GTC, remaining_gpus__gt=0,
+        price__gt=candidates[0].bid_price)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .filter(Q() if through_bid is None else Q(pk__lte=through_bid))
+        .order_by("-price", "pk"))
+    if not bids:
+        return []
+    scheduled: dict[int, list[Lease]] = {}
+    for lease in (Lease.objects.filter(market_id=market_id, status__in=Lease.ACTIVE,
+                                       preempt_at__isnull=False,
+                                       preempted_for__price__gt=candidates[0].bid_price)
+                  .order_by("pk")):
+        scheduled.setdefault(lease.preempted_for_id, []).append(lease)
+    ask_ids = {c.ask_id for c in candidates}
+    ask_ids.update(lease.ask_id for leases in scheduled.values() for lease in leases)
+    asks = {a.pk: a for a in Order.objects.filter(pk__in=ask_ids)}
+    offers = _offers(asks)
+    deadline = now + timedelta(seconds=settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS)
+    done: list[Lease] = []
+    for bid in bids:
+        if not candidates or candidates[0].bid_price >= bid.price:
+            break  # lowest first: no later (lower) bid outbids what is left
+        outbid = [c for c in candidates if c.bid_price < bid.price and c.buyer_id != bid.owner_id]
+        chosen = _choose_victims(bid, outbid, asks, offers, scheduled.get(bid.pk, []), deadline)
+        if chosen:
+            _mark_preempted(bid, chosen, now, deadline)
+            taken = {lease.pk for lease in chosen}
+            candidates = [c for c in candidates if c.pk not in taken]
+            done += chosen
+    return done
+
+
+def _preemptible(market_id: int):
+    """The market's candidate victims, locked: unended interruptible leases of a fill from
+    a standing ask, not yet scheduled for preemption."""
+    return (Lease.objects.select_for_update(of=("self",))
+            .filter(market_id=market_id, interruptible=True, status__in=Lease.ACTIVE,
+                    preempt_at__isnull=True, ask__isnull=False, fill__isnull=False))
+
+
+def _outlives(bid: Order, deadline: datetime) -> bool:
+    """Whether `bid` is still active at `deadline` unless filled or cancelled (a bid that
+    expires by then would see its preemption called off: it preempts nothing)."""
+    return bid.expires_at is None or bid.expires_at > deadline
+
+
+def _offers(asks: dict[int, Order]) -> dict[int, int]:
+    """What each ask offers now (free GPUs: its remaining ones while it stands)."""
+    return {pk: (a.remaining_gpus if a.status in Order.ACTIVE else 0) for pk, a in asks.items()}
+
+
+def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
+                    offers: dict[int, int], scheduled: list[Lease],
+                    deadline: datetime) -> list[Lease]:
+    """The rule of the module docstring ("Preemption") for one bid: the leases to
+    preempt for it at `deadline`.
+
+    candidates: unscheduled leases it outbids, of other buyers, lowest bid price first
+    then newest; asks: by id, every ask of the candidates and of `scheduled`; offers: per
+    ask, the GPUs it will offer besides this bid's victims (what it offers now, less what
+    higher bids counted on) — updated to what is left for the bids after this one;
+    scheduled: the unended leases already scheduled for this bid, whose GPUs (with what
+    their ask offers) cover its gangs first."""
+    gang = bid.gang_size or bid.remaining_gpus
+    need = bid.remaining_gpus // gang
+    hours = timedelta(seconds=bid.duration_seconds)
+
+    def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
-                and ask.owner_id != bid.owner_id and ask.available_until >= usable_until)
+                and ask.owner_id != bid.owner_id and ask.available_until >= at + hours)
 
-    offered = {pk: (a.remaining_gpus if a.status in Order.ACTIVE else 0)
-               for pk, a in asks.items()}
-    waiting: dict[int, list[Lease]] = {}  # per ask: victims not yet making a whole gang
+    offered: dict[int, int] = {}
+    mine: dict[int, list[Lease]] = {}
+    for lease in scheduled:
+        mine.setdefault(lease.ask_id, []).append(lease)
+    for ask_id, leases in sorted(mine.items()):  # GPUs already on their way to this bid
+        if not usable(asks[ask_id], max(lease.preempt_at for lease in leases)):
+            continue  # they will not reach it
+        offered[ask_id] = offers.get(ask_id, 0) + sum(lease.gpu_count for lease in leases)
+        gangs = min(offered[ask_id] // gang, need)
+        need -= gangs
+        offered[ask_id] -= gangs * gang
     chosen: list[Lease] = []
-    for lease in candidates:
-        if need == 0:
-            break
-        if not usable(asks[lease.ask_id]):
-            continue
-        offered[lease.ask_id] += lease.gpu_count
-        waiting.setdefault(lease.ask_id, []).append(lease)
-        gangs = min(offered[lease.ask_id] // gang, need)
-        if gangs:
-            group = waiting.pop(lease.ask_id)
-            for earlier in reversed(group[:-1]):  # spare a cheaper one that is not needed
-                if offered[lease.ask_id] - earlier.gpu_count >= gangs * gang:
-                    offered[lease.ask_id] -= earlier.gpu_count
-                    group.remove(earlier)
-            need -= gangs
-            offered[lease.ask_id] -= gangs * gang
-            chosen += group
+    waiting: dict[int, list[Lease]] = {}  # per ask: victims not yet making a whole gang
+    if need and _outlives(bid, deadline):
+        for lease in candidates:
+            if need == 0:
+                break
+            if not usable(asks[lease.ask_id], deadline):
+                continue
+            offered[lease.ask_id] = (offered.get(lease.ask_id, offers.get(lease.ask_id, 0))
+                                     + lease.gpu_count)
+            waiting.setdefault(lease.ask_id, []).append(lease)
+            gangs = min(offered[lease.ask_id] // gang, need)
+            if gangs:
+                group = waiting.pop(lease.ask_id)
+                for earlier in reversed(group[:-1]):  # spare a cheaper one that is not needed
+                    if offered[lease.ask_id] - earlier.gpu_count >= gangs * gang:
+                        offered[lease.ask_id] -= earlier.gpu_count
+                        group.remove(earlier)
+                need -= gangs
+                offered[lease.ask_id] -= gangs * gang
+                chosen += group
+    for ask_id, left in waiting.items():  # not taken: their GPUs stay leased
+        offered[ask_id] -= sum(lease.gpu_count for lease in left)
+    offers.update(offered)
+    return chosen
+
+
+def _mark_preempted(bid: Order, chosen: list[Lease], now: datetime, deadline: datetime) -> None:
+    """Schedule `chosen` to be preempted at `deadline` for `bid`, each buyer told at once."""
+    if not chosen:
+        return
+    notice = settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS
     cause = (f"preemption at {deadline.isoformat()} ({notice} s notice): a higher bid "
              "needs these GPUs")
     for lease in chosen:
@@ -861,10 +1007,8 @@ def _schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Le
         lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
                             cause=cause, detail={"preempt_at": deadline.isoformat(),
                                                  "notice_seconds": notice})
-    if chosen:
-        log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
-                 [lease.pk for lease in chosen], deadline.isoformat())
-    return chosen
+    log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
+             [lease.pk for lease in chosen], deadline.isoformat())
 
 
 def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],
@@ -884,4 +1028,4 @@ def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],
 
 
 __all__ = ["BidRequest", "Placed", "cancel_order", "depth", "expire_orders", "place_ask",
-           "place_bid", "place_bids", "return_gpus_to_ask"]
+           "place_bid", "place_bids", "reconsider_preemptions", "return_gpus_to_ask"]

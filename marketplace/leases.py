@@ -18,7 +18,8 @@ marketplace/book.py (`preempt_at`, `preempted_for`, an event with the deadline).
 `preempt_due_leases` (beat, every second) ends each due one `preempted` through
 end_lease, under the market lock: charged from started_at to the moment it is ended
 (0 if it never ran), its GPUs back to the ask, which fills the waiting bid. Called off
-(event, `preempt_at` cleared) when the waiting bid is no longer active by then.
+(event, `preempt_at` cleared) when the waiting bid is no longer active by then; the
+lease is then offered at once to the other resting bids (book.reconsider_preemptions).
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
     lock; returns it, or None when there is nothing to do (already ended, not scheduled,
     not yet due) or the preemption was called off because the bid it was for is no
     longer active. Safe to run twice or concurrently: the second run finds it ended."""
-    from marketplace.book import lock_market
+    from marketplace.book import lock_market, reconsider_preemptions
 
     now = now or timezone.now()
     market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
@@ -286,6 +287,7 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
             lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
                                 cause=f"preemption called off: the bid it was for is {gone}")
             log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
+            reconsider_preemptions(market_id, now)  # it may be another resting bid's now
             return None
         return end_lease(
             lease_id=lease.pk, status="preempted", now=now,
