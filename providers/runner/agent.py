@@ -65,6 +65,7 @@ from .runtime import RuntimeFailure
 MAX_BACKOFF_S = 30.0
 RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
+UNREACHABLE_REMIND_S = 300.0  # at startup, "still retrying" at least this often
 LOG_LINES = 200  # lines of a workload's output sent as its tail
 LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
 
@@ -324,11 +325,17 @@ class Agent:
             for key in ("temperature_c", "utilization_pct", "ecc_uncorrectable"):
                 if isinstance(item[key], float):
                     item[key] = round(item[key])
+        sent = datetime.now(UTC)
         answer = self.client.heartbeat(self.runtime.name, gpus,
                                        findings=[f.as_protocol() for f in findings])
+        received = datetime.now(UTC)
         server_time = _parse_time(answer.get("server_time"))
         if server_time is not None:
-            self._skew = server_time - datetime.now(UTC)
+            # the server read its clock somewhere between sent and received: compare with
+            # the midpoint (NTP's estimate), and take no skew within that uncertainty
+            half_trip = (received - sent) / 2
+            skew = server_time - (sent + half_trip)
+            self._skew = skew if abs(skew) > half_trip else timedelta(0)
 
     def _now(self) -> datetime:
         return datetime.now(UTC) + self._skew
@@ -607,20 +614,47 @@ class Agent:
             if self.push is not None:
                 self.push.stop()
 
-    def _run(self, stop: threading.Event) -> None:
+    def _announce_until_answered(self, stop: threading.Event) -> bool:
+        """Send the inventory until the marketplace takes it (True) or `stop` is set
+        (False). While it does not answer (or answers 5xx/429) the runner keeps trying,
+        every poll_interval doubling up to MAX_BACKOFF_S: the first failure is logged in
+        full, a changed reason again, and a reminder every UNREACHABLE_REMIND_S."""
         backoff = self.poll_interval
+        failed_since: float | None = None
+        last_reason, next_remind = "", 0.0
         while not stop.is_set():
             try:
                 node = self.announce()
-                self.log(f"node {node.get('name', '?')}: inventory sent "
-                         f"({len(self._uuids)} GPU(s)), runtime {self.runtime.name}")
-                break
             except MarketplaceError as exc:
                 if not exc.transient:
                     raise
-                self.log(f"{exc}: retrying in {backoff:g} s")
+                now = time.monotonic()
+                reason = str(exc)
+                if failed_since is None:
+                    failed_since = now
+                    self.log(f"{reason}: not registered with the marketplace yet; retrying "
+                             f"every {backoff:g} s, backing off to {MAX_BACKOFF_S:g} s, until "
+                             "it answers (no lease starts before; SIGTERM or Ctrl-C stops)")
+                    next_remind = now + UNREACHABLE_REMIND_S
+                elif reason != last_reason or now >= next_remind:
+                    self.log(f"{reason}: still retrying (for {now - failed_since:.0f} s)")
+                    next_remind = now + UNREACHABLE_REMIND_S
+                last_reason = reason
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            again = "" if failed_since is None else \
+                f" (the marketplace answered after {time.monotonic() - failed_since:.0f} s)"
+            self.log(f"node {node.get('name', '?')}: inventory sent "
+                     f"({len(self._uuids)} GPU(s)), runtime {self.runtime.name}{again}")
+            return True
+        return False
+
+    def _run(self, stop: threading.Event) -> None:
+        if not self._announce_until_answered(stop):
+            self.log("stopped before the marketplace answered; no lease workload was "
+                     "started or touched")
+            return
         if self.push is not None and not stop.is_set():
             self.push.start(self.notify)
         failing = False
@@ -642,5 +676,12 @@ class Agent:
             except Exception as exc:  # a Docker hiccup must not kill the agent
                 self.log(f"error during reconciliation: {exc.__class__.__name__}: {exc}")
             self._sleep(stop, wait)
-        handles = self.runtime.list_leases()
-        self.log(f"stopped; {len(handles)} lease workload(s) left running for re-adoption")
+        self.log(f"stopped; {self._left_running()} left running for re-adoption")
+
+    def _left_running(self) -> str:
+        """'N lease workload(s)' for the last log line; never raises (the engine may be
+        gone too)."""
+        try:
+            return f"{len(self.runtime.list_leases())} lease workload(s)"
+        except Exception as exc:  # RuntimeFailure, DockerException: say so, exit anyway
+            return f"the lease workloads (cannot list them: {exc.__class__.__name__})"
