@@ -36,7 +36,8 @@ most 64 KiB) are sent to the marketplace when they changed, and once more when t
 ends, so the buyer sees the tail; a failure to send logs never stops reconciliation.
 A 409 answer means "the marketplace already knows": logged, and the runner moves on.
 Events are reported before workloads are removed, so a lost report is simply retried on the
-next poll. Stopping the loop (SIGTERM/SIGINT) leaves workloads running for re-adoption.
+next poll. Stopping the loop (SIGTERM/SIGINT, cli.py) leaves workloads running for
+re-adoption, in any state (even before the marketplace first answered).
 
 Lease list, push and polling: the loop ticks every poll_interval (heartbeat when due, log
 tails, exit codes and ends_at of the workloads). With a push listener (push.py) whose
@@ -123,6 +124,7 @@ class Agent:
         self.push = push  # push.PushListener or None (polling only); started by run()
         self.resync_interval = resync_interval
         self._wake = threading.Event()  # set by a notice: tick now
+        self._stopping: threading.Event | None = None  # run()'s stop event
         self._stale = True  # the cached lease list must be fetched again
         self._leases: list[dict] | None = None  # the last list fetched
         self._next_resync = 0.0
@@ -473,6 +475,8 @@ class Agent:
         for lease_id in list(self._lease_gpus.keys() - listed.keys()):
             del self._lease_gpus[lease_id]  # ended without a workload here
         for lease_id, lease in listed.items():
+            if self._stopping is not None and self._stopping.is_set():
+                return  # stopping: the next run picks up where this one left off
             try:
                 self._reconcile_lease(lease, handles.get(lease_id))
             except RuntimeFailure as exc:
@@ -605,9 +609,12 @@ class Agent:
         at the end.
 
         Transient marketplace failures (unreachable, 5xx) are logged once and retried with
-        a doubling back-off up to 30 s. Raises Unauthorized (401) and non-transient
-        errors of the inventory call; workloads keep running when the loop ends.
+        a doubling back-off up to 30 s, at startup too (the runner waits for the
+        marketplace however long it takes). Raises Unauthorized (401) and non-transient
+        errors of the inventory call; workloads keep running when the loop ends. Once
+        `stop` is set no further lease is started or ended in the current round.
         """
+        self._stopping = stop
         try:
             self._run(stop)
         finally:
@@ -632,9 +639,9 @@ class Agent:
                 reason = str(exc)
                 if failed_since is None:
                     failed_since = now
-                    self.log(f"{reason}: not registered with the marketplace yet; retrying "
-                             f"every {backoff:g} s, backing off to {MAX_BACKOFF_S:g} s, until "
-                             "it answers (no lease starts before; SIGTERM or Ctrl-C stops)")
+                    self.log(f"{reason}; retrying every {backoff:g} s, backing off to "
+                             f"{MAX_BACKOFF_S:g} s, until it answers (no lease starts before "
+                             "then; SIGTERM or Ctrl-C stops the runner)")
                     next_remind = now + UNREACHABLE_REMIND_S
                 elif reason != last_reason or now >= next_remind:
                     self.log(f"{reason}: still retrying (for {now - failed_since:.0f} s)")

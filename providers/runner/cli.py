@@ -36,12 +36,21 @@ _SHM_SIZE, else config.json's "limits": {"memory_per_gpu": "64g", "cpus_per_gpu"
 Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
 `benchmark` without a GPU; 3 the marketplace refused the runner token; 1 any other error,
 and `doctor` with a failed check. Errors are one line on stderr.
+
+`run` under a supervisor (systemd): it never exits because the marketplace is unreachable
+or failing (5xx), at startup or later: it says so once and keeps retrying with back-off
+(2 s doubling to 30 s, a reminder every 5 minutes), so a host that boots before the network
+or the marketplace comes up simply waits. SIGTERM or SIGINT, in any state, stops it with a
+line and exit status 0 once the current step is done (a second signal: at once), and never
+stops a lease workload (a restarted runner re-adopts them). Exit 3 (token refused) and 1
+(e.g. the marketplace refused the inventory) need a person: RestartPreventExitStatus=3.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -214,6 +223,7 @@ class _NoRuntime:
     node = None
 
 
+MAX_PIDS_LIMIT = 4_194_304  # PID_MAX_LIMIT of 64-bit Linux: more pids cannot exist
 LIMIT_SOURCES = (  # (ResourcePolicy field, --flag / args attribute, environment variable)
     ("memory_per_gpu", "memory_per_gpu", "GPUMARKET_RUNNER_MEMORY_PER_GPU"),
     ("cpus_per_gpu", "cpus_per_gpu", "GPUMARKET_RUNNER_CPUS_PER_GPU"),
@@ -237,19 +247,26 @@ def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
             if raw is None or raw == "":
                 continue
             try:
+                if isinstance(raw, bool):  # JSON true/false is not 1/0
+                    raise ValueError(f"{raw!r} is not a number")
                 if field in ("memory_per_gpu", "shm_size"):
                     values[field] = parse_size(raw)
                 elif field == "cpus_per_gpu":
                     values[field] = float(raw)
+                    if not math.isfinite(values[field]):
+                        raise ValueError(f"{raw!r} is not a finite number")
                 else:
                     values[field] = int(raw)
                     if str(raw).strip() != str(values[field]):
                         raise ValueError(f"{raw!r} is not a whole number")
+                    if values[field] > MAX_PIDS_LIMIT:
+                        raise ValueError(f"{raw!r} must be at most {MAX_PIDS_LIMIT} (the "
+                                         "kernel's largest pid_max)")
                 if values[field] <= 0:
                     raise ValueError(f"{raw!r} must be more than 0")
-            except (TypeError, ValueError) as exc:
-                reason = str(exc) if "must be" in str(exc) or "not a" in str(exc) \
-                    else f"{raw!r} is not a number"
+            except (TypeError, ValueError, OverflowError) as exc:
+                ours = str(exc).startswith(repr(raw))  # not float()'s or int()'s wording
+                reason = str(exc) if ours else f"{raw!r} is not a number"
                 raise CliError(f"{source}: {reason}") from None
             break
     return ResourcePolicy(**values)
@@ -297,7 +314,40 @@ def _lock_state_dir(state_dir: Path):
     return lock
 
 
+class _StopNow(BaseException):
+    """Raised by the signal handler on a second SIGTERM/SIGINT: leave whatever the runner
+    is doing now (a slow Docker call, an image pull, a benchmark) and exit 0. A
+    BaseException, so the loop's `except Exception` does not swallow it."""
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT, in whatever state the runner is: the first sets `stop` (the
+    runner finishes the step it is in and exits 0; lease workloads keep running); a
+    second one exits at once (_StopNow), still 0 and still without touching a lease."""
+
+    def on_signal(signum, _frame):
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            print_line(f"received {name} again: exiting now; lease workloads keep running")
+            raise _StopNow(name)
+        stop.set()
+        print_line(f"received {name}: stopping (after the current step; {name} again to "
+                   "exit at once); lease workloads keep running")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+
 def _cmd_run(args) -> int:
+    stop = threading.Event()
+    _stop_on_signals(stop)  # first: a signal during the setup below is a clean stop too
+    try:
+        return _run_until_stopped(args, stop)
+    except _StopNow:
+        return EXIT_OK
+
+
+def _run_until_stopped(args, stop: threading.Event) -> int:
     if args.public_host in ("0.0.0.0", "::") and not args.advertise_host:
         raise CliError(f"--public-host {args.public_host} binds every interface: also pass "
                        "--advertise-host NAME, the name or address buyers connect to")
@@ -314,6 +364,9 @@ def _cmd_run(args) -> int:
     runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
     if isinstance(runtime, DockerRuntime):
         runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
+    if stop.is_set():  # signalled during the setup: nothing was started
+        print_line("stopped before contacting the marketplace; no lease workload touched")
+        return EXIT_OK
     client = MarketplaceClient(url, token)
     push = None if args.no_push else PushListener(url, token, log=print_line,
                                                   poll_interval=args.poll_interval)
@@ -322,15 +375,6 @@ def _cmd_run(args) -> int:
                   logs_interval=args.logs_interval, push=push)
     if not simulate and args.benchmark_interval > 0:  # simulated GPUs are not measured
         agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
-    stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        print_line(f"received {signal.Signals(signum).name}: stopping the loop; lease "
-                   "workloads keep running")
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
     how = (f"polling {url} every {args.poll_interval:g} s" if push is None else
            f"leases pushed over {push.url}, polling every {args.poll_interval:g} s while "
            "it is down")
@@ -457,34 +501,57 @@ def _cmd_doctor(args) -> int:
 
 def _cmd_status(args) -> int:
     state_dir = _state_dir(args.state_dir)
-    config = load_config(state_dir)
+    exists = state_dir.is_dir()
+    config = load_config(state_dir) if exists else {}
     node = config.get("node") or {}
     token = os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
-    print(f"state dir:   {state_dir}")
+    print(f"state dir:   {state_dir}" + ("" if exists else " (does not exist)"))
     print(f"marketplace: {os.environ.get('GPUMARKET_URL') or config.get('url') or 'not set'}")
     print(f"token:       {'set (not shown)' if token else 'not set'}")
     print(f"node:        {node.get('name') or '?'} (id {node.get('id') or '?'})"
           if node else "node:        not registered")
     simulated = config.get("simulate")
     print(f"GPUs:        {'simulated from ' + simulated if simulated else 'NVML'}")
-    runtime = None
-    if _node_label(node) is not None:
-        try:
-            runtime = DockerRuntime(_node_label(node))
-        except RuntimeFailure:
-            runtime = None
-    if runtime is None and (state_dir / "processes" / "processes.json").exists():
-        runtime = ProcessRuntime(state_dir)
-    if runtime is None:
-        print("leases:      none found (no Docker Engine answers, or not registered)")
-        return EXIT_OK
-    workloads = runtime.describe()
-    print(f"leases:      {len(workloads)} workload(s) in the {runtime.name} runtime")
-    for w in workloads:
-        handle = w["handle"] if w["handle"].startswith("pid-") else w["handle"][:12]
-        gpus = f"  GPUs {w['gpus']}" if w["gpus"] else ""
-        print(f"  lease {w['lease']}  {handle}  {w['state']}{gpus}")
+    for line in _status_leases(state_dir, exists, _node_label(node)):
+        print(line)
     return EXIT_OK
+
+
+def _status_leases(state_dir: Path, exists: bool, node: str | None) -> list[str]:
+    """The `leases:` lines of `status`: the workloads in each runtime that has some, or
+    precisely why none can be listed (no state dir, not registered, no Docker Engine)."""
+    runtimes, why = [], []
+    if not exists:
+        why.append(f"the state dir does not exist (nothing registered there: run "
+                   f"`gpumarket-runner register --state-dir {state_dir}`, or pass the "
+                   "--state-dir that `register` used)")
+    elif node is None:
+        config = state_dir / "config.json"
+        what = f"{config} names no node" if config.exists() else f"no {config}"
+        why.append(f"not registered ({what}: run `gpumarket-runner register --state-dir "
+                   f"{state_dir}`), so no container can be told to be this node's")
+    else:
+        try:
+            runtimes.append(DockerRuntime(node))
+        except RuntimeFailure as exc:
+            why.append(str(exc))
+    if exists and (state_dir / "processes" / "processes.json").exists():
+        runtimes.append(ProcessRuntime(state_dir))
+    lines = []
+    for runtime in runtimes:
+        workloads = runtime.describe()
+        where = "Docker containers of node " + node if runtime.name == "docker" else \
+            f"local processes of {state_dir / 'processes'}"
+        lines.append(f"leases:      {len(workloads)} workload(s) in the {runtime.name} "
+                     f"runtime ({where})")
+        for w in workloads:
+            handle = w["handle"] if w["handle"].startswith("pid-") else w["handle"][:12]
+            gpus = f"  GPUs {w['gpus']}" if w["gpus"] else ""
+            lines.append(f"  lease {w['lease']}  {handle}  {w['state']}{gpus}")
+    if why:
+        lines.append("leases:      " + ("cannot list the Docker containers: " if runtimes
+                                         else "none listed: ") + "; ".join(why))
+    return lines
 
 
 def _cmd_benchmark(args) -> int:
@@ -516,14 +583,35 @@ def _cmd_benchmark(args) -> int:
     return EXIT_OK
 
 
-def _positive(value: str) -> float:
+MAX_SECONDS = 365 * 24 * 3600  # one year: longer waits are a typo (and overflow timers)
+
+
+def _seconds(value: str, *, zero: bool) -> float:
+    """A finite number of seconds from a flag: > 0 (zero=False) or >= 0 (zero=True), at
+    most MAX_SECONDS. argparse.ArgumentTypeError naming the value otherwise (NaN and
+    infinity included)."""
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    if number < 0 or (number == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"{value!r} must be {'>= 0' if zero else '> 0'}")
+    if number > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at most {MAX_SECONDS} "
+                                         "(a year)")
     return number
+
+
+def _positive(value: str) -> float:
+    """Seconds > 0 (intervals)."""
+    return _seconds(value, zero=False)
+
+
+def _non_negative(value: str) -> float:
+    """Seconds >= 0 (--grace: 0 kills at once; --benchmark-interval: 0 never)."""
+    return _seconds(value, zero=True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -565,8 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between heartbeats (default 10)")
     run.add_argument("--logs-interval", type=_positive, default=5.0, metavar="S",
                      help="seconds between log tails sent for the buyer (default 5)")
-    run.add_argument("--grace", type=float, default=10.0, metavar="S",
-                     help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
+    run.add_argument("--grace", type=_non_negative, default=10.0, metavar="S",
+                     help="seconds between SIGTERM and SIGKILL when stopping a lease's "
+                          "workload (default 10; 0: SIGKILL at once)")
     run.add_argument("--network", metavar="MODE", default=None,
                      help="Docker network mode of lease containers (default: engine default)")
     run.add_argument("--public-host", metavar="ADDR", default=None,
@@ -589,7 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "8g (default: half its memory limit, at most 16g)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto: Docker if an engine answers, else local processes")
-    run.add_argument("--benchmark-interval", type=float, default=bench.DEFAULT_INTERVAL_S,
+    run.add_argument("--benchmark-interval", type=_non_negative,
+                     default=bench.DEFAULT_INTERVAL_S,
                      metavar="S", help="re-run the benchmark every S seconds while no lease "
                      "runs (default 86400 = 24 h; 0: never; needs torch or CuPy and a GPU)")
     run.add_argument("--replay-xid", metavar="LOG",

@@ -38,7 +38,10 @@ def parse_size(text: str | int) -> int:
         match = _SIZE.match(str(text))
         if not match:
             raise ValueError(f"{text!r} is not a size (e.g. 512m, 64g, 16GiB)")
-        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+        if not math.isfinite(number):
+            raise ValueError(f"{text!r} is too large")
+        value = int(number)
     if value <= 0:
         raise ValueError(f"{text!r} must be more than 0 bytes")
     return value
@@ -79,7 +82,7 @@ class ResourcePolicy:
 
     memory_per_gpu: bytes per leased GPU; cpus_per_gpu: CPUs per leased GPU; pids_limit:
     processes per container (> 0); shm_size: bytes of /dev/shm per container. Raises
-    ValueError for a value that is not positive.
+    ValueError for a value that is not positive (or not finite).
     """
 
     memory_per_gpu: int | None = None
@@ -90,8 +93,8 @@ class ResourcePolicy:
     def __post_init__(self) -> None:
         for name in ("memory_per_gpu", "cpus_per_gpu", "shm_size"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be more than 0, not {value!r}")
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number more than 0, not {value!r}")
         if int(self.pids_limit) <= 0:
             raise ValueError(f"pids_limit must be more than 0, not {self.pids_limit!r}")
 
