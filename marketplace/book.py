@@ -410,6 +410,8 @@ def _expire_due(market: GpuClass, now: datetime) -> list[int]:
         else:
             cause = f"available_until {order.available_until.isoformat()} passed"
         _close_order(order, "expired", cause, now)
+        if order.side == Order.Side.BID:
+            _call_off_preemptions(order, now)
         expired.append(order.pk)
     return expired
 
@@ -740,19 +742,47 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     return Placed(order=order, leases=leases)
 
 
-def cancel_order(*, user_id: int, order_id: int, cause: str = "cancelled by its owner") -> Order:
-    """Cancel an open or partially filled order of `user_id`, releasing a bid's hold.
+def cancel_order(*, user_id: int, order_id: int, cause: str = "cancelled by its owner",
+                 now: datetime | None = None) -> Order:
+    """Cancel an open or partially filled order of `user_id`, releasing a bid's hold and
+    calling off at once the preemptions scheduled for it. An ask whose GPUs are all
+    leased (`filled`, window still open) can be withdrawn too: its leases run on, and
+    their GPUs no longer come back to the market when they end.
     Raises NotFound (also for another user's order) or Conflict when already closed."""
     order = Order.objects.filter(pk=order_id, owner_id=user_id).first()
     if order is None:
         raise NotFound(f"no order {order_id} of yours", field="order")
+    now = now or timezone.now()
     with _tracked(order.market_id), transaction.atomic():
         lock_market(order.market_id)
         order = Order.objects.get(pk=order_id)
-        if order.status not in Order.ACTIVE:
+        standing_ask = (order.side == Order.Side.ASK and order.status == "filled"
+                        and order.available_until > now)
+        if order.status not in Order.ACTIVE and not standing_ask:
             raise Conflict(f"order {order_id} is already {order.status}")
-        _close_order(order, "cancelled", cause, timezone.now())
+        if standing_ask:
+            cause = f"{cause}: its leased GPUs stay off the market when their leases end"
+        _close_order(order, "cancelled", cause, now)
+        if order.side == Order.Side.BID:
+            _call_off_preemptions(order, now)
     return order
+
+
+def _call_off_preemptions(bid: Order, now: datetime) -> None:
+    """The leases scheduled to be preempted for `bid` (no longer active) run on; they may
+    be another resting bid's now (reconsider_preemptions). Caller holds the market lock."""
+    victims = list(Lease.objects.select_for_update()
+                   .filter(preempted_for=bid, preempt_at__isnull=False,
+                           status__in=Lease.ACTIVE))
+    for lease in victims:
+        lease.preempt_at = None
+        lease.save(update_fields=["preempt_at"])
+        lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
+                            cause=f"preemption called off: the bid it was for is {bid.status}")
+    if victims:
+        log.info("bid %s %s: preemption of leases %s called off", bid.pk, bid.status,
+                 [lease.pk for lease in victims])
+        reconsider_preemptions(bid.market_id, now)
 
 
 def _close_order(order: Order, status: str, cause: str, now: datetime) -> None:

@@ -66,8 +66,9 @@ class Order(StateMachine):
     TRANSITIONS = {
         "open": {"partially_filled", "filled", "cancelled", "expired"},
         "partially_filled": {"partially_filled", "filled", "cancelled", "expired"},
-        # an ask whose GPUs come back from an ended lease stands again
-        "filled": {"partially_filled"},
+        # an ask whose GPUs come back from an ended lease stands again; its provider may
+        # withdraw it meanwhile (its leases run on; their GPUs then stay off the market)
+        "filled": {"partially_filled", "cancelled"},
     }
     ACTIVE = ("open", "partially_filled")
 

@@ -506,7 +506,7 @@ def test_a_bid_with_enough_victims_scheduled_gets_no_more():
 
 @pytest.mark.django_db
 def test_a_called_off_preemption_is_offered_to_the_next_higher_bid():
-    """Called off at its deadline, the 2.20 lease goes at once to the highest, oldest
+    """Called off (its bid cancelled), the 2.20 lease goes at once to the highest, oldest
     resting bid that strictly outbids it and outlives the new notice: not to a bid that
     expires before that deadline, not to a younger bid at the same price."""
     t0 = timezone.now() - timedelta(minutes=5)
@@ -521,7 +521,8 @@ def test_a_called_off_preemption_is_offered_to_the_next_higher_bid():
     assert Lease.objects.filter(preempt_at__isnull=False).get() == low_lease
     assert scheduled(high_lease) == (None, None)  # 2.50: above all three
 
-    book.cancel_order(user_id=first_buyer.pk, order_id=first.pk)
+    # cancelled (at the moment the deadline would have come): called off at once
+    book.cancel_order(user_id=first_buyer.pk, order_id=first.pk, now=called_off)
     assert preempt_due_leases(now=called_off) == []
     deadline = called_off + timedelta(seconds=NOTICE)
     assert scheduled(low_lease) == (deadline, older.pk)
@@ -547,8 +548,8 @@ def test_a_called_off_preemption_goes_only_to_a_strictly_higher_bid(price):
     first_buyer = funded_buyer(100)
     first = bid(first_buyer, 3_000_000, now=t0).order
     other = bid(funded_buyer(100), price, now=t0 + timedelta(seconds=1)).order
-    book.cancel_order(user_id=first_buyer.pk, order_id=first.pk)
     called_off = t0 + timedelta(seconds=NOTICE)
+    book.cancel_order(user_id=first_buyer.pk, order_id=first.pk, now=called_off)
     assert preempt_due_leases(now=called_off) == []
     if price == 2_200_000:  # equal: never
         assert scheduled(low_lease) == (None, first.pk)  # called off, offered to none
@@ -665,4 +666,58 @@ def test_one_pass_does_not_count_the_same_free_gpus_twice():
     assert ask.remaining_gpus == 0 and Order.objects.get(pk=lower.pk).status == "open"
     assert scheduled(dearer) == (None, None)  # its 2 GPUs alone make no gang of 6
     assert_no_gpu_twice()
+    assert first_violation() is None
+
+
+@pytest.mark.django_db
+def test_cancelling_the_waiting_bid_calls_its_preemption_off_at_once():
+    """The bid a preemption was scheduled for is cancelled: the victim's deadline is
+    cleared at once (an event says why) and the lease is offered to the next resting bid
+    that outbids it (found by the preemption pass in the same transaction)."""
+    t0 = timezone.now() - timedelta(minutes=30)
+    _provider, _node, _token, _ask, _high, (_low, low_lease) = full_node(t0)
+    first, second = funded_buyer(100), funded_buyer(100)
+    waiting = bid(first, 3_000_000).order
+    low_lease.refresh_from_db()
+    assert low_lease.preempted_for_id == waiting.pk and low_lease.preempt_at is not None
+    later = bid(second, 2_400_000).order  # outbids 2.20 too, but the first came first
+    low_lease.refresh_from_db()
+    assert low_lease.preempted_for_id == waiting.pk
+
+    book.cancel_order(user_id=first.pk, order_id=waiting.pk)
+
+    low_lease.refresh_from_db()
+    assert low_lease.preempted_for_id == later.pk and low_lease.preempt_at is not None
+    causes = list(low_lease.events.values_list("cause", flat=True))
+    assert any("preemption called off: the bid it was for is cancelled" in c for c in causes)
+    assert first_violation() is None
+
+
+@pytest.mark.django_db
+def test_a_fully_leased_ask_can_be_withdrawn_and_its_gpus_stay_off_the_market():
+    """Found by a user trial: an ask whose GPUs were all leased answered 'already filled'
+    to its provider's cancel, then sold the GPUs again when the lease ended."""
+    provider, node, _ = registered_node()
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=ASK, gpus=2, available_until=in_a_day()).order
+    [lease] = bid(funded_buyer(100), 2_600_000, gpus=2).leases
+    ask.refresh_from_db()
+    assert ask.status == "filled"
+    waiting = bid(funded_buyer(100), 2_600_000, gpus=2).order
+    assert waiting.status == "open"
+
+    withdrawn = book.cancel_order(user_id=provider.pk, order_id=ask.pk)
+    assert withdrawn.status == "cancelled"
+    lease.refresh_from_db()
+    assert lease.status == "pending"  # the lease runs on
+    mark_running(lease=lease, container_id="c" * 64)
+    end_lease(lease_id=lease.pk, status="completed", cause="test")
+    waiting.refresh_from_db()
+    assert waiting.status == "open"  # the GPUs did not come back to the withdrawn ask
+    assert Order.objects.get(pk=ask.pk).remaining_gpus == 0
+    with pytest.raises(book.Conflict):
+        book.cancel_order(user_id=provider.pk, order_id=ask.pk)
+    filled_bid = Order.objects.filter(side="bid", status="filled").first()
+    with pytest.raises(book.Conflict):  # a filled bid is done: nothing to withdraw
+        book.cancel_order(user_id=filled_bid.owner_id, order_id=filled_bid.pk)
     assert first_violation() is None
