@@ -7,8 +7,9 @@ missing, malformed, unknown or revoked token: the connection is accepted and clo
 once with code 4401.
 
 Server → runner (JSON text frames, no lease data, no secret):
-- on connect: `{"type": "hello", "node": <node id>, "seq": N}`, N the node's last
-  sequence number;
+- on connect: `{"type": "hello", "node": <node id>, "seq": N, "notices": "complete" |
+  "partial"}`, N the node's last sequence number; "partial" with the in-memory channel
+  layer, where only this process's own changes are pushed (push.completeness);
 - `{"type": "leases_changed", "seq": N}` after a commit that created a lease of the node,
   changed a lease's state or its preemption deadline (providers/push.py).
 The runner answers either with GET /api/v1/runner/leases/. What the runner sends is ignored.
@@ -55,6 +56,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     node_id: int | None = None
     group: str = ""
     _local_loop: asyncio.AbstractEventLoop | None = None
+    _ns: str = ""  # push.namespace() of this deployment
 
     async def connect(self) -> None:
         token = _bearer(self.scope)
@@ -64,12 +66,14 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.node_id, self.group = node_id, push.node_group(node_id)
+        self._ns = push.namespace()
         if push._is_local(self.channel_layer):
             self._local_loop = asyncio.get_running_loop()
             push.register_loop(self._local_loop)
         await self.channel_layer.group_add(self.group, self.channel_name)
         seq = await asyncio.to_thread(push.current_seq, node_id)
-        await self.send(text_data=json.dumps({"type": "hello", "node": node_id, "seq": seq}))
+        await self.send(text_data=json.dumps({"type": "hello", "node": node_id, "seq": seq,
+                                              "notices": push.completeness(self.channel_layer)}))
         log.info("runner push: node %s connected", node_id)
 
     async def disconnect(self, code) -> None:
@@ -83,4 +87,6 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         return  # nothing is expected from the runner
 
     async def runner_leases_changed(self, event) -> None:
+        if event.get("ns", self._ns) != self._ns:  # another deployment's Redis database
+            return
         await self.send(text_data=json.dumps({"type": "leases_changed", "seq": event["seq"]}))

@@ -18,7 +18,12 @@ grow; a runner that sees a gap missed a notice (the list it fetches is complete 
 
 Delivery: with Redis (channels_redis pub/sub layer) through the channel layer, to any ASGI
 process; with the in-memory layer (the embedded default, one process) the send runs on the
-event loop of each local runner connection, where the in-memory queues live.
+event loop of each local runner connection, where the in-memory queues live. Redis pub/sub
+is server-wide (not per database): each notice carries `ns`, the Redis database number
+(namespace()), and a connection drops notices of another database. The in-memory layer
+reaches only this process's connections: notices sent by a Celery worker never reach the
+web process's runners, so `hello` tells the runner its notices are "partial"
+(completeness()) and the runner keeps polling.
 """
 
 from __future__ import annotations
@@ -40,6 +45,29 @@ GROUP_PREFIX = "runner.node."
 #: the channel-layer message type; Channels calls RunnerConsumer.runner_leases_changed
 EVENT_TYPE = "runner.leases_changed"
 SEQ_KEY = "gpumarket:runner:seq:"
+
+
+def namespace() -> str:
+    """The notices' namespace: the Redis database of REDIS_URL ("" without Redis). Redis
+    pub/sub channels are server-wide, not per database: a deployment (or a test run) on
+    another database of the same server publishes on the same group channels, and its
+    node 5 is not ours. Every notice carries this as `ns`; RunnerConsumer drops notices
+    of another namespace (as frontend/feed.py does for the live feed)."""
+    url = getattr(settings, "REDIS_URL", "")
+    if not url:
+        return ""
+    from redis.connection import parse_url
+
+    return str(parse_url(url).get("db", 0))
+
+
+def completeness(layer) -> str:
+    """What `hello` tells the runner of its notices: "complete" when the channel layer is
+    shared by every marketplace process (Redis), so every change is pushed, whichever
+    process made it; "partial" with the in-memory layer (no REDIS_URL), where only this
+    process's own changes reach its runner connections, not the Celery worker's (auction
+    close, preemption, silent nodes, overdue leases): the runner then keeps polling."""
+    return "partial" if layer is None or _is_local(layer) else "complete"
 
 
 def node_group(node_id: int) -> str:
@@ -229,7 +257,8 @@ class Notifier:
         layer = get_channel_layer()
         if layer is None:
             return
-        events = [(node_group(n), {"type": EVENT_TYPE, "seq": s})
+        ns = namespace()
+        events = [(node_group(n), {"type": EVENT_TYPE, "seq": s, "ns": ns})
                   for n, s in zip(node_ids, seqs, strict=True)]
 
         async def send_all() -> None:

@@ -43,8 +43,10 @@ Lease list, push and polling: the loop ticks every poll_interval (heartbeat when
 tails, exit codes and ends_at of the workloads). With a push listener (push.py) whose
 websocket is up, the list is fetched (GET /leases/) only when a notice arrives (the tick
 then runs at once, without waiting for the interval), after the runner reported an event
-itself, and every resync_interval seconds as a safety net; otherwise, every tick fetches it:
-HTTP polling at the normal interval, with back-off while the marketplace fails.
+itself, and every resync_interval seconds as a safety net; otherwise (push down, or the
+marketplace said its notices are partial: an in-memory channel layer, where changes made
+by its worker process are not pushed), every tick fetches it: HTTP polling at the normal
+interval, with back-off while the marketplace fails; notices still wake the tick at once.
 """
 
 from __future__ import annotations
@@ -360,8 +362,11 @@ class Agent:
 
     @property
     def push_live(self) -> bool:
-        """True while the push websocket is connected (then the list is fetched on notices)."""
-        return self.push is not None and self.push.connected
+        """True while the push websocket is connected and the marketplace's notices are
+        complete (then the list is fetched on notices, and every resync_interval). With
+        partial notices (hello `"notices": "partial"`, push.py) every tick fetches it too."""
+        return (self.push is not None and self.push.connected
+                and not getattr(self.push, "partial", False))
 
     def fetch_due(self) -> bool:
         """Whether this tick fetches the lease list (module docstring)."""

@@ -377,7 +377,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
         agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
     how = (f"polling {url} every {args.poll_interval:g} s" if push is None else
            f"leases pushed over {push.url}, polling every {args.poll_interval:g} s while "
-           "it is down")
+           "it is down or its notices are partial")
     print_line(f"gpumarket-runner {__version__}: {how} ({gpus.source})")
     try:
         agent.run(stop)

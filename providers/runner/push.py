@@ -8,6 +8,10 @@ lease list at once. When the connection fails or drops, the thread reconnects af
 1 s, doubling up to `max_backoff` (30 s), and starts again at 1 s once a connection has
 been up. Meanwhile the agent polls over HTTP at its normal interval (`connected` is False).
 Each change of state is logged once: connected, down (with the reason), refused token.
+`hello` says whether the marketplace's notices are complete or partial (`"notices"`; a
+marketplace without a shared channel layer pushes only its web process's own changes):
+with partial notices `partial` is True and the agent polls at its normal interval as well,
+logged once.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class PushListener:
         self.max_backoff = max_backoff
         self.open_timeout = open_timeout
         self.connected = False
+        self.partial = False  # the marketplace said its notices are partial (hello)
+        self._told_partial = False  # "partial" was logged once
         self.last_seq: int | None = None
         self.notices = 0  # notices received (hello included)
         self._state = "starting"  # "connected" | "down" | "refused": what was last logged
@@ -150,12 +156,31 @@ class PushListener:
                     continue
                 seq = data.get("seq") if isinstance(data.get("seq"), int) else None
                 if data["type"] == "hello":
-                    self.connected = True
-                    self._set_state("connected", f"push: websocket {self.url} connected; "
-                                    "leases arrive as soon as they change")
+                    self._hello(data)
                 self.last_seq = seq
                 self.notices += 1
                 self._on_notice(seq)
+
+    def _hello(self, data: dict) -> None:
+        """The connection is up; learn whether the marketplace pushes every change
+        (`notices`: "complete", or absent from an older marketplace) or only some
+        ("partial": the agent keeps polling too). Each is logged once, and again only
+        when it changes."""
+        partial = data.get("notices") == "partial"
+        changed = partial != self.partial or not self._told_partial
+        self.partial = partial  # before `connected`: the agent never sees a wrong pair
+        self.connected = True
+        self._set_state("connected", f"push: websocket {self.url} connected; " + (
+            "some lease changes arrive at once" if partial else
+            "leases arrive as soon as they change"))
+        if changed and (partial or self._told_partial):
+            self.log(f"push: the marketplace's notices are partial (its channel layer is "
+                     f"in-memory: changes made by its worker process, such as an auction's "
+                     f"lease or a preemption, are not pushed); also polling every "
+                     f"{self.poll_interval:g} s" if partial else
+                     "push: the marketplace's notices are complete now; polling only while "
+                     "the websocket is down")
+        self._told_partial = self._told_partial or partial
 
     def _set_state(self, state: str, line: str) -> None:
         if state != self._state:

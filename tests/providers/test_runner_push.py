@@ -86,12 +86,13 @@ def test_a_bad_or_missing_token_is_closed_with_4401(asgi_url):
         assert closed.value.rcvd.code == 4401
 
 
-def test_notices_follow_commits_of_the_nodes_leases_only(asgi_url):
+def test_notices_follow_commits_of_the_nodes_leases_only(asgi_url, settings):
     _, node, token, buyer = _market()
     _, other, other_token = registered_node(RTX4090_DUMP, name="other-node")
     with _ws(asgi_url, token) as ws, _ws(asgi_url, other_token) as ws_other:
         hello = _recv(ws)
-        assert hello == {"type": "hello", "node": node.pk, "seq": hello["seq"]}
+        assert hello == {"type": "hello", "node": node.pk, "seq": hello["seq"],
+                         "notices": "complete" if settings.REDIS_URL else "partial"}
         assert _recv(ws_other)["node"] == other.pk
 
         def rolled_back():
@@ -271,3 +272,86 @@ def test_the_listener_reconnects_after_the_marketplace_restarts(transactional_db
         server.should_exit = True
         thread.join(15)
         connections.close_all()
+
+
+def _redis_url_on_another_db(url: str) -> str:
+    """The same Redis server, the next database."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from redis.connection import parse_url
+
+    db = int(parse_url(url).get("db", 0))
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
+
+
+def test_notices_of_another_redis_database_never_reach_this_runner(asgi_url, settings):
+    """Redis pub/sub is server-wide: another deployment (or test run) on another database
+    of the same Redis server publishes on the same group channel for its node with the
+    same id. Its notice (tagged with its database) is dropped; ours still arrive."""
+    if not settings.REDIS_URL:
+        pytest.skip("needs REDIS_URL: the in-memory channel layer has no neighbours")
+    from asgiref.sync import async_to_sync
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    _, node, token, buyer = _market()
+    ours, other_url = settings.REDIS_URL, _redis_url_on_another_db(settings.REDIS_URL)
+    settings.REDIS_URL = other_url  # the other deployment's notifier tags with its database
+    foreign = {"type": push.EVENT_TYPE, "seq": 10_000, "ns": push.namespace()}
+    settings.REDIS_URL = ours
+    assert foreign["ns"] != push.namespace()
+    with _ws(asgi_url, token) as ws:
+        hello = _recv(ws)
+
+        async def publish():
+            layer = RedisPubSubChannelLayer(hosts=[{"address": other_url}])
+            try:
+                await layer.group_send(push.node_group(node.pk), foreign)
+            finally:
+                await layer.flush()
+
+        async_to_sync(publish)()
+        with pytest.raises(TimeoutError):  # the other deployment's node, not ours
+            ws.recv(timeout=1.0)
+        _bid(buyer)  # ours: delivered, numbered in our database
+        assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
+
+
+@pytest.mark.docker
+def test_with_partial_notices_the_runner_polls_too(asgi_url, settings, docker_client,
+                                                   test_image, tmp_path):
+    """No REDIS_URL: the in-memory channel layer is per process. `hello` says "partial";
+    the runner logs it once and keeps polling at its interval, so a lease created by
+    another process (as the Celery worker creates an auction's lease), whose notice cannot
+    reach this process's /ws/runner/, is taken within the poll interval instead of at the
+    30 s resync (the trial saw 11 s for an auction's lease)."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    _, _node, token, buyer = _market()
+    with _ws(asgi_url, token) as ws:
+        assert _recv(ws)["notices"] == "partial"
+    runner = RunnerProcess(asgi_url, token, tmp_path, "--poll-interval", "2")
+    try:
+        wait_until("the runner's push websocket", lambda: "connected;" in runner.output(),
+                   timeout=60)
+        time.sleep(1)  # past the ticks that follow the connection
+        worker = (  # another process with its own in-memory layer, as a Celery worker
+            "import django; django.setup()\n"
+            "from marketplace import book\n"
+            "from providers import push\n"
+            f"[lease] = book.place_bid(buyer_id={buyer.pk}, market_slug='h100-sxm-80gb', "
+            "price=2_490_000, gpus=1, duration_seconds=3600, "
+            f"image={test_image!r}, command=['sleep', '3600']).leases\n"
+            "push.flush(10)\n"
+            "print(lease.pk)\n")
+        env = {k: v for k, v in _env().items() if k != "REDIS_URL"}
+        done = subprocess.run([sys.executable, "-c", worker], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lease = Lease.objects.get(pk=int(done.stdout.split()[-1]))
+        took = _picked_up_after(lease)
+        assert took < 7, f"{took:.1f} s with partial push (poll interval 2 s, resync 30 s)"
+        out = runner.output()
+        assert out.count("push: the marketplace's notices are partial") == 1, out
+        assert "also polling every 2 s" in out
+    finally:
+        runner.stop(docker_client)
