@@ -197,13 +197,11 @@ class Demo:
                 raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}{hint}")
             # Without Redis the channel layer is in-memory, per process: the worker's notices
             # (a lease created when it closes the auction) never reach the web process's
-            # /ws/runner/, and a connected runner would only see them at its 30 s resync.
-            # So the demo's runners poll every 0.5 s instead.
-            push = [] if "REDIS_URL" in os.environ else ["--no-push"]
+            # /ws/runner/. The marketplace says so in its hello ("notices": "partial"), and
+            # the runners then poll every --poll-interval (2 s) as well as take pushes.
             self.spawn(f"runner-{name}", [py, "-m", "providers.runner", "run", "--state-dir",
-                                          str(state), "--poll-interval", "0.5",
-                                          "--heartbeat-interval", "2", "--runtime", runtime,
-                                          "--network", "none", *push])
+                                          str(state), "--heartbeat-interval", "2",
+                                          "--runtime", runtime, "--network", "none"])
             nodes[name] = node["id"]
         for node in self.call("GET", "/api/v1/nodes/", "provider")["results"]:
             models = {}
