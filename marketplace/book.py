@@ -91,6 +91,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -374,13 +375,27 @@ def _check_client_order_id(client_order_id: str | None) -> None:
                            field="client_order_id")
 
 
-def _replay(owner_id: int, client_order_id: str | None) -> Placed | None:
-    """The first order of `owner_id` with `client_order_id`, as a Placed, or None."""
+def _replay(owner_id: int, client_order_id: str | None,
+            terms: dict[str, Any]) -> Placed | None:
+    """The first order of `owner_id` with `client_order_id`, as a Placed, or None.
+
+    A replay must repeat the first order's `terms` (its field values, by Order attribute;
+    `market` by slug): one that differs is a client reusing an id by mistake, refused with
+    Conflict naming client_order_id and the first differing field (Stripe's rule for
+    idempotency keys, "Idempotent requests": the same key with other parameters is an
+    error), so it never believes a different order was placed."""
     if client_order_id is None:
         return None
-    order = Order.objects.filter(owner_id=owner_id, client_order_id=client_order_id).first()
+    order = (Order.objects.select_related("market")
+             .filter(owner_id=owner_id, client_order_id=client_order_id).first())
     if order is None:
         return None
+    for name, wanted in terms.items():
+        have = order.market.slug if name == "market" else getattr(order, name)
+        if have != wanted:
+            raise Conflict(f"'{client_order_id}' was used for order {order.pk} with another "
+                           f"{name.removesuffix('_id')}: a replay must repeat its terms",
+                           field="client_order_id")
     leases = list(Lease.objects.filter(Q(fill__bid=order) | Q(fill__ask=order)).order_by("pk"))
     return Placed(order=order, leases=leases, created=False)
 
@@ -525,7 +540,7 @@ def place_bids(requests: list[BidRequest], *,
     for i, r in enumerate(requests):
         try:
             _check_client_order_id(r.client_order_id)
-            replayed = _replay(r.buyer_id, r.client_order_id)
+            replayed = _replay(r.buyer_id, r.client_order_id, _bid_terms(r))
             if replayed is not None:
                 results[i] = replayed
                 continue
@@ -549,6 +564,16 @@ def place_bids(requests: list[BidRequest], *,
                              strict=True):
             results[i] = result
     return results  # type: ignore[return-value]  (every slot is filled)
+
+
+def _bid_terms(r: BidRequest) -> dict[str, Any]:
+    """What a replay of bid `r` must repeat (see _replay)."""
+    return {"side": Order.Side.BID, "market": r.market_slug, "price": r.price,
+            "gpus": r.gpus, "duration_seconds": r.duration_seconds,
+            "gang_size": r.gpus if r.gang_size is None else r.gang_size,
+            "time_in_force": r.time_in_force, "image": r.image, "command": r.command,
+            "expires_at": r.expires_at, "interruptible": bool(r.interruptible),
+            "ports": sorted(r.ports or [])}
 
 
 def _check_bid(r: BidRequest, now: datetime) -> int:
@@ -584,7 +609,10 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
         # the same client_order_id raced in from another request (possibly another
         # market): that one committed first and stands
         if isinstance(exc, IntegrityError) and _is_client_id_clash(exc):
-            replayed = _replay(r.buyer_id, r.client_order_id)
+            try:
+                replayed = _replay(r.buyer_id, r.client_order_id, _bid_terms(r))
+            except Conflict as conflict:
+                return [conflict]
             if replayed is not None:
                 return [replayed]
         return [exc]
@@ -690,7 +718,11 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     """
     now = now or timezone.now()
     _check_client_order_id(client_order_id)
-    replayed = _replay(provider_id, client_order_id)
+    terms = {"side": Order.Side.ASK, "node_id": node_id, "price": price, "gpus": gpus,
+             "available_until": available_until}
+    if market_slug is not None:  # (None: the node's only class)
+        terms["market"] = market_slug
+    replayed = _replay(provider_id, client_order_id, terms)
     if replayed is not None:
         return replayed
     try:
@@ -735,7 +767,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
             if any(x.interruptible for x in leases):
                 reconsider_preemptions(market.pk, now)
     except IntegrityError as exc:
-        replayed = _replay(provider_id, client_order_id) if _is_client_id_clash(exc) else None
+        replayed = (_replay(provider_id, client_order_id, terms) if _is_client_id_clash(exc)
+                    else None)
         if replayed is None:
             raise
         return replayed

@@ -135,10 +135,18 @@ def test_the_same_client_order_id_twice_returns_the_first_order_with_200():
     assert first.status_code == 201, first.json()
     assert first.json()["client_order_id"] == "run-42:a"
     before = snapshot(buyer)
-    # a retry (even with another body) answers with the first order and writes nothing
-    again = api.post(ORDERS, _bid(client_order_id="run-42:a", price="3.00"), format="json")
+    # a retry answers with the first order and writes nothing
+    again = api.post(ORDERS, _bid(client_order_id="run-42:a"), format="json")
     assert again.status_code == 200
     assert again.json()["id"] == first.json()["id"] and again.json()["price"] == "2.500000"
+    assert snapshot(buyer) == before
+    # the same id with other terms is a mistake, not a retry: 409, nothing written
+    other_terms = api.post(ORDERS, _bid(client_order_id="run-42:a", price="3.00"),
+                           format="json")
+    assert other_terms.status_code == 409
+    assert other_terms.json()["errors"]["client_order_id"] == [
+        f"'run-42:a' was used for order {first.json()['id']} with another price: a replay "
+        "must repeat its terms"]
     assert snapshot(buyer) == before
     # the id is per owner
     theirs = client_for(other).post(ORDERS, _bid(client_order_id="run-42:a"), format="json")

@@ -84,11 +84,14 @@ def test_a_buyers_bids_in_one_group_draw_on_one_balance():
 
 def test_a_client_order_id_twice_in_a_group_places_one_order():
     buyer = funded_buyer(100)
-    first, again = book.place_bids([bid(buyer, 2_000_000, client_order_id="job-7"),
-                                    bid(buyer, 2_100_000, client_order_id="job-7")])
+    first, again, other = book.place_bids([
+        bid(buyer, 2_000_000, client_order_id="job-7"),
+        bid(buyer, 2_000_000, client_order_id="job-7"),
+        bid(buyer, 2_100_000, client_order_id="job-7")])  # other terms: not a retry
     assert first.created and not again.created
     assert again.order.pk == first.order.pk and again.order.price == 2_000_000
-    replay, = book.place_bids([bid(buyer, 2_200_000, client_order_id="job-7")])
+    assert isinstance(other, book.Conflict) and other.field == "client_order_id"
+    replay, = book.place_bids([bid(buyer, 2_000_000, client_order_id="job-7")])
     assert not replay.created and replay.order.pk == first.order.pk
     assert Order.objects.filter(owner=buyer).count() == 1
 
