@@ -501,7 +501,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
     price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
     gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
     id, unique per buyer — placing it again returns the first order (created=False) and
-    writes nothing. interruptible: the leases it makes may be preempted by a higher bid.
+    writes nothing; placing it again with other terms is a Conflict (see _replay). interruptible: the leases it makes may be preempted by a higher bid.
     ports: container ports (TCP) its leases expose to the buyer (leases.clean_ports).
     Raises InvalidInput naming the field, and
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
