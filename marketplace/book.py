@@ -107,7 +107,7 @@ from marketplace.leases import clean_ports
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
-from settlement.bulk import insert_all
+from settlement.bulk import execute_arrays, insert_all
 from settlement.money import MAX_USD_MICROS, lease_cost
 
 log = logging.getLogger("gpumarket.market")
@@ -501,7 +501,8 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
     price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
     gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
     id, unique per buyer — placing it again returns the first order (created=False) and
-    writes nothing; placing it again with other terms is a Conflict (see _replay). interruptible: the leases it makes may be preempted by a higher bid.
+    writes nothing; placing it again with other terms is a Conflict (see _replay).
+    interruptible: the leases it makes may be preempted by a higher bid.
     ports: container ports (TCP) its leases expose to the buyer (leases.clean_ports).
     Raises InvalidInput naming the field, and
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
@@ -691,12 +692,11 @@ def _set_hold_ids(orders: list[Order]) -> None:
     if connection.vendor != "postgresql":
         Order.objects.bulk_update(orders, ["hold_id"])
         return
-    with connection.cursor() as cursor:
-        cursor.execute(
-            'UPDATE "marketplace_order" SET "hold_id" = h.hold_id FROM '
-            'unnest(%s::bigint[], %s::bigint[]) AS h(id, hold_id) '
-            'WHERE "marketplace_order"."id" = h.id',
-            [[o.pk for o in orders], [o.hold_id for o in orders]])
+    execute_arrays(connection,
+                   'UPDATE "marketplace_order" SET "hold_id" = h.hold_id FROM '
+                   'unnest(%s::bigint[], %s::bigint[]) AS h(id, hold_id) '
+                   'WHERE "marketplace_order"."id" = h.id',
+                   [[o.pk for o in orders], [o.hold_id for o in orders]])
 
 
 def _preemption_candidates_exist(market: GpuClass) -> bool:

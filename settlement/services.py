@@ -22,7 +22,7 @@ from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.utils import timezone
 
-from settlement.bulk import insert_all
+from settlement.bulk import execute_arrays, insert_all
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
 from settlement.split import Split, split
@@ -136,11 +136,11 @@ def _add_to_balances(delta: dict[int, int]) -> None:
     which dominated the cost of a group of bids)."""
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                'UPDATE "settlement_account" SET "balance" = "settlement_account"."balance" '
-                '+ d.amount FROM unnest(%s::bigint[], %s::bigint[]) AS d(id, amount) '
-                'WHERE "settlement_account"."id" = d.id', [list(delta), list(delta.values())])
+        execute_arrays(
+            connection,
+            'UPDATE "settlement_account" SET "balance" = "settlement_account"."balance" '
+            '+ d.amount FROM unnest(%s::bigint[], %s::bigint[]) AS d(id, amount) '
+            'WHERE "settlement_account"."id" = d.id', [list(delta), list(delta.values())])
         return
     Account.objects.filter(pk__in=list(delta)).update(balance=F("balance") + Case(
         *(When(pk=pk, then=Value(amt)) for pk, amt in delta.items()),
