@@ -15,6 +15,7 @@ from marketplace.models import (
     OrderEvent,
     SealedBid,
 )
+from settlement.admin import ReadOnlyAdmin
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -51,18 +52,9 @@ class GpuClassAdmin(admin.ModelAdmin):
 
 
 @admin.register(Order)
-class OrderAdmin(admin.ModelAdmin):
+class OrderAdmin(ReadOnlyAdmin):
     """Read-only: orders change only through the market's services, under the order
     book's lock (an edit here would bypass matching, holds and the book cache)."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     list_display = ["id", "side", "market", "owner", "status", "price", "gpus", "remaining_gpus",
                     "created_at"]

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from providers.models import Gpu, GpuBenchmark, Node, Provider
+from settlement.admin import ReadOnlyAdmin
 
 
 @admin.register(Provider)
@@ -45,7 +46,7 @@ class GpuAdmin(admin.ModelAdmin):
 
 
 @admin.register(GpuBenchmark)
-class GpuBenchmarkAdmin(admin.ModelAdmin):
+class GpuBenchmarkAdmin(ReadOnlyAdmin):
     """Benchmarks as the runners reported them: read-only. Units: TFLOPS and GB/s; a row
     with `correct` unticked failed its correctness check and is never shown as a score."""
 
@@ -55,12 +56,3 @@ class GpuBenchmarkAdmin(admin.ModelAdmin):
     list_filter = ["correct", "gpu__gpu_class"]
     search_fields = ["gpu__uuid", "gpu__node__name"]
     list_select_related = ["gpu"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
