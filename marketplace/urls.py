@@ -1,11 +1,12 @@
-"""URL map: pages at /, the REST API under /api/v1/, its schema and docs, admin."""
+"""URL map: pages at /, the REST API under /api/v1/, its schema and docs, admin. Any
+other path under /api/ (any method, no CSRF check: it writes nothing) is a JSON 404, and
+Django's own 400/403/404/500 answers are JSON under /api/ (marketplace/api/errors.py)."""
 
 from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
 
-from marketplace.api import accounts, runner
+from marketplace.api import accounts, errors, runner, schema  # noqa: F401 (schema extensions)
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -13,7 +14,7 @@ from settlement import api as settlement_api
 
 api_v1 = [
     path("signup/", accounts.Signup.as_view(), name="signup"),
-    path("auth/token/", obtain_auth_token, name="auth-token"),
+    path("auth/token/", accounts.TokenLogin.as_view(), name="auth-token"),
     path("me/", accounts.Me.as_view(), name="me"),
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<slug:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
@@ -60,3 +61,8 @@ urlpatterns = [
     re_path(r"^api(/.*)?$", api_not_found),
     path("admin/", admin.site.urls),
 ]
+
+handler400 = errors.bad_request
+handler403 = errors.permission_denied
+handler404 = errors.page_not_found
+handler500 = errors.server_error

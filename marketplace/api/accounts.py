@@ -1,20 +1,26 @@
-"""Sign up and get an API token (programs use `Authorization: Token <key>`)."""
+"""Sign up and get an API token (programs use `Authorization: Token <key>` or
+`Authorization: Bearer <key>`)."""
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model, password_validation
+from django.contrib.auth import authenticate, get_user_model, password_validation
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers
 from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from settlement.fields import StrictInputSerializer
+from marketplace.api.parsers import StrictJSONParser
+from settlement.fields import StrictCharField, StrictInputSerializer
 
 
 class SignupIn(StrictInputSerializer):
     username = serializers.RegexField(r"^[A-Za-z0-9_.@+-]{3,150}$", max_length=150)
-    password = serializers.CharField(min_length=8, max_length=128, write_only=True)
+    password = StrictCharField(max_length=128, write_only=True, trim_whitespace=False,
+                               help_text="checked by the server's password validators "
+                               "(AUTH_PASSWORD_VALIDATORS): at least 10 characters, not a "
+                               "common password, not all digits, not like the username")
     email = serializers.EmailField(required=False, allow_blank=True, default="")
 
     def validate_username(self, value: str) -> str:
@@ -22,9 +28,21 @@ class SignupIn(StrictInputSerializer):
             raise serializers.ValidationError("is already taken")
         return value
 
-    def validate_password(self, value: str) -> str:
-        password_validation.validate_password(value)
-        return value
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        # with the user it would be (the similarity validator compares username and email)
+        user = get_user_model()(username=attrs["username"], email=attrs.get("email", ""))
+        try:
+            password_validation.validate_password(attrs["password"], user)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError({"password": exc.messages}) from None
+        return attrs
+
+
+class SignupOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    token = serializers.CharField(help_text="the API token: Authorization: Bearer <token>")
 
 
 class Signup(APIView):
@@ -33,7 +51,7 @@ class Signup(APIView):
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
 
-    @extend_schema(request=SignupIn)
+    @extend_schema(request=SignupIn, responses={201: SignupOut})
     def post(self, request):
         data = SignupIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -43,9 +61,46 @@ class Signup(APIView):
                         status=201)
 
 
+class TokenIn(StrictInputSerializer):
+    username = StrictCharField(max_length=150)
+    password = StrictCharField(max_length=128, trim_whitespace=False, write_only=True)
+
+
+class TokenOut(serializers.Serializer):
+    token = serializers.CharField()
+
+
+class TokenLogin(APIView):
+    """Your API token, for your username and password (JSON only). Wrong credentials are
+    a 400 whose `detail` says so; no field is named (which one was wrong is not told)."""
+
+    permission_classes: list = []
+    authentication_classes: list = []
+    throttle_classes: list = []
+    parser_classes = [StrictJSONParser]
+
+    @extend_schema(request=TokenIn, responses={200: TokenOut})
+    def post(self, request):
+        data = TokenIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(request=request, username=data.validated_data["username"],
+                            password=data.validated_data["password"])
+        if user is None:
+            raise serializers.ValidationError("unable to log in with these credentials")
+        token, _ = Token.objects.get_or_create(user=user)
+        return Response({"token": token.key})
+
+
+class MeOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    is_provider = serializers.BooleanField()
+
+
 class Me(APIView):
     """Who the token or session belongs to."""
 
+    @extend_schema(responses=MeOut)
     def get(self, request):
         user = request.user
         return Response({"id": user.pk, "username": user.username,

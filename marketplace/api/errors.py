@@ -1,20 +1,30 @@
 """One error shape for the whole API.
 
-`{"detail": "<field>: <message>", "errors": {"<field>": ["<message>", …]}}` with
+Every error is a JSON object with `detail`, one line for people. `errors` is there
+exactly when fields of the request are at fault, and names each of them:
+`{"detail": "<field>: <message>", "errors": {"<field>": ["<message>", …]}}` (a body
+field, `a.b` / `a[0].b` inside it, or a query parameter such as `limit`). Without a
+field to name — a body that is not JSON, 401/403 credentials, a 409 state conflict, a
+413, 415 or 5xx — it is `{"detail": "<message>"}` alone: never an empty field name.
 400 for bad input, 401/403/404 as usual, 409 for a state conflict. Domain errors
 (MarketError, ProviderError, SettlementError) become responses here, so views stay
 thin; nothing else is caught, so a bug is still a 500 with a log entry (never a
-traceback to the client: DEBUG pages are off for the API).
+traceback to the client: DEBUG pages are off for the API). Django's own 400/403/404/500
+answers under /api/ are JSON too (the handlers below, set in marketplace/urls.py).
 """
 
 from __future__ import annotations
 
 from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from marketplace.api.parsers import DuplicateKey
 from marketplace.errors import MarketError
 from providers.services import ProviderError
 from settlement.money import MoneyFormatError
@@ -43,9 +53,21 @@ def _flatten(data, prefix=""):
 
 
 def _body(errors: dict[str, list[str]]) -> dict:
-    first_field, messages = next(iter(errors.items()))
-    detail = f"{first_field}: {messages[0]}" if first_field else messages[0]
-    return {"detail": detail, "errors": errors}
+    """The error body of `errors` ({field: messages}); the field "" holds the messages
+    that name no field (DRF's non_field_errors at the top level): they become `detail`,
+    and `errors` keeps the named fields only (absent when there are none)."""
+    unnamed = errors.get("", [])
+    named = {field: messages for field, messages in errors.items() if field}
+    if unnamed:
+        body = {"detail": " ".join(unnamed)}
+    elif named:
+        first_field, messages = next(iter(named.items()))
+        body = {"detail": f"{first_field}: {messages[0]}"}
+    else:
+        body = {"detail": "bad request"}
+    if named:
+        body["errors"] = named
+    return body
 
 
 def error_response(message: str, *, field: str | None, status_code: int) -> Response:
@@ -57,6 +79,8 @@ def error_response(message: str, *, field: str | None, status_code: int) -> Resp
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DuplicateKey):
+        return error_response(exc.message, field=exc.key, status_code=exc.status_code)
     if isinstance(exc, MarketError):
         return error_response(exc.message, field=exc.field, status_code=exc.status)
     if isinstance(exc, ProviderError):
@@ -75,14 +99,19 @@ def exception_handler(exc, context):
         errors: dict[str, list[str]] = {}
         for field, message in _flatten(response.data):
             errors.setdefault(field, []).append(message)
-        response.data = _body(errors or {"": ["bad request"]})
+        response.data = _body(errors)
     return response
 
 
+def is_api(request) -> bool:
+    return request.path == "/api" or request.path.startswith("/api/")
+
+
+@csrf_exempt  # it writes nothing: every method, with or without a session, gets the 404
 def api_not_found(request, *args, **kwargs):
-    """JSON 404 for any unknown URL under /api/ (also when the trailing slash is missing,
-    which Django would otherwise answer with an HTML error for a POST)."""
-    from django.http import JsonResponse
+    """JSON 404 for any unknown URL under /api/ and any method (also when the trailing
+    slash is missing, which Django would otherwise answer with an HTML error for a
+    POST: its CSRF page, or a redirect that drops the body)."""
     from django.urls import Resolver404, resolve
 
     detail = f"no API endpoint at {request.path}"
@@ -93,3 +122,31 @@ def api_not_found(request, *args, **kwargs):
         except Resolver404:
             pass
     return JsonResponse({"detail": detail}, status=404)
+
+
+# Django's own error answers (marketplace/urls.py handler400/403/404/500): JSON for /api/
+# paths, Django's default page elsewhere. They are used when DEBUG is off (with DEBUG on,
+# Django shows its debug pages instead).
+def bad_request(request, exception):
+    if is_api(request):
+        return JsonResponse({"detail": "bad request"}, status=400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request, exception):
+    if is_api(request):
+        return JsonResponse({"detail": "you may not do this"}, status=403)
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request, exception):
+    if is_api(request):
+        return JsonResponse({"detail": f"nothing at {request.path}"}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    if is_api(request):
+        return JsonResponse({"detail": "server error: the request failed; it is logged"},
+                            status=500)
+    return defaults.server_error(request)

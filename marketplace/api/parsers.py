@@ -1,14 +1,19 @@
 """The API reads JSON only, and refuses a body nested deeper than MAX_DEPTH before
 parsing it: deep nesting makes parsers and serializers recurse until they fail (or,
-deep enough, overflow the C stack and take the worker down)."""
+deep enough, overflow the C stack and take the worker down). An object that names a
+key twice is refused too (DuplicateKey, a 400 naming the key): JSON (RFC 8259 §4) leaves
+duplicate names to the reader, and Python's json would keep the last one silently, so
+`{"price": "0.01", "price": "5"}` would place an order at 5."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.utils.json import strict_constant
 
 MAX_DEPTH = 32
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -29,7 +34,30 @@ def json_depth_exceeds(body: bytes, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
+class DuplicateKey(ParseError):
+    """A JSON object names `key` twice (a ParseError, so callers that catch parse
+    errors, such as the bid fast path, treat it as one; errors.py answers it as a 400
+    naming the key)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.message = "appears more than once in a JSON object (each key at most once)"
+        super().__init__(f"{key}: {self.message}")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
 class StrictJSONParser(JSONParser):
+    """DRF's JSONParser (UTF-8 or the declared charset; NaN and Infinity refused) with the
+    size, depth and duplicate-key checks above."""
+
     def parse(self, stream, media_type=None, parser_context=None):
         body = stream.read() if stream is not None else b""
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -38,9 +66,11 @@ class StrictJSONParser(JSONParser):
         if json_depth_exceeds(body):
             raise ParseError(f"JSON parse error - the body is nested deeper than {MAX_DEPTH} "
                              "levels")
-        from io import BytesIO
-
+        encoding = get_encoding(parser_context or {})  # text codecs only (not bz2_codec)
         try:
-            return super().parse(BytesIO(body), media_type, parser_context)
+            return json.loads(body.decode(encoding), parse_constant=strict_constant,
+                              object_pairs_hook=_object_without_duplicates)
         except RecursionError:
             raise ParseError("JSON parse error - the body is nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN
+            raise ParseError(f"JSON parse error - {exc}") from None
