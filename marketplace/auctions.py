@@ -28,7 +28,7 @@ from marketplace.leases import clean_ports, create_lease
 from marketplace.models import Auction, SealedBid
 from providers.models import Node
 from settlement import services as ledger
-from settlement.money import lease_cost
+from settlement.money import format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.auctions")
 
@@ -205,7 +205,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 continue
             cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
             ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
-                               cause=f"auction {auction.pk} won at {award.price}")
+                               cause=f"auction {auction.pk} won at {_per_gpu_hour(award.price)}")
             bid.status = SealedBid.Status.WON
             bid.awarded_gpus = award.gpus
             bid.paid_price = award.price
@@ -216,17 +216,24 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 duration_seconds=auction.duration_seconds, image=bid.image,
                 command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
                 hold_id=bid.hold_id,
-                cause=f"won auction {auction.pk} ({auction.rule}) at {award.price}",
+                cause=f"won auction {auction.pk} ({auction.rule}) at "
+                      f"{_per_gpu_hour(award.price)}",
             )
         auction.clearing_price = clearing.clearing_price
         auction.closed_at = now
-        winners = [f"bid {a.bid_id}: {a.gpus} GPUs at {a.price}" for a in clearing.awards]
+        winners = [f"bid {a.bid_id}: {a.gpus} GPUs at {_per_gpu_hour(a.price)}"
+                   for a in clearing.awards]
         auction.set_status("closed", cause=f"closed with {len(bids)} bids", at=now,
                            detail={"awards": winners},
                            update_fields=("clearing_price", "closed_at"))
     log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
              len(bids), clearing.clearing_price, winners)
     return auction
+
+
+def _per_gpu_hour(micros: int) -> str:
+    """A price for people: "0.350000 USD/GPU-hour" (never raw micro-USD)."""
+    return f"{format_usd(micros)} USD/GPU-hour"
 
 
 def due_auction_ids(now: datetime | None = None) -> list[int]:

@@ -13,7 +13,13 @@ from rest_framework.views import APIView
 from providers import benchmarks, services
 from providers.auth import IsRunner, RunnerTokenAuthentication
 from providers.models import Gpu, GpuBenchmark, Node, Provider
-from settlement.fields import StrictCharField, StrictInputSerializer
+from settlement.fields import (
+    Pagination,
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+    StrictNumberField,
+)
 
 
 class ProviderSerializer(serializers.ModelSerializer):
@@ -81,15 +87,30 @@ class NodeSerializer(serializers.ModelSerializer):
                   "inventory_source", "registered_at", "last_heartbeat_at", "gpus"]
 
 
-class ProviderOnboard(APIView):
-    """Become a provider (idempotent); GET shows your provider profile."""
+class ProviderIn(StrictInputSerializer):
+    display_name = StrictCharField(max_length=100)
 
-    @extend_schema(request=ProviderSerializer, responses={201: ProviderSerializer})
+
+class ProviderOnboard(APIView):
+    """Become a provider: 201 with the new provider. Idempotent: when you are one already,
+    the same display_name answers 200 with the existing provider, unchanged; another
+    display_name is a 409 naming it (onboarding never renames). GET shows your provider
+    profile."""
+
+    @extend_schema(request=ProviderIn,
+                   responses={201: ProviderSerializer, 200: ProviderSerializer})
     def post(self, request):
-        data = ProviderSerializer(data=request.data)
+        data = ProviderIn(data=request.data)
         data.is_valid(raise_exception=True)
-        provider = services.provider_onboard(user_id=request.user.pk,
-                                             display_name=data.validated_data["display_name"])
+        name = data.validated_data["display_name"]
+        existing = Provider.objects.filter(user=request.user).first()
+        if existing is not None:
+            if existing.display_name != name.strip()[:100]:
+                raise services.ProviderConflict(
+                    f"you are a provider already, as '{existing.display_name}'; onboarding "
+                    "again does not rename", field="display_name")
+            return Response(ProviderSerializer(existing).data, status=200)
+        provider = services.provider_onboard(user_id=request.user.pk, display_name=name)
         return Response(ProviderSerializer(provider).data, status=201)
 
     @extend_schema(responses=ProviderSerializer)
@@ -105,22 +126,30 @@ class NodeCreateIn(StrictInputSerializer):
     name = StrictCharField(max_length=100)
 
 
+class NodeCreatedSerializer(NodeSerializer):
+    runner_token = serializers.CharField(help_text="the node's runner token: shown once, "
+                                         "only its hash is stored")
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "runner_token"]
+
+
 class NodeList(APIView):
     """Your nodes; POST creates one and returns its runner token, once."""
 
+    pagination_class = Pagination
+
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request):
-        from rest_framework.pagination import LimitOffsetPagination
-
         nodes = (Node.objects.filter(provider__user=request.user).order_by("pk")
                  .prefetch_related("gpus__gpu_class"))
-        paginator = LimitOffsetPagination()
+        paginator = Pagination()
         page = paginator.paginate_queryset(nodes, request, view=self)
         latest = benchmarks.latest_results(Gpu.objects.filter(node__in=page))
         return paginator.get_paginated_response(
             NodeSerializer(page, many=True, context={"benchmarks": latest}).data)
 
-    @extend_schema(request=NodeCreateIn, responses={201: NodeSerializer})
+    @extend_schema(request=NodeCreateIn, responses={201: NodeCreatedSerializer})
     def post(self, request):
         data = NodeCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -134,22 +163,28 @@ class NodeList(APIView):
         return Response(body, status=201)
 
 
+# The runner's bodies take JSON types strictly, as the user API does: an integer is a JSON
+# number without a fraction ("10", 10.0 and true are refused), a string a JSON string.
 class RunnerGpuIn(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
-    product_name = serializers.CharField(max_length=100)
-    gpu_class = serializers.CharField(max_length=40)
-    memory_mib = serializers.IntegerField(min_value=1, max_value=10_000_000)
-    pci_bus_id = serializers.CharField(max_length=32)
-    mig_mode = serializers.CharField(max_length=16, required=False, allow_blank=True, default="")
+    product_name = StrictCharField(max_length=100)
+    gpu_class = StrictCharField(max_length=40)
+    memory_mib = StrictIntegerField(min_value=1, max_value=10_000_000)
+    pci_bus_id = StrictCharField(max_length=32)
+    mig_mode = StrictCharField(max_length=16, required=False, allow_blank=True, default="")
 
 
 class InventoryIn(serializers.Serializer):
-    hostname = serializers.CharField(max_length=255, allow_blank=True, default="")
-    driver_version = serializers.CharField(max_length=32)
-    cuda_version = serializers.CharField(max_length=32, allow_blank=True, default="")
-    runner_version = serializers.CharField(max_length=32, allow_blank=True, default="")
-    source = serializers.CharField(max_length=120, allow_blank=True, default="")
+    hostname = StrictCharField(max_length=255, allow_blank=True, default="")
+    driver_version = StrictCharField(max_length=32)
+    cuda_version = StrictCharField(max_length=32, allow_blank=True, default="")
+    runner_version = StrictCharField(max_length=32, allow_blank=True, default="")
+    source = StrictCharField(max_length=120, allow_blank=True, default="")
     gpus = RunnerGpuIn(many=True)
+
+
+class InventoryOut(serializers.Serializer):
+    node = NodeSerializer()
 
 
 class RunnerView(APIView):
@@ -158,7 +193,7 @@ class RunnerView(APIView):
 
 
 class RunnerInventory(RunnerView):
-    @extend_schema(request=InventoryIn, responses=NodeSerializer)
+    @extend_schema(request=InventoryIn, responses=InventoryOut)
     def post(self, request):
         data = InventoryIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -167,35 +202,49 @@ class RunnerInventory(RunnerView):
 
 
 class HealthIn(serializers.Serializer):
-    uuid = serializers.CharField(max_length=64)
-    temperature_c = serializers.IntegerField(required=False, allow_null=True)
-    power_w = serializers.FloatField(required=False, allow_null=True)
-    utilization_pct = serializers.IntegerField(required=False, allow_null=True)
-    ecc_uncorrectable = serializers.IntegerField(required=False, allow_null=True)
+    uuid = StrictCharField(max_length=64)
+    temperature_c = StrictIntegerField(required=False, allow_null=True)
+    power_w = StrictNumberField(required=False, allow_null=True)
+    utilization_pct = StrictIntegerField(required=False, allow_null=True)
+    ecc_uncorrectable = StrictIntegerField(required=False, allow_null=True)
 
 
 class FindingIn(serializers.Serializer):
-    uuid = serializers.CharField(max_length=64)
-    rule = serializers.CharField(max_length=40)
+    uuid = StrictCharField(max_length=64)
+    rule = StrictCharField(max_length=40)
     severity = serializers.ChoiceField(choices=["warn", "fatal"])
-    evidence = serializers.CharField(max_length=1000, allow_blank=True, default="")
+    evidence = StrictCharField(max_length=1000, allow_blank=True, default="")
 
 
 class HeartbeatIn(serializers.Serializer):
-    runtime = serializers.CharField(max_length=16, allow_blank=True, default="")
+    """Readings (`gpus`) and `findings` of this node's GPUs. An item naming another
+    node's GPU, or none registered, changes nothing and comes back in the answer's
+    `warnings` (services.heartbeat_record)."""
+
+    runtime = StrictCharField(max_length=16, allow_blank=True, default="")
     gpus = HealthIn(many=True, required=False, default=list)
     findings = FindingIn(many=True, required=False, default=list, max_length=512)
 
 
+class HeartbeatOut(serializers.Serializer):
+    server_time = serializers.DateTimeField(help_text="the marketplace's clock (UTC)")
+    warnings = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="present when items were ignored: each names the item and why")
+
+
 class RunnerHeartbeat(RunnerView):
-    @extend_schema(request=HeartbeatIn)
+    @extend_schema(request=HeartbeatIn, responses=HeartbeatOut)
     def post(self, request):
         from django.utils import timezone
 
         data = HeartbeatIn(data=request.data)
         data.is_valid(raise_exception=True)
-        services.heartbeat_record(node=request.auth, **data.validated_data)
-        return Response({"server_time": timezone.now().isoformat()})
+        warnings = services.heartbeat_record(node=request.auth, **data.validated_data)
+        body = {"server_time": timezone.now().isoformat()}
+        if warnings:
+            body["warnings"] = warnings
+        return Response(body)
 
 
 class _StrictBool(serializers.BooleanField):
@@ -262,10 +311,21 @@ class BenchmarksIn(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class BenchmarkStoredOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    uuid = serializers.CharField()
+    measured_at = serializers.DateTimeField()
+    correct = serializers.BooleanField()
+
+
+class BenchmarksOut(serializers.Serializer):
+    results = BenchmarkStoredOut(many=True)
+
+
 class RunnerBenchmarks(RunnerView):
     """The runner reports what it measured on its GPUs (docs/RUNNER_PROTOCOL.md)."""
 
-    @extend_schema(request=BenchmarksIn)
+    @extend_schema(request=BenchmarksIn, responses={201: BenchmarksOut})
     def post(self, request):
         data = BenchmarksIn(data=request.data)
         data.is_valid(raise_exception=True)

@@ -3,6 +3,7 @@ inventory and heartbeats. Called by the API views and the demo."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_toke
 from providers.signals import gpu_health_changed
 
 MAX_GPUS_PER_NODE = 64
+log = logging.getLogger(__name__)
 
 
 class ProviderError(Exception):
@@ -28,6 +30,10 @@ class ProviderError(Exception):
 
 
 class InventoryConflict(ProviderError):
+    status = 409
+
+
+class ProviderConflict(ProviderError):
     status = 409
 
 
@@ -132,8 +138,13 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
 
 
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
-                     findings: list[dict[str, Any]] | None = None) -> None:
+                     findings: list[dict[str, Any]] | None = None) -> list[str]:
     """Store the node's heartbeat time, each GPU's latest reading and health findings.
+
+    Only this node's GPUs are read and written: a reading or finding that names another
+    node's GPU, or no registered GPU, changes nothing; it is logged and returned as a
+    warning ("findings[2].uuid: GPU-… is not a GPU of this node; ignored") for the
+    runner.
 
     A GPU with a `fatal` finding becomes unhealthy; one whose heartbeat carries no fatal
     finding any more is healthy again. On a change, `gpu_health_changed` is sent after
@@ -145,10 +156,17 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
     last_seen = node.last_heartbeat_at or node.registered_at
     back = last_seen is not None and last_seen < now - timeout
+    mine = set(node.gpus.values_list("uuid", flat=True))
+    warnings = [f"{name}[{i}].uuid: {item['uuid']} is not a GPU of this node; ignored"
+                for name, items in (("gpus", gpus), ("findings", findings or []))
+                for i, item in enumerate(items) if item["uuid"] not in mine]
+    for warning in warnings:
+        log.warning("heartbeat of node %s: %s", node.pk, warning)
     found: dict[str, list[dict[str, Any]]] = {}
     for f in findings or []:
-        found.setdefault(f["uuid"], []).append(f)
-    by_uuid = {g["uuid"]: g for g in gpus}
+        if f["uuid"] in mine:
+            found.setdefault(f["uuid"], []).append(f)
+    by_uuid = {g["uuid"]: g for g in gpus if g["uuid"] in mine}
     unhealthy, recovered = [], []
     with transaction.atomic():
         node.last_heartbeat_at = now
@@ -169,6 +187,7 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     if unhealthy or recovered or back:
         transaction.on_commit(lambda: gpu_health_changed.send(
             sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
+    return warnings
 
 
 def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:

@@ -14,7 +14,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from settlement import services
-from settlement.fields import StrictInputSerializer, UsdField
+from settlement.fields import (
+    Pagination,
+    StrictCharField,
+    StrictInputSerializer,
+    UsdField,
+    paginated,
+)
 from settlement.models import Hold, JournalEntry, Payout, Posting
 
 
@@ -96,6 +102,7 @@ class EntrySerializer(serializers.ModelSerializer):
 class LedgerEntries(generics.ListAPIView):
     """Journal entries that touch your accounts, newest first, with all their postings."""
 
+    pagination_class = Pagination
     serializer_class = EntrySerializer
 
     def get_queryset(self):
@@ -114,11 +121,18 @@ class TopUpIn(StrictInputSerializer):
         return value
 
 
+class TopUpOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    amount = UsdField()
+    payment_intent = serializers.CharField(help_text="the Stripe PaymentIntent's id")
+    client_secret = serializers.CharField(help_text="confirm it with Stripe.js")
+
+
 class TopUpCreate(APIView):
     """Start a Stripe top-up; confirm the returned client_secret with Stripe.js. The
     wallet is credited when Stripe's `payment_intent.succeeded` webhook arrives."""
 
-    @extend_schema(request=TopUpIn)
+    @extend_schema(request=TopUpIn, responses={201: TopUpOut})
     def post(self, request):
         from settlement import stripe_payments
 
@@ -156,6 +170,10 @@ class StripeWebhook(View):
             return JsonResponse({"detail": str(exc)}, status=400)
         return JsonResponse({"detail": outcome})
 
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        return JsonResponse({"detail": f'method "{request.method}" not allowed: POST only'},
+                            status=405, headers={"Allow": "POST"})
+
 
 class PayoutSerializer(serializers.ModelSerializer):
     amount = UsdField(positive=False)
@@ -166,10 +184,14 @@ class PayoutSerializer(serializers.ModelSerializer):
                   "created_at", "closed_at"]
 
 
+class ConnectOut(serializers.Serializer):
+    url = serializers.URLField(help_text="the Stripe-hosted onboarding link")
+
+
 class ConnectOnboard(APIView):
     """Set up Stripe payouts: returns the Stripe-hosted onboarding link."""
 
-    @extend_schema(request=None)
+    @extend_schema(request=None, responses=ConnectOut)
     def post(self, request):
         from settlement import stripe_payments, stripe_payouts
 
@@ -186,12 +208,14 @@ class ConnectOnboard(APIView):
 
 
 class PayoutListCreate(APIView):
-    """Your payouts; POST pays out your earned balance in whole cents."""
+    """Your payouts, newest first; POST pays out your earned balance in whole cents."""
+
+    pagination_class = Pagination
 
     @extend_schema(responses=PayoutSerializer(many=True))
     def get(self, request):
-        payouts = Payout.objects.filter(provider=request.user).order_by("-pk")[:200]
-        return Response(PayoutSerializer(payouts, many=True).data)
+        payouts = Payout.objects.filter(provider=request.user).order_by("-pk")
+        return paginated(self, request, payouts, PayoutSerializer)
 
     @extend_schema(request=None, responses={201: PayoutSerializer})
     def post(self, request):
@@ -206,15 +230,29 @@ class PayoutListCreate(APIView):
         return Response(PayoutSerializer(payout).data, status=201)
 
 
+ZERO_ADDRESS = "0x" + "0" * 40
+
+
 class ChainAddressIn(StrictInputSerializer):
-    address = serializers.CharField(max_length=42)
+    address = StrictCharField(max_length=42)
+
+    def validate_address(self, value: str) -> str:
+        # nobody holds the zero address's key: what is credited there is lost for good
+        if value.lower() == ZERO_ADDRESS:
+            raise serializers.ValidationError("must not be the zero address (nobody can "
+                                              "spend from it)")
+        return value
+
+
+class ChainAddressOut(serializers.Serializer):
+    address = serializers.CharField(help_text="checksummed (EIP-55)")
 
 
 class ChainAddressView(APIView):
     """Register your chain address: where you deposit escrow from (buyers) and where your
     share is credited (providers)."""
 
-    @extend_schema(request=ChainAddressIn)
+    @extend_schema(request=ChainAddressIn, responses=ChainAddressOut)
     def post(self, request):
         from settlement import onchain
 

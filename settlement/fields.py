@@ -1,8 +1,13 @@
-"""DRF fields for exact money at the API boundary (decimal USD strings ↔ micro-USD)."""
+"""The API boundary shared by marketplace, providers and settlement: DRF fields for exact
+money (decimal USD strings ↔ micro-USD), strict JSON types, unknown fields refused, and
+the one pagination of every list."""
 
 from __future__ import annotations
 
+import re
+
 from rest_framework import serializers
+from rest_framework.pagination import LimitOffsetPagination
 
 from settlement.money import MoneyFormatError, format_usd, parse_usd
 
@@ -18,6 +23,9 @@ class UsdField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data):
+        if not isinstance(data, str):  # parse_usd would call true "a number"
+            self.fail("invalid", reason="must be a decimal string in USD such as \"2.49\", "
+                      f"not {_json_kind(data)}")
         try:
             micros = parse_usd(data)
         except MoneyFormatError as exc:
@@ -30,6 +38,18 @@ class UsdField(serializers.Field):
         return None if value is None else format_usd(value)
 
 
+def _json_kind(data) -> str:
+    if isinstance(data, bool):
+        return "true" if data else "false"
+    if isinstance(data, int | float):
+        return "a number"
+    if isinstance(data, list):
+        return "an array"
+    if isinstance(data, dict):
+        return "an object"
+    return "that"
+
+
 class StrictIntegerField(serializers.IntegerField):
     """An integer that must be a JSON number without a fraction: "5", 5.0 and true are
     refused (DRF's IntegerField accepts them)."""
@@ -37,6 +57,18 @@ class StrictIntegerField(serializers.IntegerField):
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictNumberField(serializers.FloatField):
+    """A number that must be a JSON number: "12.5" and true are refused (DRF's FloatField
+    accepts them); NaN and infinities never reach it (the JSON parser refuses them)."""
+
+    default_error_messages = {"not_a_number": "must be a JSON number"}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("not_a_number")
         return super().to_internal_value(data)
 
 
@@ -62,3 +94,63 @@ class StrictInputSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
         return super().validate(attrs)
+
+
+# --- pagination ------------------------------------------------------------------------
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 500
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+def _query_whole(request, name: str, *, low: int, high: int | None, says: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    value = int(raw) if _DIGITS.fullmatch(raw) else None
+    if value is None or value < low or (high is not None and value > high):
+        raise serializers.ValidationError({name: [says]})
+    return value
+
+
+class Pagination(LimitOffsetPagination):
+    """The one pagination of every API list: `{count, next, previous, results}`,
+    `?limit=` (1 to MAX_LIMIT, default DEFAULT_LIMIT) and `?offset=` (0 or more). A limit
+    or offset that is not such a whole number is a 400 naming the parameter (DRF's
+    LimitOffsetPagination would silently use its default instead)."""
+
+    default_limit = DEFAULT_LIMIT
+    max_limit = MAX_LIMIT
+
+    def paginate_queryset(self, queryset, request, view=None):
+        # both checked before anything is read
+        self._limit = _query_whole(request, self.limit_query_param, low=1, high=MAX_LIMIT,
+                                   says=f"must be a whole number from 1 to {MAX_LIMIT}")
+        self._offset = _query_whole(request, self.offset_query_param, low=0, high=None,
+                                    says="must be a whole number, 0 or more")
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_limit(self, request):
+        return self.default_limit if self._limit is None else self._limit
+
+    def get_offset(self, request):
+        return self._offset or 0
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for p in parameters:
+            if p["name"] == self.limit_query_param:
+                p["schema"].update(minimum=1, maximum=MAX_LIMIT, default=DEFAULT_LIMIT)
+                p["description"] = (f"how many results, 1 to {MAX_LIMIT} (default "
+                                    f"{DEFAULT_LIMIT}); anything else is a 400")
+            elif p["name"] == self.offset_query_param:
+                p["schema"].update(minimum=0, default=0)
+                p["description"] = "how many results to skip, 0 or more; anything else is a 400"
+        return parameters
+
+
+def paginated(view, request, queryset, serializer_class, *, context=None):
+    """The list answer {count, next, previous, results} of `queryset` (Pagination)."""
+    paginator = Pagination()
+    page = paginator.paginate_queryset(queryset, request, view=view)
+    return paginator.get_paginated_response(
+        serializer_class(page, many=True, context=context or {}).data)

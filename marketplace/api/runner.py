@@ -41,7 +41,30 @@ def runner_lease(lease: Lease) -> dict:
     }
 
 
+class RunnerLeaseOut(serializers.Serializer):
+    """A lease as its runner sees it (runner_lease)."""
+
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    image = serializers.CharField()
+    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    gpu_uuids = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(child=serializers.CharField())
+    duration_seconds = serializers.IntegerField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    ends_at = serializers.DateTimeField(allow_null=True)
+    preempt_at = serializers.DateTimeField(allow_null=True)
+    ports = serializers.ListField(child=serializers.IntegerField())
+
+
+class RunnerLeasesOut(serializers.Serializer):
+    leases = RunnerLeaseOut(many=True)
+
+
 class RunnerLeases(RunnerView):
+    """The node's unended leases (all of them: a node has few; not paginated)."""
+
+    @extend_schema(responses=RunnerLeasesOut)
     def get(self, request):
         active = Lease.objects.filter(node=request.auth, status__in=Lease.ACTIVE).order_by("pk")
         return Response({"leases": [runner_lease(lease) for lease in active]})
@@ -55,17 +78,19 @@ class EndpointIn(serializers.Serializer):
 
 class LeaseEventIn(serializers.Serializer):
     status = serializers.ChoiceField(choices=["starting", "running", "completed", "failed"])
-    container_id = serializers.CharField(max_length=100, required=False, allow_blank=True,
-                                         default="")
-    cause = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
-    usage_seconds = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    container_id = StrictCharField(max_length=100, required=False, allow_blank=True,
+                                   default="")
+    cause = StrictCharField(max_length=300, required=False, allow_blank=True, default="")
+    usage_seconds = StrictIntegerField(min_value=0, required=False, allow_null=True)
     # with `running`: where each published port is reached (leases.clean_endpoints)
     endpoints = EndpointIn(many=True, required=False, allow_null=True, default=None,
                            max_length=8)
 
 
 class RunnerLeaseEvent(RunnerView):
-    @extend_schema(request=LeaseEventIn)
+    """The runner reports a lease's progress; the answer is the lease as it is now."""
+
+    @extend_schema(request=LeaseEventIn, responses=RunnerLeaseOut)
     def post(self, request, pk: int):
         data = LeaseEventIn(data=request.data)
         data.is_valid(raise_exception=True)

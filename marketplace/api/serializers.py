@@ -3,6 +3,8 @@ GPU-hour (UsdField); durations are whole hours in, seconds inside."""
 
 from __future__ import annotations
 
+import re
+
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -41,6 +43,70 @@ class ClientOrderIdField(serializers.RegexField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+# Docker's image reference grammar, as github.com/distribution/reference (v0.5.0,
+# reference.go and regexp.go) defines it — the grammar the Docker Engine parses `image`
+# with:
+#   reference        := name [ ":" tag ] [ "@" digest ]
+#   name             := [domain '/'] remote-name
+#   domain           := host [':' port-number]
+#   host             := domain-name | IPv4address | \[ IPv6address \]
+#   domain-name      := domain-component ['.' domain-component]*
+#   domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
+#   port-number      := /[0-9]+/
+#   path-component   := alpha-numeric [separator alpha-numeric]*
+#   remote-name      := path-component ['/' path-component]*
+#   alpha-numeric    := /[a-z0-9]+/
+#   separator        := /[_.]|__|[-]+/
+#   tag              := /[\w][\w.-]{0,127}/
+#   digest           := digest-algorithm ":" digest-hex
+#   digest-algorithm := component [ /[+.-_]/ component ]*, component := /[A-Za-z][A-Za-z0-9]*/
+#   digest-hex       := /[0-9a-fA-F]{32,}/
+# and a name of at most 255 characters (NameTotalLengthMax).
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+_NAME = rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
+IMAGE_NAME_MAX = 255
+
+
+class DockerImageField(serializers.CharField):
+    """A container image reference as Docker parses it — `name[:tag][@digest]`, e.g.
+    "gpumarket/busybox:local", "registry.example:5000/team/app:1.2" or
+    "pytorch/pytorch@sha256:<64 hex>" — by the grammar of distribution/reference (v0.5.0;
+    above): lowercase repository path components, an optional registry host[:port], a tag
+    of at most 128 word characters, dots and dashes, a digest of at least 32 hex digits; the
+    name at most 255 characters — and here the whole reference too (the column's size). A
+    JSON string only; "" means no image given."""
+
+    default_error_messages = {
+        "not_a_string": "must be a string",
+        "reference": "must be a Docker image reference, name[:tag][@digest], such as "
+                     "\"gpumarket/busybox:local\" (lowercase repository names)",
+        "name_length": f"has a repository name longer than {IMAGE_NAME_MAX} characters",
+    }
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_length", IMAGE_NAME_MAX)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        value = super().to_internal_value(data)
+        if value == "":
+            return value
+        match = IMAGE_REFERENCE.fullmatch(value)
+        if match is None:
+            self.fail("reference")
+        if len(match.group("name")) > IMAGE_NAME_MAX:
+            self.fail("name_length")
+        return value
 
 
 class StrictBooleanField(serializers.BooleanField):
@@ -98,12 +164,18 @@ def ports_field() -> serializers.ListField:
         max_length=8, default=list)
 
 
+BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
+            "ports", "expires_at", "interruptible")
+ASK_ONLY = ("node", "available_until")
+
+
 class OrderInSerializer(StrictInputSerializer):
-    """A bid (gpu_class, gpus, hours, price, gang_size, time_in_force, expires_at, image,
-    command, interruptible: its leases may be preempted by a higher bid after a notice)
-    or an ask (node, gpus, price, available_until, optional gpu_class); either
-    with an optional client_order_id (yours, unique per user: placing it again returns
-    the first order with 200)."""
+    """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
+    expires_at, image, command, ports, interruptible: its leases may be preempted by a
+    higher bid after a notice) or an ask (node, gpus, price, available_until, optional
+    gpu_class); either with an optional client_order_id (yours, unique per user: placing
+    it again returns the first order with 200). A field of the other side is refused,
+    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = StrictCharField(required=False, max_length=40)
@@ -114,7 +186,7 @@ class OrderInSerializer(StrictInputSerializer):
                                           required=False)
     gang_size = StrictIntegerField(min_value=1, max_value=4096, required=False)
     time_in_force = serializers.ChoiceField(choices=Order.TimeInForce.choices, default="GTC")
-    image = StrictCharField(required=False, allow_blank=True, max_length=255, default="")
+    image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     node = StrictIntegerField(min_value=1, required=False)
@@ -128,7 +200,11 @@ class OrderInSerializer(StrictInputSerializer):
         attrs = super().validate(attrs)
         # expires_at in the past is refused by the service (after a client_order_id
         # replay, which must answer with the first order whatever the clock says)
+        given = self.initial_data
         if attrs["side"] == Order.Side.BID:
+            for name in ASK_ONLY:
+                if name in given:
+                    raise serializers.ValidationError({name: "is for asks, not bids"})
             if "gpu_class" not in attrs:
                 raise serializers.ValidationError({"gpu_class": "is required for a bid"})
             resolve_duration(attrs)
@@ -136,14 +212,12 @@ class OrderInSerializer(StrictInputSerializer):
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
         else:
-            if "expires_at" in attrs:
-                raise serializers.ValidationError(
-                    {"expires_at": "is for bids; an ask ends at available_until"})
-            if attrs["interruptible"]:
-                raise serializers.ValidationError({"interruptible": "is for bids"})
-            if attrs["ports"]:
-                raise serializers.ValidationError({"ports": "is for bids"})
-            for name in ("node", "available_until"):
+            for name in BID_ONLY:
+                if name in given:
+                    says = ("is for bids; an ask ends at available_until"
+                            if name == "expires_at" else "is for bids, not asks")
+                    raise serializers.ValidationError({name: says})
+            for name in ASK_ONLY:
                 if name not in attrs:
                     raise serializers.ValidationError({name: "is required for an ask"})
             if attrs["available_until"] <= timezone.now():
@@ -167,6 +241,18 @@ class OrderSerializer(serializers.ModelSerializer):
         """Whole hours, or null when the bid was given in seconds that are not."""
         d = order.duration_seconds
         return d // 3600 if d and d % 3600 == 0 else None
+
+
+class OrderPlacedSerializer(OrderSerializer):
+    """The answer to placing an order: the order and the leases its fills created."""
+
+    leases = serializers.ListField(child=serializers.IntegerField(), read_only=True,
+                                   help_text="ids of the leases created by this order's fills")
+    # a plain string in the schema: the same enum in two components would get a hashed name
+    status = serializers.CharField(read_only=True, help_text="as Order.status")
+
+    class Meta(OrderSerializer.Meta):
+        fields = [*OrderSerializer.Meta.fields, "leases"]
 
 
 class FillSerializer(serializers.ModelSerializer):
@@ -272,7 +358,7 @@ class SealedBidInSerializer(StrictInputSerializer):
     price = UsdField()
     gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
-    image = StrictCharField(required=False, allow_blank=True, max_length=255, default="")
+    image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()

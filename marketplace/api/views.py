@@ -6,28 +6,29 @@ from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace import auctions, book
 from marketplace.api import serializers as s
-from marketplace.errors import InvalidInput
+from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from providers.models import Node
+from settlement.fields import Pagination, paginated
 
 
-def paginated(view, request, queryset, serializer_class) -> Response:
-    """Every list answers {count, next, previous, results}: ?limit= (default 100) and
-    ?offset= page through it."""
-    paginator = LimitOffsetPagination()
-    page = paginator.paginate_queryset(queryset, request, view=view)
-    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+def own_node(request, node_id: int) -> None:
+    """404 "no node N of yours" for a node that does not exist or is another provider's:
+    the same answer for both, so ids of other providers' nodes are not revealed."""
+    if not Node.objects.filter(pk=node_id, provider__user=request.user).exists():
+        raise NotFound(f"no node {node_id} of yours", field="node")
 
 
 class GpuClassList(generics.ListAPIView):
     """GPU classes: one market each, with datasheet figures and a reference price."""
 
     permission_classes = [permissions.AllowAny]
+    pagination_class = Pagination
     serializer_class = s.GpuClassSerializer
     queryset = GpuClass.objects.all()
 
@@ -61,14 +62,17 @@ class RecentFills(generics.ListAPIView):
     """Recent trades of all markets (anonymous)."""
 
     permission_classes = [permissions.AllowAny]
+    pagination_class = Pagination
     serializer_class = s.FillSerializer
     queryset = Fill.objects.select_related("market").order_by("-pk")
 
 
 class OrderListCreate(APIView):
-    """Your orders, newest first (at most 500); `?status=open,partially_filled` and
-    `?side=bid` filter them. POST places a bid or an ask: 201, or 200 with the first
-    order when its client_order_id was used before."""
+    """Your orders, newest first; `?status=open,partially_filled` and `?side=bid` filter
+    them. POST places a bid or an ask: 201, or 200 with the first order when its
+    client_order_id was used before."""
+
+    pagination_class = Pagination
 
     @extend_schema(
         parameters=[
@@ -94,7 +98,7 @@ class OrderListCreate(APIView):
         return paginated(self, request, orders, s.OrderSerializer)
 
     @extend_schema(request=s.OrderInSerializer,
-                   responses={201: s.OrderSerializer, 200: s.OrderSerializer})
+                   responses={201: s.OrderPlacedSerializer, 200: s.OrderPlacedSerializer})
     def post(self, request):
         data = s.OrderInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -109,6 +113,7 @@ class OrderListCreate(APIView):
                 ports=v["ports"],
             )
         else:
+            own_node(request, v["node"])
             placed = book.place_ask(
                 provider_id=request.user.pk, node_id=v["node"],
                 market_slug=v.get("gpu_class"), price=v["price"], gpus=v["gpus"],
@@ -139,6 +144,8 @@ class OrderCancel(APIView):
 class AuctionListCreate(APIView):
     """Open and recent auctions (public view); POST opens one of your node's GPUs."""
 
+    pagination_class = Pagination
+
     def get_permissions(self):
         if self.request.method == "GET":
             return [permissions.AllowAny()]
@@ -154,6 +161,7 @@ class AuctionListCreate(APIView):
         data = s.AuctionInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
+        own_node(request, v["node"])
         auction = auctions.open_auction(
             provider_id=request.user.pk, node_id=v["node"], gpus=v["gpus"],
             reserve_price=v["reserve_price"], duration_seconds=v["duration_seconds"],
@@ -188,6 +196,7 @@ class SealedBidCreate(APIView):
 class MySealedBids(generics.ListAPIView):
     """Your own sealed bids (nobody else's, ever)."""
 
+    pagination_class = Pagination
     serializer_class = s.SealedBidSerializer
 
     def get_queryset(self):
@@ -210,6 +219,7 @@ def _my_leases(user):
 class LeaseList(generics.ListAPIView):
     """Leases where you are the buyer or the provider."""
 
+    pagination_class = Pagination
     serializer_class = s.LeaseSerializer
 
     def get_queryset(self):

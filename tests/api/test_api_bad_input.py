@@ -209,11 +209,15 @@ def test_ask_bad_fields(market):
         ({"gpu_class": "no-such-class"}, "gpu_class"),
     ]:
         _refused_and_unchanged(client, "/api/v1/orders/", _ask(node, **changes), field, users)
-    _refused_and_unchanged(client, "/api/v1/orders/", _ask(node, node=node.pk + 1000), "node",
-                           users, status=404)
-    # someone else's node
-    _refused_and_unchanged(client_for(buyer), "/api/v1/orders/", _ask(node), "node", users,
-                           status=403)
+    # a node that does not exist and someone else's node: the same 404 (which ids exist
+    # is not revealed)
+    missing = node.pk + 1000
+    r = _refused_and_unchanged(client, "/api/v1/orders/", _ask(node, node=missing), "node",
+                               users, status=404)
+    assert r.json()["errors"]["node"] == [f"no node {missing} of yours"]
+    r = _refused_and_unchanged(client_for(buyer), "/api/v1/orders/", _ask(node), "node", users,
+                               status=404)
+    assert r.json()["errors"]["node"] == [f"no node {node.pk} of yours"]
 
 
 # --- auctions ---------------------------------------------------------------------------
@@ -263,7 +267,8 @@ def test_auction_bad_fields(market):
         ({"node": "1"}, "node"),
     ]:
         _auction_unchanged(client, _auction(node, **changes), field, users)
-    _auction_unchanged(client_for(buyer), _auction(node), "node", users, status=403)
+    # someone else's node and a node that does not exist: the same 404
+    _auction_unchanged(client_for(buyer), _auction(node), "node", users, status=404)
     _auction_unchanged(client, _auction(node, node=node.pk + 1000), "node", users,
                        status=404)
 

@@ -71,12 +71,12 @@ def test_bearer_token_works_for_programs_too():
     assert api.get("/api/v1/me/").json()["id"] == user.pk
 
 
-def test_onboarding_again_renames_the_provider():
+def test_onboarding_again_answers_the_provider_and_never_renames():
     api = client_for(UserFactory())
-    for name in ("NU Labs", "NU Labs 2"):
-        r = api.post("/api/v1/providers/", {"display_name": name}, format="json")
-        assert r.status_code in (200, 201)
-    assert Provider.objects.get().display_name == "NU Labs 2"
+    codes = [api.post("/api/v1/providers/", {"display_name": name}, format="json").status_code
+             for name in ("NU Labs", "NU Labs", "NU Labs 2")]
+    assert codes == [201, 200, 409]
+    assert Provider.objects.get().display_name == "NU Labs"
 
 
 def test_duration_in_seconds_is_echoed_and_hours_only_when_whole():
