@@ -108,7 +108,7 @@ from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
 from settlement.bulk import execute_arrays, insert_all
-from settlement.money import MAX_USD_MICROS, lease_cost
+from settlement.money import MAX_USD_MICROS, format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.market")
 
@@ -854,7 +854,8 @@ def _apply(market: GpuClass, incoming: Order, result: engine.MatchResult,
         for order in (bid, ask):
             order.remaining_gpus -= f.gpus
             status = "filled" if order.remaining_gpus == 0 else "partially_filled"
-            order.set_status(status, cause=f"fill {fill.pk}: {f.gpus} GPUs at {f.price}",
+            order.set_status(status, cause=f"fill {fill.pk}: {f.gpus} GPUs at "
+                             f"{format_usd(f.price)} USD/GPU-hour",
                              at=now, update_fields=("remaining_gpus", *_touch(order)))
         if bid.remaining_gpus == 0:
             ledger.hold_release(hold_id=bid.hold_id, cause=f"order {bid.pk} filled")
