@@ -626,7 +626,10 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
     from settlement.models import Hold
 
     market = lock_market(market_id)
-    _expire_due(market, now)
+    anything_due, victims_possible = _group_flags(market.pk, now)
+    if anything_due:
+        _expire_due(market, now)
+        victims_possible = _preemption_candidates_exist(market)
     book = _load_book(market)  # before the new orders exist: each is submitted below
     orders = []
     for r, _ in items:
@@ -654,7 +657,6 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
                                            cause="bid placed") for o in placed]
         insert_all(order_events)
     leases_of: dict[int, list[Lease]] = {}
-    victims_possible = _preemption_candidates_exist(market)
     for order in placed:
         result = book.submit_bid(_engine_bid(order), _epoch(now))
         leases: list[Lease] = []
@@ -697,6 +699,30 @@ def _set_hold_ids(orders: list[Order]) -> None:
                    'unnest(%s::bigint[], %s::bigint[]) AS h(id, hold_id) '
                    'WHERE "marketplace_order"."id" = h.id',
                    [[o.pk for o in orders], [o.hold_id for o in orders]])
+
+
+def _group_flags(market_id: int, now: datetime) -> tuple[bool, bool]:
+    """(any active order of the market past its time, any lease of it preemptible at all)
+    in one round trip: the two questions every group of bids asks under the lock, almost
+    always answered no (then _expire_due's and the preemption search's ORM queries are
+    skipped). The same conditions as _past_due and _preemption_candidates_exist."""
+    orders, leases = Order._meta.db_table, Lease._meta.db_table
+    active = ", ".join(["%s"] * len(Order.ACTIVE))
+    unended = ", ".join(["%s"] * len(Lease.ACTIVE))
+    sql = (f'SELECT EXISTS (SELECT 1 FROM "{orders}" WHERE "market_id" = %s '  # noqa: S608
+           f'AND "status" IN ({active}) AND ("expires_at" <= %s '
+           f'OR ("side" = %s AND "available_until" <= %s))), '
+           f'EXISTS (SELECT 1 FROM "{leases}" WHERE "market_id" = %s AND "interruptible" '
+           f'AND "status" IN ({unended}) AND "preempt_at" IS NULL AND "ask_id" IS NOT NULL)')
+    params = [market_id, *Order.ACTIVE, now, Order.Side.ASK, now, market_id, *Lease.ACTIVE]
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":  # bound server-side: prepared, its plan kept
+        [(due, preemptible)] = execute_arrays(connection, sql, params)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            due, preemptible = cursor.fetchone()
+    return bool(due), bool(preemptible)
 
 
 def _preemption_candidates_exist(market: GpuClass) -> bool:

@@ -67,10 +67,11 @@ def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
     SQL text in Python (a tenth of a group of bids' CPU); a plain psycopg cursor on the
     same connection, inside the same transaction, sends them in PostgreSQL's own format.
     The statement does not go through Django's cursor wrapper (no entry in
-    connection.queries)."""
+    connection.queries); its errors are Django's (IntegrityError, …) as usual."""
     import psycopg
 
     connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
+    # Django's own exception classes (IntegrityError, …), as from its cursors
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description is not None else []
