@@ -14,7 +14,7 @@ The server runs with DEBUG off and no access log; it shares the machine's cores 
 PostgreSQL and with this client. The DESIGN.md target is >= 500 orders/s with p99 <
 100 ms on a 2-core machine.
 
-Run:  .venv/bin/python bench/api_orders.py [--orders 3000] [--concurrency 16]
+Run:  .venv/bin/python bench/api_orders.py [--orders 4000] [--concurrency 24]
           [--workers 1] [--httpx] [--buyers 50] [--seconds 60] [--db gpumarket_bench]
           [--pg postgres://postgres@127.0.0.1:5432] [--port 8391] [--seed 1]
 """
@@ -187,8 +187,10 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--orders", type=int, default=3000)
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--orders", type=int, default=4000)
+    ap.add_argument("--concurrency", type=int, default=24,
+                    help="clients, one request in flight each (500 orders/s at ~50 ms needs ~25 "
+                         "in flight: Little's law)")
     ap.add_argument("--workers", type=int, default=1,
                     help="uvicorn worker processes (1: one market's bids form the largest "
                          "groups in one batcher; see bench/README.md for 2)")
