@@ -21,6 +21,7 @@ again (every `interval` seconds, only while the node has no lease).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid as uuidlib
 from collections.abc import Callable
@@ -94,7 +95,9 @@ class BenchmarkResult:
             return [self.reason]
         out = [f"benchmark ({self.backend}): {self.reason}"]
         for d in self.devices:
-            verdict = "correct" if d.correct else "WRONG RESULT: figures not trusted"
+            verdict = ("correct" if d.correct else "WRONG RESULT: figures not trusted"
+                       if d.transfer_ok else "WRONG RESULT: the host↔device round trip "
+                       "changed bytes; figures not trusted")
             parts = [f"{p} matmul {v:.1f} TFLOPS" for p, v in
                      (("BF16", d.bf16_tflops), ("FP16", d.fp16_tflops)) if v is not None]
             parts.append(f"memory {d.memory_gbps:.0f} GB/s")
@@ -160,6 +163,31 @@ def _round(x: float) -> float:
     return round(float(x), 1)
 
 
+def matmul_tflops(n: int, iters: int, elapsed_ms: float) -> float:
+    """TFLOPS (10^12 FLOP/s) of `iters` n×n products (2·n³ FLOP each) in `elapsed_ms`
+    milliseconds (what CUDA events measure)."""
+    return 2 * n**3 * iters / (elapsed_ms / 1000) / 1e12
+
+
+def bandwidth_gbps(nbytes: int, iters: int, elapsed_ms: float) -> float:
+    """GB/s (10^9 bytes/s) of `iters` transfers of `nbytes` each in `elapsed_ms`
+    milliseconds; a device-to-device copy passes 2 × its size (one read, one write)."""
+    return nbytes * iters / (elapsed_ms / 1000) / 1e9
+
+
+def passed(rel_error: float, transfer_ok: bool) -> bool:
+    """The correctness verdict: a finite relative error ≤ MAX_REL_ERROR and a round trip
+    that returned the bytes sent. NaN or infinity in a product (a broken GPU's usual
+    symptom) fails."""
+    return math.isfinite(rel_error) and rel_error <= MAX_REL_ERROR and bool(transfer_ok)
+
+
+def _json_error(rel_error: float) -> float | str:
+    """rel_error for the report body: strict JSON has no NaN or infinity (httpx refuses to
+    encode them), so a non-finite error is sent as text ("nan", "inf")."""
+    return rel_error if math.isfinite(rel_error) else str(rel_error)
+
+
 def _torch_matmul(torch, dev, dtype, n: int, iters: int) -> tuple[float, float]:
     """(TFLOPS, relative error against FP32) of n×n products in `dtype`."""
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -173,11 +201,11 @@ def _torch_matmul(torch, dev, dtype, n: int, iters: int) -> tuple[float, float]:
         c = a @ b
     stop.record()
     torch.cuda.synchronize(dev)
-    seconds = start.elapsed_time(stop) / 1000
+    elapsed_ms = start.elapsed_time(stop)
     ref = a.float() @ b.float()
     rel = (torch.linalg.norm(c.float() - ref) / torch.linalg.norm(ref)).item()
     del a, b, c, ref
-    return 2 * n**3 * iters / seconds / 1e12, rel
+    return matmul_tflops(n, iters, elapsed_ms), rel
 
 
 def _bench_torch(torch, index: int, n: int, iters: int, copy_bytes: int,
@@ -197,7 +225,8 @@ def _bench_torch(torch, index: int, n: int, iters: int, copy_bytes: int,
             dst.copy_(src)
         stop.record()
         torch.cuda.synchronize(dev)
-        gbps = 2 * src.numel() * 4 * iters / (start.elapsed_time(stop) / 1000) / 1e9
+        gbps = bandwidth_gbps(2 * src.numel() * src.element_size(), iters,
+                              start.elapsed_time(stop))
         del src, dst
         # host ↔ device, pinned memory; the round trip must return the bytes sent
         count = host_bytes // 4
@@ -205,19 +234,20 @@ def _bench_torch(torch, index: int, n: int, iters: int, copy_bytes: int,
         back = torch.zeros(count, dtype=torch.int32).pin_memory()
         on_dev = torch.empty(count, dtype=torch.int32, device=dev)
         on_dev.copy_(host, non_blocking=True)
+        nbytes = host.numel() * host.element_size()
         torch.cuda.synchronize(dev)
         start.record()
         for _ in range(iters):
             on_dev.copy_(host, non_blocking=True)
         stop.record()
         torch.cuda.synchronize(dev)
-        h2d = host_bytes * iters / (start.elapsed_time(stop) / 1000) / 1e9
+        h2d = bandwidth_gbps(nbytes, iters, start.elapsed_time(stop))
         start.record()
         for _ in range(iters):
             back.copy_(on_dev, non_blocking=True)
         stop.record()
         torch.cuda.synchronize(dev)
-        d2h = host_bytes * iters / (start.elapsed_time(stop) / 1000) / 1e9
+        d2h = bandwidth_gbps(nbytes, iters, start.elapsed_time(stop))
         transfer_ok = bool(torch.equal(host, back))
         del host, back, on_dev
         torch.cuda.empty_cache()
@@ -225,7 +255,7 @@ def _bench_torch(torch, index: int, n: int, iters: int, copy_bytes: int,
     rel = max(rel_bf16, rel_fp16)
     return DeviceResult(
         index, torch.cuda.get_device_name(dev), "bf16", _round(bf16), _round(gbps), rel,
-        rel <= MAX_REL_ERROR and transfer_ok, uuid=nvml_uuid(getattr(props, "uuid", None)),
+        passed(rel, transfer_ok), uuid=nvml_uuid(getattr(props, "uuid", None)),
         bf16_tflops=_round(bf16), fp16_tflops=_round(fp16), h2d_gbps=_round(h2d),
         d2h_gbps=_round(d2h), transfer_ok=transfer_ok)
 
@@ -246,8 +276,7 @@ def _bench_cupy(cp, index: int, n: int, iters: int, copy_bytes: int,
             c = a @ b
         stop.record()
         stop.synchronize()
-        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000
-        tflops = 2 * n**3 * iters / seconds / 1e12
+        tflops = matmul_tflops(n, iters, cp.cuda.get_elapsed_time(start, stop))
         ref = a.astype(cp.float32) @ b.astype(cp.float32)
         rel = float(cp.linalg.norm(c.astype(cp.float32) - ref) / cp.linalg.norm(ref))
         del a, b, c, ref
@@ -259,7 +288,7 @@ def _bench_cupy(cp, index: int, n: int, iters: int, copy_bytes: int,
             dst[...] = src
         stop.record()
         stop.synchronize()
-        gbps = 2 * src.nbytes * iters / (cp.cuda.get_elapsed_time(start, stop) / 1000) / 1e9
+        gbps = bandwidth_gbps(2 * src.nbytes, iters, cp.cuda.get_elapsed_time(start, stop))
         del src, dst
         count = host_bytes // 4
         pinned = cp.cuda.alloc_pinned_memory(host_bytes)
@@ -275,20 +304,20 @@ def _bench_cupy(cp, index: int, n: int, iters: int, copy_bytes: int,
             on_dev.set(host)
         stop.record()
         stop.synchronize()
-        h2d = host_bytes * iters / (cp.cuda.get_elapsed_time(start, stop) / 1000) / 1e9
+        h2d = bandwidth_gbps(host.nbytes, iters, cp.cuda.get_elapsed_time(start, stop))
         start.record()
         for _ in range(iters):
             on_dev.get(out=back)
         stop.record()
         stop.synchronize()
-        d2h = host_bytes * iters / (cp.cuda.get_elapsed_time(start, stop) / 1000) / 1e9
+        d2h = bandwidth_gbps(host.nbytes, iters, cp.cuda.get_elapsed_time(start, stop))
         transfer_ok = bool(np.array_equal(host, back))
         del on_dev
         props = cp.cuda.runtime.getDeviceProperties(index)
         name = props["name"]
         name = name.decode() if isinstance(name, bytes) else str(name)
     return DeviceResult(index, name, "fp16", _round(tflops), _round(gbps), rel,
-                        rel <= MAX_REL_ERROR and transfer_ok, uuid=nvml_uuid(props.get("uuid")),
+                        passed(rel, transfer_ok), uuid=nvml_uuid(props.get("uuid")),
                         fp16_tflops=_round(tflops), h2d_gbps=_round(h2d), d2h_gbps=_round(d2h),
                         transfer_ok=transfer_ok)
 
@@ -324,8 +353,9 @@ def report_body(result: BenchmarkResult, runner_version: str,
     One item per device whose NVML UUID is known (in `known_uuids` when given: the node's
     inventory); a device without one is left out and named in `notes`. Figures are sent as
     JSON numbers with one decimal place; `raw` carries the rest (name, index, dtype,
-    rel_error, transfer_ok, n). body is None when nothing can be reported (not ran, or no
-    device with a known UUID): nothing is ever reported without a measurement."""
+    rel_error — "nan" or "inf" as text when not finite, which strict JSON cannot carry —,
+    transfer_ok, n). body is None when nothing can be reported (not ran, or no device with a
+    known UUID): nothing is ever reported without a measurement."""
     notes: list[str] = []
     if not result.ran or result.backend is None:
         return None, [result.reason]
@@ -342,7 +372,7 @@ def report_body(result: BenchmarkResult, runner_version: str,
             "memory_bandwidth_gbps": d.memory_gbps, "host_to_device_gbps": d.h2d_gbps,
             "device_to_host_gbps": d.d2h_gbps,
             "raw": {"index": d.index, "name": d.name, "dtype": d.dtype,
-                    "rel_error": d.rel_error, "transfer_ok": d.transfer_ok,
+                    "rel_error": _json_error(d.rel_error), "transfer_ok": d.transfer_ok,
                     "n": result.n, "backend": result.backend},
         })
     if not items:
