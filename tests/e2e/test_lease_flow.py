@@ -21,13 +21,13 @@ from settlement.models import Account
 from settlement.split import split
 from tests.e2e.conftest import wait_until
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.containers import inspected
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
 
 
 def _containers(docker_client, lease_id: int):
-    return docker_client.containers.list(
-        all=True, filters={"label": f"gpumarket.lease={lease_id}"})
+    return inspected(docker_client, label=f"gpumarket.lease={lease_id}")
 
 
 LEASE_S = 10  # the continuous-market lease's duration, seconds

@@ -25,13 +25,13 @@ from marketplace.models import Lease
 from providers.models import Node
 from tests.e2e.conftest import wait_until
 from tests.factories import H100_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.containers import inspected
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
 
 
 def _containers(docker_client, lease_id: int) -> list:
-    return docker_client.containers.list(all=True,
-                                         filters={"label": f"gpumarket.lease={lease_id}"})
+    return inspected(docker_client, label=f"gpumarket.lease={lease_id}")
 
 
 def _kill(runner) -> None:

@@ -28,6 +28,7 @@ from providers import push
 from tests.conftest import ROOT
 from tests.e2e.conftest import _env, wait_until
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.containers import inspected
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -172,12 +173,12 @@ def test_the_runner_takes_a_pushed_lease_at_once(asgi_url, docker_client, test_i
         wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
                    == "running", timeout=30)
         label = [f"gpumarket.lease={lease.pk}", f"gpumarket.node={runner.uid}"]
-        assert len(docker_client.containers.list(filters={"label": label})) == 1
+        assert len(inspected(docker_client, running_only=True, label=label)) == 1
 
         ended = time.monotonic()
         end_lease(lease_id=lease.pk, status="completed", cause="test: ended by the market")
-        wait_until("the container to go", lambda: not docker_client.containers.list(
-            all=True, filters={"label": label}), timeout=20, every=0.05)
+        wait_until("the container to go", lambda: not inspected(docker_client, label=label),
+                   timeout=20, every=0.05)
         assert time.monotonic() - ended < 8  # grace 1 s; no 30 s poll was waited for
         assert runner.proc.poll() is None
         assert runner.output().count("push: websocket") == 1, runner.output()

@@ -12,6 +12,7 @@ from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient, Unauthorized
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
+from tests.support.containers import inspected
 
 from .runner_helpers import H100, TOKEN, FakeMarketplace, iso
 
@@ -32,7 +33,7 @@ def agent_parts(marketplace: FakeMarketplace, docker_client, docker_node):
 
 
 def containers(docker_client, node: str) -> list:
-    return docker_client.containers.list(all=True, filters={"label": f"gpumarket.node={node}"})
+    return inspected(docker_client, label=f"gpumarket.node={node}")
 
 
 def test_pending_lease_gets_one_container_and_running_is_reported(

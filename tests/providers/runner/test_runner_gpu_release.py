@@ -28,6 +28,7 @@ from providers.runner.gpu_processes import (
 from providers.runner.nvml import DumpGpus, ReplayError
 from providers.runner.nvsmi import read_text
 from providers.runner.runtime import DockerRuntime
+from tests.support.containers import inspected
 
 from .runner_helpers import A10, H100, RTX4090, TOKEN, FakeMarketplace
 
@@ -245,8 +246,7 @@ def _findings(marketplace: FakeMarketplace, rule: str = "process_left") -> list[
 
 
 def _containers(docker_client, docker_node) -> list:
-    return docker_client.containers.list(all=True,
-                                         filters={"label": f"gpumarket.node={docker_node}"})
+    return inspected(docker_client, label=f"gpumarket.node={docker_node}")
 
 
 @pytest.mark.docker

@@ -8,6 +8,7 @@ from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
+from tests.support.containers import inspected
 
 from .runner_helpers import H100, ROOT, TOKEN, FakeMarketplace
 
@@ -19,7 +20,7 @@ XID_LOG = ROOT / "data" / "dmesg-with-xid-119.log"
 
 
 def running(docker_client, node: str) -> dict[str, str]:
-    found = docker_client.containers.list(all=True, filters={"label": f"gpumarket.node={node}"})
+    found = inspected(docker_client, label=f"gpumarket.node={node}")
     return {c.labels["gpumarket.lease"]: c.status for c in found}
 
 
