@@ -25,7 +25,7 @@ from marketplace import book
 from marketplace.leases import end_lease
 from marketplace.models import Lease, LeaseEvent
 from providers import push
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_or_skip
 from tests.e2e.conftest import _env, wait_until
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
@@ -291,7 +291,7 @@ def test_notices_of_another_redis_database_never_reach_this_runner(asgi_url, set
     of the same Redis server publishes on the same group channel for its node with the
     same id. Its notice (tagged with its database) is dropped; ours still arrive."""
     if not settings.REDIS_URL:
-        pytest.skip("needs REDIS_URL: the in-memory channel layer has no neighbours")
+        require_or_skip("needs REDIS_URL: the in-memory channel layer has no neighbours")
     from asgiref.sync import async_to_sync
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
