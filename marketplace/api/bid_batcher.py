@@ -124,7 +124,10 @@ class BidBatcher:
                 outcomes = [exc] * len(group)
                 connection.close()  # a fresh one for the next group
             for pending, outcome in zip(group, outcomes, strict=True):
-                pending.loop.call_soon_threadsafe(_settle, pending.future, outcome)
+                try:
+                    pending.loop.call_soon_threadsafe(_settle, pending.future, outcome)
+                except RuntimeError:  # that request's event loop is closed (shutdown)
+                    log.warning("a bid's answer could not be delivered: its loop is closed")
 
     def _place(self, group: list[_Pending]) -> list[Any]:
         # This thread keeps its connection between groups (Django's per-request close,
@@ -289,9 +292,11 @@ class BidFastPath:
                 status, answer = await batcher().place(token, bid)
             except Unauthenticated:
                 pass
-            except Exception:  # a bug or the database gone: nothing was placed
+            except Exception:  # a bug, the database gone
                 log.exception("placing a bid through the batcher failed")
-                status, answer = 500, {"detail": "server error: the bid was not placed"}
+                status, answer = 500, {"detail": "server error: look for the bid in GET "
+                                                 "/api/v1/orders/ before placing it again (a "
+                                                 "client_order_id makes a retry safe)"}
                 return await self._respond(send, status, answer)
             else:
                 return await self._respond(send, status, answer)
