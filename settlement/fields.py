@@ -60,18 +60,6 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
-class StrictNumberField(serializers.FloatField):
-    """A number that must be a JSON number: "12.5" and true are refused (DRF's FloatField
-    accepts them); NaN and infinities never reach it (the JSON parser refuses them)."""
-
-    default_error_messages = {"not_a_number": "must be a JSON number"}
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("not_a_number")
-        return super().to_internal_value(data)
-
-
 class StrictCharField(serializers.CharField):
     """A string that must be a JSON string: 123 or true are refused (DRF's CharField
     turns them into "123" and "True")."""
