@@ -352,7 +352,8 @@ def report_body(result: BenchmarkResult, runner_version: str,
 
     One item per device whose NVML UUID is known (in `known_uuids` when given: the node's
     inventory); a device without one is left out and named in `notes`. Figures are sent as
-    JSON numbers with one decimal place; `raw` carries the rest (name, index, dtype,
+    JSON numbers with one decimal place (a failed result's only in raw["figures"], its
+    figures null); `raw` carries the rest (name, index, dtype,
     rel_error — "nan" or "inf" as text when not finite, which strict JSON cannot carry —,
     transfer_ok, n). body is None when nothing can be reported (not ran, or no device with a
     known UUID): nothing is ever reported without a measurement."""
@@ -366,15 +367,20 @@ def report_body(result: BenchmarkResult, runner_version: str,
             notes.append(f"GPU {d.index} {d.name}: UUID {d.uuid or 'unknown'} is not in this "
                          "node's inventory; its result is not reported")
             continue
-        items.append({
-            "uuid": d.uuid, "measured_at": measured, "correct": bool(d.correct),
-            "bf16_tflops": d.bf16_tflops, "fp16_tflops": d.fp16_tflops,
-            "memory_bandwidth_gbps": d.memory_gbps, "host_to_device_gbps": d.h2d_gbps,
-            "device_to_host_gbps": d.d2h_gbps,
-            "raw": {"index": d.index, "name": d.name, "dtype": d.dtype,
-                    "rel_error": _json_error(d.rel_error), "transfer_ok": d.transfer_ok,
-                    "n": result.n, "backend": result.backend},
-        })
+        figures = {"bf16_tflops": d.bf16_tflops, "fp16_tflops": d.fp16_tflops,
+                   "memory_bandwidth_gbps": d.memory_gbps, "host_to_device_gbps": d.h2d_gbps,
+                   "device_to_host_gbps": d.d2h_gbps}
+        raw = {"index": d.index, "name": d.name, "dtype": d.dtype,
+               "rel_error": _json_error(d.rel_error), "transfer_ok": d.transfer_ok,
+               "n": result.n, "backend": result.backend}
+        if not d.correct:
+            # a failed result is never a score: its figures (possibly absurd, from a broken
+            # GPU) travel in raw only, so they cannot get the whole report refused as
+            # implausible and the failure is still stored
+            raw["figures"] = {k: _json_error(v) for k, v in figures.items() if v is not None}
+            figures = dict.fromkeys(figures)
+        items.append({"uuid": d.uuid, "measured_at": measured, "correct": bool(d.correct),
+                      **figures, "raw": raw})
     if not items:
         return None, notes
     return {"runner_version": runner_version, "backend": result.backend,

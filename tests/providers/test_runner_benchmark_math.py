@@ -109,3 +109,34 @@ def test_a_nan_result_is_stored_as_failed_through_the_real_api():
     assert logged[-1] == "benchmark reported for 1 GPU(s) (0 passed the correctness check)"
     stored = GpuBenchmark.objects.get(gpu__uuid=uuid)
     assert not stored.correct and stored.raw["rel_error"] == "nan"
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("_keep_the_test_connection")
+def test_a_failed_gpus_absurd_figures_do_not_get_the_report_refused():
+    """A broken GPU may time absurdly (here 1e9 TFLOPS, far past any datasheet): its failed
+    result carries its figures in raw only, so the server's plausibility check cannot
+    refuse the whole report, and the good GPU's result beside it is stored too."""
+    _, node, token = registered_node()
+    good_uuid, bad_uuid = node.gpus.order_by("pci_bus_id").values_list("uuid", flat=True)[:2]
+    good = _failed_with(0.0031, good_uuid).devices[0]
+    bad = bench.DeviceResult(
+        index=1, name="NVIDIA H100 80GB HBM3", dtype="bf16", matmul_tflops=1e9,
+        memory_gbps=9e9, rel_error=0.7, correct=bench.passed(0.7, True), uuid=bad_uuid,
+        bf16_tflops=1e9, fp16_tflops=None, h2d_gbps=51.3, d2h_gbps=49.8)
+    result = bench.BenchmarkResult(True, "2 device(s), n=8192", "torch", [good, bad],
+                                   datetime.now(UTC), 8192)
+    body, _ = bench.report_body(result, "0.2.0", [good_uuid, bad_uuid])
+    failed = body["results"][1]
+    assert failed["correct"] is False and failed["bf16_tflops"] is None
+    assert failed["raw"]["figures"]["bf16_tflops"] == 1e9
+    client = MarketplaceClient("http://testserver", token,
+                               transport=httpx.WSGITransport(app=get_wsgi_application()))
+    try:
+        assert bench.post_result(client, result, "0.2.0", [good_uuid, bad_uuid],
+                                 lambda _m: None) == 2
+    finally:
+        client.close()
+    assert GpuBenchmark.objects.get(gpu__uuid=good_uuid).correct
+    stored_bad = GpuBenchmark.objects.get(gpu__uuid=bad_uuid)
+    assert not stored_bad.correct and stored_bad.bf16_tflops is None
