@@ -126,6 +126,9 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
+from providers.channels import is_local as _is_local
+from providers.channels import namespace
+
 log = logging.getLogger("gpumarket.feed")
 
 DEPTH_LEVELS = 20
@@ -287,19 +290,6 @@ def counter() -> _LocalCounter | _RedisCounter:
 
 def current_seq(group: str) -> int:
     return counter().get(group)
-
-
-def namespace() -> str:
-    """The sequence numbers' namespace: the Redis database of the counters ("" without
-    Redis). Redis pub/sub channels are server-wide, not per database: a deployment (or a
-    test run) on another database of the same server publishes on the same channel names,
-    with its own numbering. Every event carries this; the hub drops foreign ones."""
-    url = getattr(settings, "REDIS_URL", "")
-    if not url:
-        return ""
-    from redis.connection import parse_url
-
-    return str(parse_url(url).get("db", 0))
 
 
 # ---------------------------------------------------------------- payloads
@@ -735,12 +725,6 @@ def send_events(events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -
             await layer.group_send(event["group"], event)
 
     loop.run_until_complete(send_all())
-
-
-def _is_local(layer) -> bool:
-    from channels.layers import InMemoryChannelLayer
-
-    return isinstance(layer, InMemoryChannelLayer)
 
 
 def current_batch() -> Batch | None:

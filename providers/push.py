@@ -39,26 +39,15 @@ from collections import defaultdict
 
 from django.conf import settings
 
+from providers.channels import is_local as _is_local
+from providers.channels import namespace
+
 log = logging.getLogger("gpumarket.runner_push")
 
 GROUP_PREFIX = "runner.node."
 #: the channel-layer message type; Channels calls RunnerConsumer.runner_leases_changed
 EVENT_TYPE = "runner.leases_changed"
 SEQ_KEY = "gpumarket:runner:seq:"
-
-
-def namespace() -> str:
-    """The notices' namespace: the Redis database of REDIS_URL ("" without Redis). Redis
-    pub/sub channels are server-wide, not per database: a deployment (or a test run) on
-    another database of the same server publishes on the same group channels, and its
-    node 5 is not ours. Every notice carries this as `ns`; RunnerConsumer drops notices
-    of another namespace (as frontend/feed.py does for the live feed)."""
-    url = getattr(settings, "REDIS_URL", "")
-    if not url:
-        return ""
-    from redis.connection import parse_url
-
-    return str(parse_url(url).get("db", 0))
 
 
 def completeness(layer) -> str:
@@ -185,12 +174,6 @@ def unregister_loop(loop: asyncio.AbstractEventLoop) -> None:
             _local_loops[loop] = left
         else:
             _local_loops.pop(loop, None)
-
-
-def _is_local(layer) -> bool:
-    from channels.layers import InMemoryChannelLayer
-
-    return isinstance(layer, InMemoryChannelLayer)
 
 
 # ----------------------------------------------------------------- the notifier thread
