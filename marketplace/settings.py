@@ -29,7 +29,8 @@ Variables (default in brackets):
   [unset: on-chain settlement off]; GPUMARKET_CHAIN_MIRROR_SECONDS [30]: how often
   deposits are credited and settlements mirrored.
 - STRIPE_SECRET_KEY, STRIPE_WEBHOOK_SECRET [unset: Stripe off], STRIPE_API_BASE
-  [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300];
+  [https://api.stripe.com], STRIPE_WEBHOOK_TOLERANCE_SECONDS [300: a signature dated
+  further than this from now, past or future, is refused];
   STRIPE_PUBLISHABLE_KEY [unset: no card payment in the wallet page], STRIPE_JS_URL
   [https://js.stripe.com/v3/; loaded only when Stripe is configured].
 """
@@ -254,6 +255,8 @@ STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
 STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
 STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com")
 STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
+if STRIPE_WEBHOOK_TOLERANCE_SECONDS < 1:  # the stripe library reads 0 as "no limit"
+    raise ImproperlyConfigured("STRIPE_WEBHOOK_TOLERANCE_SECONDS must be at least 1")
 # Stripe.js in the wallet page (frontend/stripe_views.py); tests: localstripe's mock
 STRIPE_PUBLISHABLE_KEY = env.str("STRIPE_PUBLISHABLE_KEY", default="")
 STRIPE_JS_URL = env.str("STRIPE_JS_URL", default="https://js.stripe.com/v3/")

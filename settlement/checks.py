@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.db.models import Sum
+from django.db.models import Q, Sum
 
-from settlement.models import Account, Hold, JournalEntry, Posting
+from settlement.models import Account, Hold, JournalEntry, Posting, TopUp
 
 
 def entries_balance() -> str | None:
@@ -52,8 +52,44 @@ def holds_match_held_accounts() -> str | None:
     return None
 
 
+def stripe_reversals_match_stripe() -> str | None:
+    """Per PaymentIntent, refunds equal Stripe's last cumulative figure, and refunds plus
+    disputes never take back more than was credited."""
+    prefix = "payment_intent:"
+    kinds = [JournalEntry.Kind.STRIPE_REFUND, JournalEntry.Kind.STRIPE_DISPUTE,
+             JournalEntry.Kind.STRIPE_DISPUTE_REINSTATED]
+    rows = (Posting.objects.filter(account__kind=Account.Kind.EXTERNAL_STRIPE,
+                                   entry__kind__in=kinds, entry__reference__startswith=prefix)
+            .values_list("entry__reference", "entry__kind").annotate(t=Sum("amount")))
+    refunded: dict[str, int] = {}
+    taken: dict[str, int] = {}  # refunds + withdrawals − reinstatements, micro-USD
+    for ref, kind, total in rows:
+        pi = ref[len(prefix):]
+        taken[pi] = taken.get(pi, 0) + total
+        if kind == JournalEntry.Kind.STRIPE_REFUND:
+            refunded[pi] = refunded.get(pi, 0) + total
+    topups = {t.payment_intent_id: t for t in TopUp.objects.filter(
+        Q(payment_intent_id__in=list(taken)) | Q(refunded_cents__gt=0))}
+    for pi in sorted(set(taken) | set(topups)):
+        topup = topups.get(pi)
+        if topup is None:
+            return f"payment intent {pi}: refunds or disputes in the ledger, but no top-up"
+        figure = topup.refunded_cents * 10_000
+        if refunded.get(pi, 0) != figure:
+            return (f"payment intent {pi}: the ledger refunded {refunded.get(pi, 0)} "
+                    f"micro-USD, Stripe's last cumulative figure is {figure}")
+        back = taken.get(pi, 0)
+        if back > topup.credited:
+            return (f"payment intent {pi}: the ledger took back {back} micro-USD in refunds "
+                    f"and disputes, more than the {topup.credited} credited")
+        if back < 0:
+            return f"payment intent {pi}: disputes gave back {-back} micro-USD more than taken"
+    return None
+
+
 LEDGER_CHECKS: tuple[Callable[[], str | None], ...] = (
     entries_balance, balances_match_postings, no_negative_balances, holds_match_held_accounts,
+    stripe_reversals_match_stripe,
 )
 CHECKS: list[Callable[[], str | None]] = list(LEDGER_CHECKS)
 

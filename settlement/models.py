@@ -159,6 +159,9 @@ class TopUp(models.Model):
     payment_intent_id = models.CharField(max_length=100, unique=True, null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED)
     credited = models.BigIntegerField(default=0, help_text="micro-USD credited by the webhook")
+    refunded_cents = models.PositiveIntegerField(
+        default=0, help_text="Stripe's cumulative amount_refunded applied to the ledger "
+        "(cents; the highest figure seen that the credit covers)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

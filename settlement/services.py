@@ -190,11 +190,15 @@ def wallet_credit_postings(*, user_id: int, amount: int,
     buyer owes (a negative `buyer_debt` after a refund or dispute took back money already
     spent) is repaid first, the rest becomes available."""
     # locked: two credits at once must not both repay the same debt (callers run inside
-    # a transaction)
-    debt = Account.objects.select_for_update().filter(kind=Kind.BUYER_DEBT,
-                                                      owner_id=user_id).first()
+    # a transaction); all three in primary-key order, as post_entry and the refunds lock
+    # them, so that a credit and a refund of one buyer cannot deadlock
+    wallet = account(Kind.BUYER_AVAILABLE, user_id)
+    locked = list(Account.objects.select_for_update()
+                  .filter(Q(pk__in=[source.pk, wallet.pk])
+                          | Q(kind=Kind.BUYER_DEBT, owner_id=user_id)).order_by("pk"))
+    debt = next((a for a in locked if a.kind == Kind.BUYER_DEBT), None)
     repay = min(amount, -debt.balance) if debt is not None and debt.balance < 0 else 0
-    postings = [(source, -amount), (account(Kind.BUYER_AVAILABLE, user_id), amount - repay)]
+    postings = [(source, -amount), (wallet, amount - repay)]
     if repay:
         postings.append((debt, repay))
     return postings

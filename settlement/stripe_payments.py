@@ -9,22 +9,23 @@ signatures"): `topup_create` makes a PaymentIntent (our idempotency key per top-
 never the library's random one) and returns its client secret for Stripe.js; the
 wallet is credited ONLY by `webhook_handle` on a verified `payment_intent.succeeded`
 event — signature checked on the raw body with the endpoint secret, timestamp within
-the tolerance — once per event id (unique StripeEvent row) and once per
+the tolerance either way — once per event id (unique StripeEvent row) and once per
 PaymentIntent (journal idempotency key), whatever the order and number of
-deliveries. No database lock is held while Stripe is called.
+deliveries. Refunds and disputes: settlement/stripe_refunds.py. No database lock is
+held while Stripe is called.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 
-from settlement.models import Account, JournalEntry, Posting, StripeEvent, TopUp
+from settlement.models import Account, JournalEntry, StripeEvent, TopUp
 from settlement.services import account, post_entry, wallet_credit_postings
 
 log = logging.getLogger("gpumarket.stripe")
@@ -165,22 +166,37 @@ def topup_sync(*, buyer_id: int, topup_id: int) -> tuple[str, TopUp]:
 
 def verify(payload: bytes, signature: str | None) -> stripe.Event:
     """Check the `Stripe-Signature` header against the raw body (HMAC-SHA256 with the
-    endpoint secret, timestamp within STRIPE_WEBHOOK_TOLERANCE_SECONDS). Raises
-    WebhookRefused with the reason."""
+    endpoint secret, timestamp within STRIPE_WEBHOOK_TOLERANCE_SECONDS of now, past or
+    future). Raises WebhookRefused with the reason."""
     if not settings.STRIPE_WEBHOOK_SECRET:
         raise StripeDisabled("Stripe webhooks are not configured on this server")
     if not signature:
         raise WebhookRefused("missing Stripe-Signature header")
+    tolerance = settings.STRIPE_WEBHOOK_TOLERANCE_SECONDS
     try:
-        return stripe.Webhook.construct_event(
-            payload, signature, settings.STRIPE_WEBHOOK_SECRET,
-            tolerance=settings.STRIPE_WEBHOOK_TOLERANCE_SECONDS,
-        )
+        event = stripe.Webhook.construct_event(
+            payload, signature, settings.STRIPE_WEBHOOK_SECRET, tolerance=tolerance)
     except stripe.SignatureVerificationError as exc:
         raise WebhookRefused(f"signature verification failed: {exc.user_message or exc}") \
             from None
     except ValueError:
         raise WebhookRefused("the body is not a Stripe event (invalid JSON)") from None
+    # the library refuses only timestamps older than the tolerance (stripe-python 16)
+    signed_at = _signed_at(signature)
+    if signed_at > time.time() + tolerance:
+        raise WebhookRefused(f"signature verification failed: timestamp {signed_at} is more "
+                             f"than the tolerance ({tolerance} s) in the future")
+    return event
+
+
+def _signed_at(signature: str) -> int:
+    """The `t=` of a Stripe-Signature header the library has verified (the first one, as
+    the library reads it)."""
+    for item in signature.split(","):
+        key, _, value = item.partition("=")
+        if key == "t":
+            return int(value)
+    raise WebhookRefused("signature verification failed: no timestamp")  # pragma: no cover
 
 
 def webhook_handle(payload: bytes, signature: str | None) -> str:
@@ -202,8 +218,10 @@ def webhook_handle(payload: bytes, signature: str | None) -> str:
 
 
 def _apply(event: stripe.Event) -> str:
-    if event.type in _DEBITS:
-        return _debit(event)
+    from settlement import stripe_refunds  # it builds on this module
+
+    if event.type in stripe_refunds.EVENT_TYPES:
+        return stripe_refunds.apply(event)
     if event.type != "payment_intent.succeeded":
         return f"ignored {event.type}"
     return _credit_intent(event.data.object)
@@ -212,97 +230,48 @@ def _apply(event: stripe.Event) -> str:
 def _credit_intent(intent) -> str:
     """Credit a PaymentIntent that Stripe says succeeded (a verified webhook, or our own
     server-side retrieve): once per PaymentIntent, whichever path comes first. Runs in
-    the caller's transaction; the top-up row is locked first, so the two paths queue."""
-    key = f"stripe-pi:{intent.id}"
+    the caller's transaction; the top-up row is locked first, so the paths queue. A
+    PaymentIntent of ours without a top-up row (only its metadata names the buyer) gets
+    one, so that its refunds and disputes find it."""
     topup = TopUp.objects.select_for_update().filter(payment_intent_id=intent.id).first()
-    if JournalEntry.objects.filter(idempotency_key=key).exists():
-        return f"payment intent {intent.id} already credited"
-    user_id = topup.buyer_id if topup else None
-    if user_id is None:
+    user_id = None
+    if topup is None:
         meta = intent.metadata.to_dict() if intent.metadata else {}
-        user_id = int(meta["gpumarket_user_id"]) if "gpumarket_user_id" in meta else None
-    if user_id is None:
-        return f"ignored: payment intent {intent.id} is not a gpumarket top-up"
+        try:
+            user_id = int(meta["gpumarket_user_id"])
+        except (KeyError, TypeError, ValueError):
+            return f"ignored: payment intent {intent.id} is not a gpumarket top-up"
     # amount_received is what Stripe collected; localstripe omits it, and for a
     # succeeded PaymentIntent without partial capture it equals amount.
     received = getattr(intent, "amount_received", None)
     try:
-        micros = cents_to_micros(int(intent.amount if received is None else received))
+        cents = int(intent.amount if received is None else received)
+        cents_to_micros(cents)
     except (AttributeError, TypeError, ValueError):
         raise WebhookRefused(f"payment intent {intent.id} has no valid amount") from None
+    if topup is None:
+        made, _ = TopUp.objects.get_or_create(
+            payment_intent_id=intent.id, defaults={"buyer_id": user_id, "amount_cents": cents})
+        topup = TopUp.objects.select_for_update().get(pk=made.pk)
+    return credit_topup(topup, cents)
+
+
+def credit_topup(topup: TopUp, cents: int) -> str:
+    """Credit `cents` received for `topup` (locked by the caller, in its transaction) to
+    its buyer, once per PaymentIntent (journal idempotency key); marks it succeeded."""
+    key = f"stripe-pi:{topup.payment_intent_id}"
+    if JournalEntry.objects.filter(idempotency_key=key).exists():
+        return f"payment intent {topup.payment_intent_id} already credited"
+    micros = cents_to_micros(cents)
+    user_id = topup.buyer_id
     post_entry(
         kind=JournalEntry.Kind.STRIPE_TOPUP,
         postings=wallet_credit_postings(user_id=user_id, amount=micros,
                                         source=account(Account.Kind.EXTERNAL_STRIPE)),
-        memo=f"Stripe top-up {intent.id}", reference=f"user:{user_id}", idempotency_key=key,
+        memo=f"Stripe top-up {topup.payment_intent_id}", reference=f"user:{user_id}",
+        idempotency_key=key,
     )
-    if topup:
-        topup.status = TopUp.Status.SUCCEEDED
-        topup.credited = micros
-        topup.save(update_fields=["status", "credited"])
+    topup.status = TopUp.Status.SUCCEEDED
+    topup.credited = micros
+    topup.save(update_fields=["status", "credited"])
     return f"credited {micros} micro-USD to user {user_id}"
-
-
-# Money Stripe takes back (Stripe docs, "Refunds" and "Disputes": `charge.refunded`
-# carries the cumulative `amount_refunded`; `charge.dispute.created` withdraws the
-# disputed `amount`; `charge.dispute.funds_reinstated` gives it back when we win).
-_DEBITS = {"charge.refunded", "charge.dispute.created", "charge.dispute.funds_reinstated"}
-
-
-def _buyer_of(payment_intent_id: str | None) -> int | None:
-    topup = TopUp.objects.filter(payment_intent_id=payment_intent_id).first() \
-        if payment_intent_id else None
-    return topup.buyer_id if topup else None
-
-
-def _debt_account(user_id: int) -> Account:
-    acct, _ = Account.objects.get_or_create(kind=Account.Kind.BUYER_DEBT, owner_id=user_id,
-                                            defaults={"allow_negative": True})
-    return acct
-
-
-def _debit(event: stripe.Event) -> str:
-    """Refunds and disputes debit the buyer's wallet; what the buyer already spent becomes
-    debt (a negative `buyer_debt` account), so no other balance goes below zero. A won
-    dispute credits the amount back. Idempotent per refund total / dispute."""
-    obj = event.data.object
-    if event.type == "charge.refunded":
-        buyer = _buyer_of(getattr(obj, "payment_intent", None))
-        charge_id = obj.id
-        refunded_before = Posting.objects.filter(
-            entry__kind=JournalEntry.Kind.STRIPE_REFUND, entry__reference=f"charge:{charge_id}",
-            account__kind=Account.Kind.EXTERNAL_STRIPE).aggregate(t=Sum("amount"))["t"] or 0
-        cents = int(obj.amount_refunded)
-        amount = cents_to_micros(cents) - refunded_before  # amount_refunded is cumulative
-        kind, key = JournalEntry.Kind.STRIPE_REFUND, f"stripe-refund:{charge_id}:{cents}"
-        sign = -1
-    else:
-        dispute = obj
-        charge_id = dispute.charge
-        buyer = _buyer_of(getattr(dispute, "payment_intent", None))
-        amount = cents_to_micros(int(dispute.amount))
-        if event.type == "charge.dispute.created":
-            kind, key, sign = (JournalEntry.Kind.STRIPE_DISPUTE,
-                               f"stripe-dispute:{dispute.id}", -1)
-        else:
-            kind, key, sign = (JournalEntry.Kind.STRIPE_DISPUTE_REINSTATED,
-                               f"stripe-dispute-won:{dispute.id}", 1)
-    if buyer is None:
-        return f"ignored {event.type}: charge {charge_id} is not a gpumarket top-up"
-    if amount <= 0 or JournalEntry.objects.filter(idempotency_key=key).exists():
-        return f"{event.type} for charge {charge_id} already applied"
-    available = Account.objects.select_for_update().filter(
-        kind=Account.Kind.BUYER_AVAILABLE, owner_id=buyer).first()
-    debt = _debt_account(buyer)
-    if sign < 0:
-        from_wallet = min(amount, available.balance if available else 0)
-        postings = [(account(Account.Kind.EXTERNAL_STRIPE), amount),
-                    (account(Account.Kind.BUYER_AVAILABLE, buyer), -from_wallet),
-                    (debt, -(amount - from_wallet))]
-    else:
-        owed = min(amount, -debt.balance)
-        postings = [(account(Account.Kind.EXTERNAL_STRIPE), -amount), (debt, owed),
-                    (account(Account.Kind.BUYER_AVAILABLE, buyer), amount - owed)]
-    post_entry(kind=kind, postings=postings, memo=f"{event.type} {obj.id}",
-               reference=f"charge:{charge_id}", idempotency_key=key)
-    return f"{event.type}: {'debited' if sign < 0 else 'credited'} {amount} micro-USD, user {buyer}"

@@ -245,3 +245,32 @@ def test_a_later_top_up_repays_the_debt_first(stripe_on):
     assert Account.objects.get(kind="buyer_debt", owner=buyer).balance == 0
     assert ledger.wallet(user_id=buyer.pk).available == 15_000_000
     assert first_violation(LEDGER_CHECKS) is None
+
+
+@pytest.mark.django_db
+def test_signatures_dated_beyond_the_tolerance_either_way_are_refused(stripe_on, settings):
+    """The stripe library refuses only signatures older than the tolerance; one dated in
+    the future beyond it (a replayable pre-signed payload, or a skewed clock) is refused
+    too, and within the tolerance either way a delivery is applied."""
+    settings.STRIPE_WEBHOOK_TOLERANCE_SECONDS = 300
+    buyer = UserFactory()
+    TopUp.objects.create(buyer=buyer, amount_cents=1000, payment_intent_id="pi_clock")
+    intent = {"id": "pi_clock", "object": "payment_intent", "amount": 1000,
+              "amount_received": 1000, "metadata": {}}
+    now = int(time.time())
+    for why, at in (("future", now + 3600), ("past", now - 3600)):
+        body = _event(intent, f"evt_clock_{why}")
+        resp = APIClient().post("/api/v1/stripe/webhook/", body,
+                                content_type="application/json",
+                                HTTP_STRIPE_SIGNATURE=_signed(body, at=at))
+        assert resp.status_code == 400, why
+        assert "tolerance" in resp.json()["detail"], why
+    assert ledger.wallet(user_id=buyer.pk).available == 0
+    assert StripeEvent.objects.count() == 0 and JournalEntry.objects.count() == 0
+    for why, at in (("a little ahead", now + 60), ("a little late", now - 60)):
+        body = _event(intent, f"evt_clock_ok_{why}")
+        resp = APIClient().post("/api/v1/stripe/webhook/", body,
+                                content_type="application/json",
+                                HTTP_STRIPE_SIGNATURE=_signed(body, at=at))
+        assert resp.status_code == 200, why
+    assert ledger.wallet(user_id=buyer.pk).available == 10_000_000

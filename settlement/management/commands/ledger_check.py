@@ -1,15 +1,34 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from settlement.checks import CHECKS
+
+
+def _pending_migrations() -> int:
+    """How many migrations the default database still lacks. Raises CommandError when the
+    database cannot be reached."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    try:
+        connection.ensure_connection()
+        executor = MigrationExecutor(connection)
+        return len(executor.migration_plan(executor.loader.graph.leaf_nodes()))
+    except DatabaseError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CommandError(f"cannot connect to the database: {reason}") from None
 
 
 class Command(BaseCommand):
     help = "Verify the ledger's invariants; exit non-zero naming the first violation."
 
     def handle(self, *args, **options):
+        pending = _pending_migrations()
+        if pending:
+            raise CommandError(f"the database is not migrated ({pending} migrations "
+                               "missing): run `manage.py migrate` first")
         for check in CHECKS:
             problem = check()
             if problem:
                 raise CommandError(f"{check.__name__}: {problem}")
-            self.stdout.write(f"ok  {check.__name__}: {check.__doc__.strip()}")
+            self.stdout.write(f"ok  {check.__name__}: {' '.join(check.__doc__.split())}")
         self.stdout.write(self.style.SUCCESS("ledger is consistent"))
