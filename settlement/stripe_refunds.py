@@ -88,27 +88,39 @@ def _ensure_credited(topup: TopUp, cents: int) -> None:
         credit_topup(topup, cents)
 
 
-def refunded_micros(payment_intent_id: str) -> int:
-    """micro-USD the ledger has refunded of a PaymentIntent (what went to Stripe)."""
+def _taken_back(payment_intent_id: str, kinds: list[str]) -> int:
+    """micro-USD the ledger has sent back to Stripe for a PaymentIntent in entries of
+    `kinds` (a reinstatement counts negative)."""
     return Posting.objects.filter(
-        entry__kind=JournalEntry.Kind.STRIPE_REFUND,
-        entry__reference=reference(payment_intent_id),
+        entry__kind__in=kinds, entry__reference=reference(payment_intent_id),
         account__kind=Account.Kind.EXTERNAL_STRIPE,
     ).aggregate(t=Sum("amount"))["t"] or 0
 
 
+def _room(topup: TopUp) -> int:
+    """What refunds and disputes may still take back: the credit less what they took."""
+    return topup.credited - _taken_back(topup.payment_intent_id, [
+        JournalEntry.Kind.STRIPE_REFUND, JournalEntry.Kind.STRIPE_DISPUTE,
+        JournalEntry.Kind.STRIPE_DISPUTE_REINSTATED])
+
+
+def _refused(event_type: str, topup: TopUp, what: str, amount: int) -> str:
+    log.error("stripe %s for %s: %s of %d micro-USD exceeds what is left of the %d "
+              "credited; nothing applied", event_type, topup.payment_intent_id, what, amount,
+              topup.credited)
+    return (f"refused {event_type} for {topup.payment_intent_id}: {what} of {amount} "
+            f"micro-USD exceeds what is left of the {topup.credited} credited")
+
+
 def _refund(event_type: str, topup: TopUp, charge, cumulative_cents: int) -> str:
     pi = topup.payment_intent_id
-    held = refunded_micros(pi)
+    held = _taken_back(pi, [JournalEntry.Kind.STRIPE_REFUND])
     target = cents_to_micros(cumulative_cents)
     if target <= held:
         return (f"{event_type} for {pi} already applied: the ledger holds {held} micro-USD "
                 f"refunded, Stripe's figure is {target}")
-    if target > topup.credited:
-        log.error("stripe %s for %s: refunded total %d micro-USD exceeds the %d credited; "
-                  "nothing applied", event_type, pi, target, topup.credited)
-        return (f"refused {event_type} for {pi}: refunded total {target} micro-USD exceeds "
-                f"the {topup.credited} credited")
+    if target - held > _room(topup):
+        return _refused(event_type, topup, "a refund", target - held)
     _take(topup, target - held, kind=JournalEntry.Kind.STRIPE_REFUND,
           memo=f"{event_type} {charge.id} (refunded in all: {cumulative_cents} cents)",
           key=f"stripe-refund:{pi}:{cumulative_cents}")
@@ -126,6 +138,8 @@ def _dispute(event_type: str, topup: TopUp, dispute, amount: int) -> str:
     if event_type in WITHDRAWN:
         if withdraw_key in done:
             return f"{event_type} {dispute.id} already applied"
+        if amount > _room(topup):
+            return _refused(event_type, topup, "a dispute", amount)
         _take(topup, amount, kind=JournalEntry.Kind.STRIPE_DISPUTE, memo=memo,
               key=withdraw_key)
         return f"{event_type}: debited {amount} micro-USD, user {topup.buyer_id}"

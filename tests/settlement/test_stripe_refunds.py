@@ -220,12 +220,17 @@ def test_a_refund_delivered_before_the_payment_succeeded_event(webhooks_on):
 
 
 @pytest.mark.django_db
-def test_a_refund_beyond_what_was_captured_changes_nothing(webhooks_on):
+def test_refunds_and_disputes_beyond_what_was_credited_change_nothing(webhooks_on):
     buyer = _paid_topup(1000, "pi_small")
     resp = _deliver(_refund("pi_small", 2500, "evt_too_much"))
     assert resp.status_code == 200 and "exceeds" in resp.json()["detail"]
     assert ledger.wallet(user_id=buyer.pk).available == 10_000_000
     assert TopUp.objects.get(payment_intent_id="pi_small").refunded_cents == 0
+    # refunded in full, then a dispute of the same money
+    assert _deliver(_refund("pi_small", 1000, "evt_all")).status_code == 200
+    resp = _deliver(_dispute("pi_small", "charge.dispute.created", "evt_dp_too", cents=1000))
+    assert resp.status_code == 200 and "exceeds" in resp.json()["detail"]
+    assert ledger.wallet(user_id=buyer.pk).available == 0 and _debt(buyer) == 0
 
 
 @pytest.mark.ledger("violates")
