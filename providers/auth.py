@@ -13,7 +13,6 @@ from rest_framework import authentication, exceptions, permissions
 from providers.models import Node
 from providers.services import node_for_token
 
-
 INVALID_TOKEN = ("runner token not valid: unknown, or rotated by the node's provider "
                  "(use the node's current token)")
 
