@@ -179,8 +179,8 @@ class NodeList(APIView):
 class NodeRotateToken(APIView):
     """Replace the node's runner token: 200 with the node and its new `runner_token`,
     shown once (only its hash is stored). The old token stops working at once: HTTP calls
-    with it get 401, the node's open websocket closes with 4401. The runner keeps running
-    until then; give it the new token (`gpumarket-runner register --token …`, then restart
+    with it get 401, the node's open websocket closes with 4401, so the runner is refused
+    until it has the new token (`gpumarket-runner register --token …`, then restart
     `gpumarket-runner run`). Your API token or session only (a runner token cannot rotate
     itself); 404 for a node that is not yours. No body."""
 
