@@ -82,10 +82,10 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
     only its SHA-256 is stored. Raises NodeNotFound (404) when the user has no such node,
     whoever else may have one (the answer never tells)."""
     with transaction.atomic():
-        node = (Node.objects.select_for_update().select_related("provider")
+        node = (Node.objects.select_for_update(of=("self",)).select_related("provider")
                 .filter(pk=node_id, provider__user_id=user_id).first())
         if node is None:
-            raise NodeNotFound(f"you have no node {node_id}", field="node")
+            raise NodeNotFound(f"no node {node_id} of yours", field="node")
         token = new_token()
         node.token_hash = hash_token(token)
         node.token_rotated_at = timezone.now()

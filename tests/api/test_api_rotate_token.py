@@ -95,9 +95,9 @@ def test_another_providers_node_is_404_and_keeps_its_token():
     r = _rotate(stranger, node.pk)
     missing = _rotate(stranger, 987654)
     assert r.status_code == 404 == missing.status_code
-    assert r.json()["errors"] == {"node": [f"you have no node {node.pk}"]}
+    assert r.json()["errors"] == {"node": [f"no node {node.pk} of yours"]}
     # a node that exists and one that does not are refused alike, but for their number
-    assert missing.json()["errors"] == {"node": ["you have no node 987654"]}
+    assert missing.json()["errors"] == {"node": ["no node 987654 of yours"]}
     assert Node.objects.get(pk=node.pk).token_hash == before
     assert runner_client(token).get("/api/v1/runner/leases/").status_code == 200
     # a user who is no provider at all: the same 404
