@@ -167,6 +167,16 @@ class NodeForm(forms.Form):
     name = forms.CharField(label="Node name", max_length=100)
 
 
+class RotateTokenForm(forms.Form):
+    """The node page's "Rotate runner token": the box is the confirmation."""
+
+    confirm = forms.BooleanField(
+        label="I understand: the current token stops working at once, and this node's "
+              "runner needs the new one",
+        error_messages={"required": "tick the box to confirm: the current runner token "
+                                    "stops working at once"})
+
+
 class _NodeChoice(forms.Form):
     def __init__(self, *args, nodes=(), **kwargs):
         super().__init__(*args, **kwargs)

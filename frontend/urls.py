@@ -31,6 +31,8 @@ urlpatterns = [
     path("provider/onboard/", views.portal_onboard, name="portal-onboard"),
     path("provider/nodes/", views.node_add, name="node-add"),
     path("provider/nodes/<int:pk>/", views.node_detail, name="node"),
+    path("provider/nodes/<int:pk>/rotate-token/", views.node_rotate_token,
+         name="node-rotate-token-page"),
     path("provider/asks/", views.ask_add, name="ask-add"),
     path("provider/auctions/", views.auction_add, name="auction-add"),
     path("provider/payouts/address/", views.payout_address, name="payout-address"),

@@ -34,6 +34,7 @@ from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from providers.benchmarks import class_summary, gpu_score, latest_results
 from providers.models import Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard
+from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
 from settlement.models import ChainAddress, Hold
 from settlement.money import MICROS_PER_USD, format_usd
@@ -476,19 +477,42 @@ def node_add(request):
         except ProviderError as exc:
             _service_error(form, exc)
         else:
-            site = request.build_absolute_uri("/").rstrip("/")
-            # shown once: only the token's hash is stored; this response is not cached
-            response = _page(request, "frontend/node_token.html", {
-                "node": created.node, "token": created.runner_token, "site": site,
-            }, status=201)
-            response["Cache-Control"] = "no-store"
-            return response
+            return _token_page(request, created.node, created.runner_token, rotated=False,
+                               status=201)
     return _page(request, "frontend/portal.html",
                  _portal_context(request, provider, node_form=form), status=400)
 
 
+def _token_page(request, node, token: str, *, rotated: bool, status: int):
+    """The page that shows a runner token, once: only its hash is stored; not cached."""
+    site = request.build_absolute_uri("/").rstrip("/")
+    response = _page(request, "frontend/node_token.html", {
+        "node": node, "token": token, "site": site, "rotated": rotated}, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 @member
-def node_detail(request, pk: int):
+@require_POST
+def node_rotate_token(request, pk: int):
+    """The node page's "Rotate runner token" (POST, CSRF, the box ticked): the new token,
+    shown once. Not your node: 404; the box not ticked: the node page again, 400."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.RotateTokenForm(request.POST)
+    if form.is_valid():
+        try:
+            rotated = rotate_runner_token(user_id=request.user.pk, node_id=node.pk)
+        except ProviderError as exc:
+            _service_error(form, exc)
+        else:
+            return _token_page(request, rotated.node, rotated.runner_token, rotated=True,
+                               status=200)
+    return node_detail(request, pk, rotate_form=form, status=400)
+
+
+@member
+def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
@@ -518,7 +542,8 @@ def node_detail(request, pk: int):
         "leases": _lease_rows(Lease.objects.filter(node=node)
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
-    })
+        "rotate_form": rotate_form or f.RotateTokenForm(),
+    }, status=status)
 
 
 @member

@@ -34,6 +34,8 @@ api_v1 = [
     path("leases/<int:pk>/logs/", runner.LeaseLogs.as_view(), name="lease-logs"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
+         name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),

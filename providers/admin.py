@@ -19,8 +19,9 @@ class GpuInline(admin.TabularInline):
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "provider", "hostname", "driver_version", "runtime",
-                    "last_heartbeat_at"]
-    exclude = ["token_hash"]
+                    "last_heartbeat_at", "token_rotated_at"]
+    exclude = ["token_hash"]  # the runner token itself is never stored
+    readonly_fields = ["token_rotated_at"]
     inlines = [GpuInline]
 
 

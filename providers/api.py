@@ -96,7 +96,8 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["id", "uid", "name", "hostname", "driver_version", "cuda_version", "runtime",
-                  "inventory_source", "registered_at", "last_heartbeat_at", "gpus"]
+                  "inventory_source", "registered_at", "last_heartbeat_at", "token_rotated_at",
+                  "gpus"]
 
 
 class ProviderIn(StrictInputSerializer):
@@ -172,7 +173,23 @@ class NodeList(APIView):
         created = services.node_create(provider=provider, name=data.validated_data["name"])
         body = NodeSerializer(created.node).data
         body["runner_token"] = created.runner_token
-        return Response(body, status=201)
+        return Response(body, status=201, headers={"Cache-Control": "no-store"})
+
+
+class NodeRotateToken(APIView):
+    """Replace the node's runner token: 200 with the node and its new `runner_token`,
+    shown once (only its hash is stored). The old token stops working at once: HTTP calls
+    with it get 401, the node's open websocket closes with 4401, so the runner is refused
+    until it has the new token (`gpumarket-runner register --token …`, then restart
+    `gpumarket-runner run`). Your API token or session only (a runner token cannot rotate
+    itself); 404 for a node that is not yours. No body."""
+
+    @extend_schema(request=None, responses={200: NodeCreatedSerializer})
+    def post(self, request, pk: int):
+        rotated = services.node_rotate_token(user_id=request.user.pk, node_id=pk)
+        body = NodeSerializer(rotated.node).data
+        body["runner_token"] = rotated.runner_token
+        return Response(body, status=200, headers={"Cache-Control": "no-store"})
 
 
 # The runner's bodies take JSON types strictly, as the user API does: an integer is a JSON

@@ -1,7 +1,9 @@
 """Runner authentication: `Authorization: Bearer <runner token>`.
 
 The token is looked up by its SHA-256 (only the hash is stored). On success
-request.user is the node's provider and request.auth the Node.
+request.user is the node's provider and request.auth the Node. Any token that is not a
+node's current one — never issued, or replaced when the provider rotated it — gets the
+same 401 (INVALID_TOKEN): the answer never tells which tokens exist or existed.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from rest_framework import authentication, exceptions, permissions
 
 from providers.models import Node
 from providers.services import node_for_token
+
+INVALID_TOKEN = ("runner token not valid: unknown, or rotated by the node's provider "
+                 "(use the node's current token)")
 
 
 class RunnerTokenAuthentication(authentication.BaseAuthentication):
@@ -24,7 +29,7 @@ class RunnerTokenAuthentication(authentication.BaseAuthentication):
                                                   "expected 'Bearer <runner token>'")
         node = node_for_token(header[1])
         if node is None:
-            raise exceptions.AuthenticationFailed("unknown runner token")
+            raise exceptions.AuthenticationFailed(INVALID_TOKEN)
         return node.provider.user, node
 
     def authenticate_header(self, request) -> str:

@@ -4,7 +4,10 @@ Handshake: `Authorization: Bearer <runner token>` (as for the HTTP endpoints,
 providers/auth.py), and an `Origin` whose host is in ALLOWED_HOSTS (every websocket route
 passes channels' AllowedHostsOriginValidator; the runner sends its marketplace URL). A
 missing, malformed, unknown or revoked token: the connection is accepted and closed at
-once with code 4401.
+once with code 4401. When the provider rotates the node's token, every open connection
+made with the old one is closed with 4401 at once (reason "runner token rotated"; a
+connection opening at that moment checks its token again once it joined the node's group,
+so none slips through).
 
 Server → runner (JSON text frames, no lease data, no secret):
 - on connect: `{"type": "hello", "node": <node id>, "seq": N, "notices": "complete" |
@@ -43,11 +46,10 @@ def _bearer(scope) -> str | None:
 
 
 @database_sync_to_async
-def _node_id(token: str) -> int | None:
-    from providers.services import node_for_token
+def _node_id(token_hash: str) -> int | None:
+    from providers.models import Node
 
-    node = node_for_token(token)
-    return None if node is None else node.pk
+    return Node.objects.filter(token_hash=token_hash).values_list("pk", flat=True).first()
 
 
 class RunnerConsumer(AsyncWebsocketConsumer):
@@ -55,12 +57,16 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     node_id: int | None = None
     group: str = ""
+    _token_hash: str = ""  # SHA-256 of the token this connection was opened with
     _local_loop: asyncio.AbstractEventLoop | None = None
     _ns: str = ""  # push.namespace() of this deployment
 
     async def connect(self) -> None:
+        from providers.models import hash_token
+
         token = _bearer(self.scope)
-        node_id = await _node_id(token) if token else None
+        self._token_hash = hash_token(token) if token else ""
+        node_id = await _node_id(self._token_hash) if token else None
         await self.accept()
         if node_id is None:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -71,6 +77,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             self._local_loop = asyncio.get_running_loop()
             push.register_loop(self._local_loop)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        # a rotation that committed after the check above sent its notice before this
+        # connection joined the group: check once more
+        if await _node_id(self._token_hash) != node_id:
+            await self._close_rotated()
+            return
         seq = await asyncio.to_thread(push.current_seq, node_id)
         await self.send(text_data=json.dumps({"type": "hello", "node": node_id, "seq": seq,
                                               "notices": push.completeness(self.channel_layer)}))
@@ -85,6 +96,18 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         return  # nothing is expected from the runner
+
+    async def runner_token_rotated(self, event) -> None:
+        """The node's token was rotated: close unless this connection's token is the new
+        one (a runner that reconnected with it at once)."""
+        if event.get("ns", self._ns) != self._ns:  # another deployment's Redis database
+            return
+        if await _node_id(self._token_hash) != self.node_id:
+            await self._close_rotated()
+
+    async def _close_rotated(self) -> None:
+        log.info("runner push: node %s: runner token rotated; closing", self.node_id)
+        await self.close(code=CLOSE_UNAUTHENTICATED, reason="runner token rotated")
 
     async def runner_leases_changed(self, event) -> None:
         if event.get("ns", self._ns) != self._ns:  # another deployment's Redis database

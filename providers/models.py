@@ -39,6 +39,9 @@ class Node(models.Model):
                            help_text="labels the node's containers (unique across databases)")
     name = models.CharField(max_length=100)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_rotated_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="when the provider last replaced the runner token (empty: never)")
     hostname = models.CharField(max_length=255, blank=True)
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=32, blank=True)

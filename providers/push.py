@@ -24,6 +24,10 @@ is server-wide (not per database): each notice carries `ns`, the Redis database 
 reaches only this process's connections: notices sent by a Celery worker never reach the
 web process's runners, so `hello` tells the runner its notices are "partial"
 (completeness()) and the runner keeps polling.
+
+Token rotation (`token_rotated(node_id)`, after commit, the same way): each connection of
+the node checks that the token it was opened with is still the node's, and closes itself
+with 4401 when it is not (providers/consumers.py). The message carries no token and no hash.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ log = logging.getLogger("gpumarket.runner_push")
 GROUP_PREFIX = "runner.node."
 #: the channel-layer message type; Channels calls RunnerConsumer.runner_leases_changed
 EVENT_TYPE = "runner.leases_changed"
+#: Channels calls RunnerConsumer.runner_token_rotated: close if its token is no longer valid
+ROTATED_TYPE = "runner.token_rotated"
 SEQ_KEY = "gpumarket:runner:seq:"
 
 
@@ -121,14 +127,16 @@ def current_seq(node_id: int) -> int:
 # ----------------------------------------------------------------- after commit
 
 class _Pending:
-    """The nodes noted in one transaction; the on_commit callback (cheap: no I/O)."""
+    """The nodes noted in one transaction (leases changed; runner token rotated); the
+    on_commit callback (cheap: no I/O)."""
 
     def __init__(self) -> None:
         self.nodes: set[int] = set()
+        self.rotated: set[int] = set()
 
     def __call__(self) -> None:
         try:
-            notifier().submit(self.nodes)
+            notifier().submit(self.nodes, rotated=self.rotated)
         except Exception:  # the data is committed; the runner's next poll finds it
             log.exception("runner push: queueing after commit failed")
 
@@ -137,22 +145,36 @@ def leases_changed(node_id: int) -> None:
     """Note that a lease of `node_id` changed; the node's runners get one notice after the
     current transaction commits (at once outside a transaction). Never raises for a
     delivery problem: runners poll as a fallback."""
+    _note(node_id, rotated=False)
+
+
+def token_rotated(node_id: int) -> None:
+    """Note that the runner token of `node_id` was replaced; after the current transaction
+    commits, the node's websocket connections opened with another token close (4401).
+    Connections that open meanwhile check their token once more after joining the group
+    (RunnerConsumer.connect), so none opened with the old token stays."""
+    _note(node_id, rotated=True)
+
+
+def _note(node_id: int, *, rotated: bool) -> None:
     from django.db import connection, transaction
 
-    if not connection.in_atomic_block:
-        _one(node_id)()
+    pending = None
+    if connection.in_atomic_block:
+        for entry in reversed(connection.run_on_commit):
+            if isinstance(entry[1], _Pending):  # a rolled-back savepoint takes it with it
+                pending = entry[1]
+                break
+    fresh = pending is None
+    if fresh:
+        pending = _Pending()
+    (pending.rotated if rotated else pending.nodes).add(int(node_id))
+    if not fresh:
         return
-    for entry in reversed(connection.run_on_commit):
-        if isinstance(entry[1], _Pending):  # a rolled-back savepoint takes it with it
-            entry[1].nodes.add(int(node_id))
-            return
-    transaction.on_commit(_one(node_id))
-
-
-def _one(node_id: int) -> _Pending:
-    pending = _Pending()
-    pending.nodes.add(int(node_id))
-    return pending
+    if connection.in_atomic_block:
+        transaction.on_commit(pending)
+    else:
+        pending()
 
 
 # ----------------------------------------------------------------- local connections
@@ -183,15 +205,17 @@ class Notifier:
     notices. Sets that queued up meanwhile are merged (one notice per node per round)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[set[int]] = queue.SimpleQueue()
+        # (nodes whose leases changed, nodes whose runner token was rotated)
+        self._queue: queue.SimpleQueue[tuple[set[int], set[int]]] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._unfinished = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.sent: list[tuple[int, int, float]] = []  # (node, seq, time.time()), last 1000
 
-    def submit(self, nodes: set[int]) -> None:
-        if not nodes:
+    def submit(self, nodes: set[int], *, rotated: set[int] | frozenset[int] = frozenset()
+               ) -> None:
+        if not nodes and not rotated:
             return
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
@@ -199,7 +223,7 @@ class Notifier:
                                                 daemon=True)
                 self._thread.start()
             self._unfinished += 1
-        self._queue.put(set(nodes))
+        self._queue.put((set(nodes), set(rotated)))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every submitted notice is sent; False on timeout."""
@@ -215,34 +239,38 @@ class Notifier:
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
         while True:
-            nodes = self._queue.get()
+            nodes, rotated = self._queue.get()
             taken = 1
             while taken < 500:
                 try:
-                    nodes |= self._queue.get_nowait()
+                    more, more_rotated = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                nodes |= more
+                rotated |= more_rotated
                 taken += 1
             try:
-                self._send(sorted(nodes))
+                self._send(sorted(nodes), sorted(rotated))
             except Exception:
-                log.exception("runner push: sending notices for nodes %s failed; their "
-                              "runners find the change on their next poll", sorted(nodes))
+                log.exception("runner push: sending notices for nodes %s (token rotated: "
+                              "%s) failed; their runners find the change on their next "
+                              "poll", sorted(nodes), sorted(rotated))
             finally:
                 with self._cond:
                     self._unfinished -= taken
                     self._cond.notify_all()
 
-    def _send(self, node_ids: list[int]) -> None:
+    def _send(self, node_ids: list[int], rotated: list[int] | None = None) -> None:
         from channels.layers import get_channel_layer
 
-        seqs = _the_counter().incr_many(node_ids)
+        seqs = _the_counter().incr_many(node_ids) if node_ids else []
         layer = get_channel_layer()
         if layer is None:
             return
         ns = namespace()
-        events = [(node_group(n), {"type": EVENT_TYPE, "seq": s, "ns": ns})
-                  for n, s in zip(node_ids, seqs, strict=True)]
+        events = [(node_group(n), {"type": ROTATED_TYPE, "ns": ns}) for n in rotated or []]
+        events += [(node_group(n), {"type": EVENT_TYPE, "seq": s, "ns": ns})
+                   for n, s in zip(node_ids, seqs, strict=True)]
 
         async def send_all() -> None:
             for group, event in events:

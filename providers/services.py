@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from providers import push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
 from providers.signals import gpu_health_changed
 
@@ -68,11 +69,30 @@ def node_create(*, provider: Provider, name: str) -> NewNode:
     return NewNode(node=node, runner_token=token)
 
 
-def node_rotate_token(*, node: Node) -> str:
-    token = new_token()
-    node.token_hash = hash_token(token)
-    node.save(update_fields=["token_hash"])
-    return token
+class NodeNotFound(ProviderError):
+    status = 404
+
+
+def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
+    """Give the node `node_id` of the provider `user_id` a new runner token; the old one
+    stops working at once: every HTTP call with it is a 401 from the commit on, and the
+    node's open `/ws/runner/` connections are closed with 4401 (push.token_rotated).
+
+    Returns the node (with `token_rotated_at` set) and the new token, to be shown once;
+    only its SHA-256 is stored. Raises NodeNotFound (404) when the user has no such node,
+    whoever else may have one (the answer never tells)."""
+    with transaction.atomic():
+        node = (Node.objects.select_for_update(of=("self",)).select_related("provider")
+                .filter(pk=node_id, provider__user_id=user_id).first())
+        if node is None:
+            raise NodeNotFound(f"no node {node_id} of yours", field="node")
+        token = new_token()
+        node.token_hash = hash_token(token)
+        node.token_rotated_at = timezone.now()
+        node.save(update_fields=["token_hash", "token_rotated_at"])
+        push.token_rotated(node.pk)
+    log.info("runner token of node %s rotated by user %s", node.pk, user_id)
+    return NewNode(node=node, runner_token=token)
 
 
 def node_for_token(token: str) -> Node | None:
@@ -91,6 +111,13 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     `gpus`: dicts with uuid, product_name, gpu_class (slug), memory_mib, pci_bus_id,
     mig_mode. Raises ProviderError naming `gpus[i].gpu_class` for an unknown class, and
     InventoryConflict for a UUID registered to another node. All or nothing.
+
+    Concurrency: one transaction; the listed GPUs that exist are locked (FOR UPDATE, in
+    UUID order) before their node is compared, and new ones are inserted in UUID order, so
+    of two nodes registering the same new UUID at once, the second waits on the unique
+    index, fails, and gets the 409 — exactly one node owns a GPU, and nothing ever moves
+    it to another node. A same-node race (one runner registering twice at once) is
+    retried once and succeeds.
     """
     if not gpus or len(gpus) > MAX_GPUS_PER_NODE:
         raise ProviderError(f"must list 1 to {MAX_GPUS_PER_NODE} GPUs", field="gpus")
@@ -102,39 +129,60 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     uuids = [g["uuid"] for g in gpus]
     if len(set(uuids)) != len(uuids):
         raise ProviderError("the same GPU UUID is listed twice", field="gpus")
-    taken = Gpu.objects.filter(uuid__in=uuids).exclude(node=node).values_list("uuid", flat=True)
-    if taken:
-        raise InventoryConflict(f"GPU {taken[0]} is registered to another node", field="gpus")
-    # A GPU's UUID names one physical board, whose model never changes: a different class
-    # for a known UUID is a wrong report, and accepting it would strand the GPU's asks,
-    # leases and auctions in the old market.
-    for uuid, known in (Gpu.objects.filter(uuid__in=uuids, node=node)
-                        .values_list("uuid", "gpu_class__slug")):
-        said = next(g["gpu_class"] for g in gpus if g["uuid"] == uuid)
-        if said != known:
+    for _attempt in range(2):
+        try:
+            with transaction.atomic():
+                _inventory_write(node, classes, sorted(gpus, key=lambda g: g["uuid"]))
+                node.hostname = hostname[:255]
+                node.driver_version = driver_version[:32]
+                node.cuda_version = cuda_version[:32]
+                node.runner_version = runner_version[:32]
+                node.inventory_source = source[:120]
+                node.registered_at = node.registered_at or timezone.now()
+                node.save()
+            return node
+        except IntegrityError:
+            # another transaction inserted one of these UUIDs first (and committed)
+            taken = (Gpu.objects.filter(uuid__in=uuids).exclude(node=node)
+                     .order_by("uuid").values_list("uuid", flat=True).first())
+            if taken is not None:
+                raise InventoryConflict(f"GPU {taken} is registered to another node",
+                                        field="gpus") from None
+    raise InventoryConflict("the GPUs changed while they were recorded; retry", field="gpus")
+
+
+def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
+    """Inside inventory_record's transaction: lock the known GPUs, refuse another node's
+    or a changed model, update ours, insert the new ones (`gpus` sorted by UUID)."""
+    known = {g.uuid: g for g in Gpu.objects.select_for_update().select_related("gpu_class")
+             .filter(uuid__in=[g["uuid"] for g in gpus]).order_by("uuid")}
+    for g in gpus:
+        row = known.get(g["uuid"])
+        if row is not None and row.node_id != node.pk:
+            raise InventoryConflict(f"GPU {g['uuid']} is registered to another node",
+                                    field="gpus")
+        # A GPU's UUID names one physical board, whose model never changes: a different
+        # class for a known UUID is a wrong report, and accepting it would strand the GPU's
+        # asks, leases and auctions in the old market.
+        if row is not None and row.gpu_class.slug != g["gpu_class"]:
             raise InventoryConflict(
-                f"GPU {uuid} is registered as {known}, not {said}: a GPU's model cannot "
-                "change (a new board has a new UUID)", field="gpus")
-    try:
-        with transaction.atomic():
-            for g in gpus:
-                Gpu.objects.update_or_create(
-                    uuid=g["uuid"],
-                    defaults={"node": node, "gpu_class": classes[g["gpu_class"]],
-                              "product_name": g["product_name"],
-                              "memory_mib": g["memory_mib"], "pci_bus_id": g["pci_bus_id"],
-                              "mig_mode": g.get("mig_mode", "")},
-                )
-            node.hostname = hostname[:255]
-            node.driver_version = driver_version[:32]
-            node.cuda_version = cuda_version[:32]
-            node.runner_version = runner_version[:32]
-            node.inventory_source = source[:120]
-            node.registered_at = node.registered_at or timezone.now()
-            node.save()
-    except IntegrityError:
-        raise InventoryConflict("a GPU UUID is registered to another node", field="gpus") from None
-    return node
+                f"GPU {g['uuid']} is registered as {row.gpu_class.slug}, not "
+                f"{g['gpu_class']}: a GPU's model cannot change (a new board has a new UUID)",
+                field="gpus")
+    fresh = []
+    for g in gpus:
+        values = {"product_name": g["product_name"], "memory_mib": g["memory_mib"],
+                  "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", "")}
+        row = known.get(g["uuid"])
+        if row is None:
+            fresh.append(Gpu(uuid=g["uuid"], node=node, gpu_class=classes[g["gpu_class"]],
+                             **values))
+        elif any(getattr(row, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(row, k, v)
+            row.save(update_fields=list(values))
+    if fresh:
+        Gpu.objects.bulk_create(fresh)
 
 
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],

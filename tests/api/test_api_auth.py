@@ -6,6 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from providers import services as provider_services
+from providers.auth import INVALID_TOKEN
 from tests.api.helpers import client_for, runner_client, snapshot
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
 
@@ -57,7 +58,7 @@ def test_runner_endpoints_refuse_an_unknown_bearer_token(method, url, body):
     registered_node(RTX4090_DUMP)
     r = getattr(runner_client("not-a-real-runner-token"), method)(url, body, format="json")
     assert r.status_code == 401
-    assert r.json()["detail"] == "unknown runner token"
+    assert r.json()["detail"] == INVALID_TOKEN
     assert r["WWW-Authenticate"] == "Bearer"
 
 
@@ -115,9 +116,9 @@ def test_runner_cannot_touch_another_nodes_lease():
 
 
 def test_rotated_runner_token_stops_working():
-    _, node, token = registered_node(RTX4090_DUMP)
+    user, node, token = registered_node(RTX4090_DUMP)
     assert runner_client(token).get("/api/v1/runner/leases/").status_code == 200
-    new = provider_services.node_rotate_token(node=node)
+    new = provider_services.node_rotate_token(user_id=user.pk, node_id=node.pk).runner_token
     assert runner_client(token).get("/api/v1/runner/leases/").status_code == 401
     assert runner_client(new).get("/api/v1/runner/leases/").status_code == 200
 

@@ -356,3 +356,66 @@ def test_with_partial_notices_the_runner_polls_too(asgi_url, settings, docker_cl
         assert "also polling every 2 s" in out
     finally:
         runner.stop(docker_client)
+
+
+def _closed(ws, timeout: float = 10.0):
+    """The close frame the marketplace sent on `ws` (waits for it; nothing else comes
+    first: a test calls it when the next thing due is the close)."""
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=timeout)
+    return closed.value.rcvd
+
+
+def test_rotating_the_token_closes_its_open_connections_at_once(asgi_url):
+    """Issue 10: the old token stops working at once on every way in, the websocket too.
+    Both connections opened with it are closed with 4401 when the rotation commits; another
+    node's stays; the old token cannot connect again, the new one can and gets notices."""
+    from providers.services import node_rotate_token
+
+    user, node, token, buyer = _market()
+    _, _, other_token = registered_node(RTX4090_DUMP, name="other-node")
+    with _ws(asgi_url, token) as ws1, _ws(asgi_url, token) as ws2, \
+            _ws(asgi_url, other_token) as ws_other:
+        for ws in (ws1, ws2, ws_other):
+            assert _recv(ws)["type"] == "hello"
+        new = node_rotate_token(user_id=user.pk, node_id=node.pk).runner_token
+        for ws in (ws1, ws2):
+            rcvd = _closed(ws)
+            assert (rcvd.code, rcvd.reason) == (4401, "runner token rotated")
+        with pytest.raises(TimeoutError):  # the other node's connection is untouched
+            ws_other.recv(timeout=0.5)
+    with _ws(asgi_url, token) as ws:
+        assert _closed(ws).code == 4401
+    with _ws(asgi_url, new) as ws:
+        hello = _recv(ws)
+        assert hello["type"] == "hello" and hello["node"] == node.pk
+        _bid(buyer)
+        assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
+
+
+def test_a_rotation_while_the_connection_opens_closes_it_too(asgi_url, monkeypatch):
+    """The rotation commits after the handshake's token check and before the connection
+    joined the node's group (so its notice reaches nobody): the connection checks its
+    token again once in the group, and closes."""
+    from channels.db import database_sync_to_async
+
+    from providers import consumers
+    from providers.services import node_rotate_token
+
+    user, node, token, _ = _market()
+    real = consumers._node_id
+    rotated: list[str] = []
+
+    async def check_then_rotate(token_hash):
+        node_id = await real(token_hash)
+        if not rotated:  # the first check only: the handshake's
+            rotated.append(await database_sync_to_async(
+                lambda: node_rotate_token(user_id=user.pk, node_id=node.pk).runner_token)())
+            assert push.flush(10)  # its notice is out before the connection joins
+        return node_id
+
+    monkeypatch.setattr(consumers, "_node_id", check_then_rotate)
+    with _ws(asgi_url, token) as ws:
+        rcvd = _closed(ws)
+    assert (rcvd.code, rcvd.reason) == (4401, "runner token rotated")
+    assert rotated
