@@ -24,7 +24,6 @@ from settlement.models import (
     TopUp,
 )
 
-
 __all__ = ["ReadOnlyAdmin"]  # the project's admins import it from here
 
 BUYER_WALLET_KINDS = [Account.Kind.BUYER_AVAILABLE, Account.Kind.BUYER_HELD]
