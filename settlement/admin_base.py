@@ -88,7 +88,10 @@ class SealedFieldsMixin:
                             *(f"sealed_{n}" for n in self.secret_fields)])
 
     def get_exclude(self, request, obj=None):
-        return [*(super().get_exclude(request, obj) or ()), *self.secret_fields]
+        excluded = super().get_exclude(request, obj)
+        if not self.secret_fields:
+            return excluded
+        return [*(excluded or ()), *self.secret_fields]
 
 
 class StrictAdmin(SealedFieldsMixin, admin.ModelAdmin):

@@ -264,3 +264,14 @@ def test_reveal_is_superusers_only_after_close_and_records_who_looked(client, cl
     # and the bid itself stays sealed in the ordinary pages after the reveal
     assert _cells(client.get(_url("sealedbid")).content.decode(), "sealed_price").count(
         "sealed") == 2
+
+
+def test_other_admins_cannot_reach_the_figures_through_relations(client, lot):
+    """Django's own admins (users) refuse lookups across relations to the figures; ours
+    refuse any undeclared lookup (test_query_string_lookups_… above)."""
+    users = reverse("admin:auth_user_changelist")
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    for lookup in ("sealed_bids__price__gte", "holds__original__gte",
+                   "ledger_accounts__balance__gte", "sealed_bids__gpus"):
+        answers = {_page(client.get(users, {lookup: n})) for n in (0, BOB_PRICE, 10**12)}
+        assert len(answers) == 1 and answers.pop()[0] == 400, lookup
