@@ -1,8 +1,24 @@
-"""Operators' admin for the market. Sealed bids' prices and quantities are hidden
-until their auction closes."""
+"""Operators' admin for the market (settlement.admin_base: query strings whitelisted,
+secret columns masked).
 
+A sealed bid's price, quantities and workload show "sealed" for every staff user,
+superusers included, until its auction closes, and for good unless it won. After the
+auction ends a superuser may reveal one bid through its "reveal" page, which records who
+looked, when, at which bid and why (SealedBidAudit, read-only here).
+"""
+
+from __future__ import annotations
+
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import Http404, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 
+from marketplace.auctions import sealed_bid_q
 from marketplace.models import (
     Auction,
     AuctionEvent,
@@ -14,39 +30,31 @@ from marketplace.models import (
     Order,
     OrderEvent,
     SealedBid,
+    SealedBidAudit,
 )
 from settlement.admin import ReadOnlyAdmin
+from settlement.admin_base import StrictAdmin, StrictTabularInline
+from settlement.models import Hold
 
 
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
-class OrderEventInline(ReadOnlyInline):
+class OrderEventInline(StrictTabularInline):
     model = OrderEvent
 
 
-class AuctionEventInline(ReadOnlyInline):
+class AuctionEventInline(StrictTabularInline):
     model = AuctionEvent
 
 
-class LeaseEventInline(ReadOnlyInline):
+class LeaseEventInline(StrictTabularInline):
     model = LeaseEvent
 
 
-class LeaseGpuInline(ReadOnlyInline):
+class LeaseGpuInline(StrictTabularInline):
     model = LeaseGpu
 
 
 @admin.register(GpuClass)
-class GpuClassAdmin(admin.ModelAdmin):
+class GpuClassAdmin(StrictAdmin):
     list_display = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
                     "reference_price"]
 
@@ -63,35 +71,109 @@ class OrderAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Fill)
-class FillAdmin(admin.ModelAdmin):
+class FillAdmin(StrictAdmin):
     list_display = ["id", "market", "bid", "ask", "gpus", "price", "created_at"]
 
 
 @admin.register(Auction)
-class AuctionAdmin(admin.ModelAdmin):
+class AuctionAdmin(ReadOnlyAdmin):
+    """Read-only: an auction opens, takes bids and closes through marketplace.auctions
+    only (an edit here would bypass its holds and its one close)."""
+
     list_display = ["id", "market", "node", "gpus", "rule", "reserve_price", "status",
                     "closes_at", "clearing_price"]
     list_filter = ["status", "rule"]
     inlines = [AuctionEventInline]
 
 
+class RevealForm(forms.Form):
+    reason = forms.CharField(max_length=200, strip=True,
+                             help_text="why you need this bid's figures (recorded)")
+
+
 @admin.register(SealedBid)
-class SealedBidAdmin(admin.ModelAdmin):
-    list_display = ["id", "auction", "bidder", "status", "shown_price", "shown_gpus"]
-    exclude = ["price", "gpus", "min_gpus"]
-    readonly_fields = ["shown_price", "shown_gpus"]
+class SealedBidAdmin(ReadOnlyAdmin):
+    """Read-only; the figures of a sealed bid (auctions.sealed_bid_q) show "sealed"."""
 
-    @admin.display(description="price")
-    def shown_price(self, bid):
-        return bid.price if bid.auction.status != "open" else "sealed until close"
+    list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
+                    "paid_price"]
+    list_filter = ["status"]
+    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports")
+    readonly_fields = ["reveal"]
 
-    @admin.display(description="GPUs")
-    def shown_gpus(self, bid):
-        return bid.gpus if bid.auction.status != "open" else "sealed until close"
+    def sealed_q(self):
+        return sealed_bid_q()
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("auction")
+
+    @admin.display(description="audit")
+    def reveal(self, bid):
+        if bid.auction.status == Auction.Status.OPEN:
+            return "sealed until the auction closes"
+        if not getattr(bid, "_sealed", True):
+            return "public: this bid won"
+        url = reverse("admin:marketplace_sealedbid_reveal", args=[bid.pk])
+        return format_html('<a href="{}">reveal this bid (superusers; recorded)</a>', url)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.reveal_view)
+        return [path("<int:object_id>/reveal/", view, name="marketplace_sealedbid_reveal"),
+                *super().get_urls()]
+
+    def reveal_view(self, request, object_id: int):
+        """GET: the form asking why; POST with a reason: one SealedBidAudit row, then the
+        bid's figures and its hold's. Superusers only (403), after the auction ended
+        (409), never before; a missing reason is a 400 naming it."""
+        if not request.user.is_superuser:
+            raise PermissionDenied
+        bid = SealedBid.objects.select_related("auction").filter(pk=object_id).first()
+        if bid is None:
+            raise Http404(f"no sealed bid {object_id}")
+        if bid.auction.status == Auction.Status.OPEN:
+            return HttpResponse(f"auction {bid.auction_id} is open: its bids are sealed until "
+                                "it closes, for everyone", status=409,
+                                content_type="text/plain; charset=utf-8")
+        form = RevealForm(request.POST if request.method == "POST" else None)
+        revealed, status = None, 200
+        if request.method == "POST":
+            if form.is_valid():
+                with transaction.atomic():
+                    SealedBidAudit.objects.create(viewer=request.user, bid=bid,
+                                                  auction_id=bid.auction_id,
+                                                  reason=form.cleaned_data["reason"])
+                revealed = _figures(bid)
+            else:
+                status = 400
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta,
+                   "title": f"Reveal {bid}", "bid": bid, "form": form, "revealed": revealed}
+        return TemplateResponse(request, "admin/marketplace/sealedbid/reveal.html", context,
+                                status=status)
+
+
+def _figures(bid: SealedBid) -> list[tuple[str, object]]:
+    """The sealed figures of a bid and of its hold, as (label, value) rows."""
+    hold = Hold.objects.filter(pk=bid.hold_id).first()
+    rows = [("price (micro-USD per GPU-hour)", bid.price), ("GPUs", bid.gpus),
+            ("minimum GPUs", bid.min_gpus), ("image", bid.image or "-"),
+            ("command", bid.command), ("ports", bid.ports)]
+    if hold is not None:
+        rows += [(f"hold #{hold.pk} {label} (micro-USD)", getattr(hold, name))
+                 for label, name in (("original", "original"), ("still held", "amount"),
+                                     ("captured", "captured"), ("released", "released"))]
+    return rows
+
+
+@admin.register(SealedBidAudit)
+class SealedBidAuditAdmin(ReadOnlyAdmin):
+    """Who revealed which sealed bid, when and why: read-only for everyone."""
+
+    list_display = ["id", "viewed_at", "viewer", "auction", "bid", "reason"]
+    list_filter = [("viewer", admin.RelatedOnlyFieldListFilter)]
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(StrictAdmin):
     list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]

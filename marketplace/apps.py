@@ -20,4 +20,9 @@ class MarketplaceConfig(AppConfig):
         from settlement import checks
 
         checks.register(market_checks.holds_match_open_bids_and_leases)
+
+        from marketplace.auctions import sealed_hold_ids
+        from settlement import sealed
+
+        sealed.register(sealed_hold_ids)  # the admin masks these holds' amounts
         checks.register(market_checks.provider_earnings_match_settled_leases)

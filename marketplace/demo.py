@@ -256,9 +256,9 @@ class Demo:
         say("auction", f"public view before close: {public['bid_count']} bids, "
             f"{public['seconds_left']} s left (no prices shown)")
         closed = self.wait_for("the auction to close", lambda: self._closed(auction["id"]), 60)
-        winner = closed["awards"][0] if closed["awards"] else None
-        winner_name = next((u for u, n in users.items() if winner and self._uid(u) ==
-                            winner["bidder"]), "nobody")
+        # public awards name nobody: each bidder finds its own award among its sealed bids
+        winner_name = next((who for who in ("alice", "bob", "carol")
+                            if self._won(who, auction["id"])), "nobody")
         say("auction closed", f"winner {winner_name}, clearing price "
             f"{closed['clearing_price']} USD/GPU-h (second-highest bid)")
 
@@ -345,8 +345,9 @@ class Demo:
         body = self.call("GET", f"/api/v1/leases/{lease_id}/", "provider")
         return body if body["status"] in statuses else None
 
-    def _uid(self, who: str) -> int:
-        return self.call("GET", "/api/v1/me/", who)["id"]
+    def _won(self, who: str, auction_id: int) -> bool:
+        mine = self.call("GET", "/api/v1/sealed-bids/", who)["results"]
+        return any(b["auction"] == auction_id and b["status"] == "won" for b in mine)
 
 
 def _levels(levels: list[dict]) -> str:

@@ -235,6 +235,21 @@ class SealedBid(models.Model):
         return f"sealed bid #{self.pk} on auction {self.auction_id}"
 
 
+class SealedBidAudit(models.Model):
+    """A superuser's look at a sealed bid's figures after its auction ended, through the
+    admin's reveal view: who, when, which bid of which auction, and why. Append-only."""
+
+    viewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                               related_name="sealed_bid_audits")
+    bid = models.ForeignKey(SealedBid, on_delete=models.PROTECT, related_name="audits")
+    auction = models.ForeignKey(Auction, on_delete=models.PROTECT, related_name="bid_audits")
+    reason = models.CharField(max_length=200)
+    viewed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"user {self.viewer_id} revealed sealed bid #{self.bid_id} at {self.viewed_at}"
+
+
 class Lease(StateMachine):
     """GPUs of one node leased to a buyer for a duration, run by the node's runner."""
 

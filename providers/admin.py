@@ -2,10 +2,11 @@ from django.contrib import admin
 
 from providers.models import Gpu, GpuBenchmark, Node, Provider
 from settlement.admin import ReadOnlyAdmin
+from settlement.admin_base import StrictAdmin
 
 
 @admin.register(Provider)
-class ProviderAdmin(admin.ModelAdmin):
+class ProviderAdmin(StrictAdmin):
     list_display = ["id", "display_name", "user", "created_at"]
 
 
@@ -17,7 +18,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(StrictAdmin):
     list_display = ["id", "name", "provider", "hostname", "driver_version", "runtime",
                     "last_heartbeat_at", "token_rotated_at"]
     exclude = ["token_hash"]  # the runner token itself is never stored
@@ -41,7 +42,7 @@ class GpuBenchmarkInline(admin.TabularInline):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(StrictAdmin):
     list_display = ["uuid", "product_name", "gpu_class", "node", "memory_mib"]
     inlines = [GpuBenchmarkInline]
 

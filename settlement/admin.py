@@ -1,7 +1,15 @@
-"""The ledger in the admin: read-only, always (append-only journal)."""
+"""The ledger in the admin: read-only, always (append-only journal).
+
+Amounts that would reveal a sealed bid (settlement.sealed) show "sealed": a sealed hold's
+figures, its journal entries' postings and memo, and a buyer's wallet balances while one
+of its sealed holds is active.
+"""
 
 from django.contrib import admin
+from django.db.models import Exists, OuterRef, Q
 
+from settlement import sealed
+from settlement.admin_base import ReadOnlyAdmin, StrictTabularInline
 from settlement.models import (
     Account,
     ChainAddress,
@@ -16,32 +24,34 @@ from settlement.models import (
     TopUp,
 )
 
+__all__ = ["ReadOnlyAdmin"]  # the project's admins import it from here
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+BUYER_WALLET_KINDS = [Account.Kind.BUYER_AVAILABLE, Account.Kind.BUYER_HELD]
 
 
-class PostingInline(admin.TabularInline):
+class PostingInline(StrictTabularInline):
     model = Posting
-    extra = 0
-    can_delete = False
-    readonly_fields = ["account", "amount"]
+    fields = ["account", "amount"]
+    readonly_fields = ["account"]
+    secret_fields = ("amount",)
 
-    def has_add_permission(self, request, obj=None):
-        return False
+    def sealed_q(self):
+        return sealed.sealed_holds_q("entry__hold")
 
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
+    """A buyer's wallet balances are sealed while one of its sealed holds is active (the
+    drop of `available` and the rise of `held` are the hold)."""
+
     list_display = ["id", "kind", "owner", "balance", "allow_negative"]
     list_filter = ["kind"]
+    secret_fields = ("balance",)
+
+    def sealed_q(self):
+        active = Hold.objects.filter(sealed.sealed_holds_q(), buyer=OuterRef("owner"),
+                                     status=Hold.Status.ACTIVE)
+        return Q(kind__in=BUYER_WALLET_KINDS) & Q(Exists(active))
 
 
 @admin.register(JournalEntry)
@@ -49,6 +59,10 @@ class JournalEntryAdmin(ReadOnlyAdmin):
     list_display = ["id", "kind", "reference", "memo", "created_at"]
     list_filter = ["kind"]
     inlines = [PostingInline]
+    secret_fields = ("memo",)
+
+    def sealed_q(self):
+        return sealed.sealed_holds_q("hold")
 
 
 @admin.register(Hold)
@@ -56,6 +70,10 @@ class HoldAdmin(ReadOnlyAdmin):
     list_display = ["id", "buyer", "status", "original", "amount", "captured", "released",
                     "reference"]
     list_filter = ["status"]
+    secret_fields = ("original", "amount", "captured", "captured_fee", "released")
+
+    def sealed_q(self):
+        return sealed.sealed_holds_q()
 
 
 @admin.register(TopUp)

@@ -101,7 +101,7 @@ class Posting(models.Model):
         ordering = ["id"]
 
     def __str__(self) -> str:
-        return f"{self.amount:+d} on account {self.account_id}"
+        return f"posting #{self.pk} on account {self.account_id}"
 
 
 class Hold(models.Model):
@@ -141,7 +141,7 @@ class Hold(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"hold #{self.pk} {self.status} {self.amount}"
+        return f"hold #{self.pk} {self.status} ({self.reference})"
 
 
 class TopUp(models.Model):

@@ -318,8 +318,8 @@ class AuctionInSerializer(StrictInputSerializer):
 
 
 class AuctionSerializer(serializers.ModelSerializer):
-    """The public view: bid count and time left before close; awards after close.
-    Never a sealed bid's price or quantity before close."""
+    """The public view: bid count and time left before close; anonymous awards after
+    close. Never a sealed bid's price or quantity before close, nor a bidder, ever."""
 
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     reserve_price = UsdField()
@@ -345,12 +345,14 @@ class AuctionSerializer(serializers.ModelSerializer):
         return max(0, int((auction.closes_at - timezone.now()).total_seconds()))
 
     def get_awards(self, auction) -> list[dict]:
+        """[{gpus, price}] after close, anonymous (no bid, no bidder; as the feed and the
+        pages): a winner sees its own award at /sealed-bids/."""
         if auction.status != Auction.Status.CLOSED:
             return []
         return [
-            {"bid": b.pk, "bidder": b.bidder_id, "gpus": b.awarded_gpus,
-             "price": UsdField().to_representation(b.paid_price)}
-            for b in auction.bids.filter(status=SealedBid.Status.WON).order_by("pk")
+            {"gpus": gpus, "price": UsdField().to_representation(price)}
+            for gpus, price in auction.bids.filter(status=SealedBid.Status.WON)
+            .order_by("-paid_price", "pk").values_list("awarded_gpus", "paid_price")
         ]
 
 

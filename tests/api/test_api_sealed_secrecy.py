@@ -117,7 +117,7 @@ def test_after_close_awards_are_public_and_losing_prices_stay_sealed():
     alice, bob, carol = funded_buyer(100), funded_buyer(100), funded_buyer(100)
     stranger = UserFactory()
     auction_id = _open(provider, node, "second_price")
-    a = _bid(alice, auction_id, ALICE_PRICE, 8)
+    _bid(alice, auction_id, ALICE_PRICE, 8)
     _bid(bob, auction_id, BOB_PRICE, 8)
     _bid(carol, auction_id, CAROL_PRICE, 8)
 
@@ -128,8 +128,8 @@ def test_after_close_awards_are_public_and_losing_prices_stay_sealed():
     assert detail["status"] == "closed" and detail["bid_count"] == 3
     # Vickrey: alice wins all 8 GPUs at bob's (second-highest) price
     assert detail["clearing_price"] == BOB_PRICE
-    assert detail["awards"] == [{"bid": a["id"], "bidder": alice.pk, "gpus": 8,
-                                 "price": BOB_PRICE}]
+    # anonymous: no bid id, no bidder (DESIGN: the public sees GPUs and prices)
+    assert detail["awards"] == [{"gpus": 8, "price": BOB_PRICE}]
     assert detail["seconds_left"] == 0 and detail["closed_at"]
     # carol lost: her price is nowhere public; neither is the winner's own limit
     for where, r in _public_views(auction_id, {"provider": provider, "stranger": stranger}):

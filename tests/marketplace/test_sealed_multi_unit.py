@@ -167,8 +167,9 @@ def test_multi_unit_through_the_api():
     auctions.close_auction(auction_id=auction_id, now=closes_at)
     public = client_for().get(f"/api/v1/auctions/{auction_id}/").json()
     assert public["status"] == "closed" and public["clearing_price"] == "1.200000"
-    by_bidder = {a["bidder"]: (a["gpus"], a["price"]) for a in public["awards"]}
-    assert by_bidder == {buyers[n].pk: (g, "1.200000") for n, g in WALK_AWARDS.items()}
+    assert sorted((a["gpus"], a["price"]) for a in public["awards"]) == sorted(
+        (g, "1.200000") for g in WALK_AWARDS.values())
+    assert all(set(a) == {"gpus", "price"} for a in public["awards"])  # anonymous
     mine = client_for(buyers["carol"]).get("/api/v1/sealed-bids/").json()["results"]
     assert [(b["status"], b["awarded_gpus"], b["paid_price"]) for b in mine] == [
         ("lost", 0, None)]
