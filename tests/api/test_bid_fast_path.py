@@ -9,7 +9,6 @@ import asyncio
 
 import httpx
 import pytest
-from rest_framework.authtoken.models import Token
 
 from marketplace.api import bid_batcher
 from marketplace.asgi import application
@@ -17,7 +16,7 @@ from marketplace.models import Order
 from settlement import services as ledger
 from settlement.checks import first_violation
 from tests.api.helpers import client_for
-from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.factories import api_token, ensure_catalog, funded_buyer, in_a_day, registered_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +52,7 @@ def asgi_post(*requests: tuple[str | None, dict], host: str = "testserver",
 
 
 def token_of(user) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
+    return api_token(user)
 
 
 def without_ids(body: dict) -> dict:
