@@ -4,6 +4,7 @@ until their auction closes."""
 from django.contrib import admin
 
 from marketplace.models import (
+    ApiToken,
     Auction,
     AuctionEvent,
     Fill,
@@ -96,3 +97,20 @@ class LeaseAdmin(admin.ModelAdmin):
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]
     inlines = [LeaseGpuInline, LeaseEventInline]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Users' API tokens: who, which (prefix), when; never the token (only its hash is
+    stored, and not shown). Deleting one revokes it at once; none is made here."""
+
+    list_display = ["id", "user", "name", "prefix", "created_at", "last_used_at", "expires_at"]
+    search_fields = ["user__username", "name", "prefix"]
+    exclude = ["key_hash"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at", "expires_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
