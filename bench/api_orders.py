@@ -63,9 +63,8 @@ def set_up_market(n_buyers: int) -> list[str]:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.utils import timezone
-    from rest_framework.authtoken.models import Token
 
-    from marketplace import book
+    from marketplace import api_tokens, book
     from providers import services as provider_services
     from providers.runner.nvsmi import parse_dump
     from settlement import services as ledger
@@ -86,7 +85,7 @@ def set_up_market(n_buyers: int) -> list[str]:
     for i in range(n_buyers):
         user = User.objects.create(username=f"bench-buyer-{i}", password="!")
         ledger.dev_credit(user_id=user.pk, amount=10**12)
-        tokens.append(Token.objects.create(user=user).key)
+        tokens.append(api_tokens.issue(user=user, name="bench").key)
     return tokens
 
 

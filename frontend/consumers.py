@@ -31,7 +31,8 @@ else takes the queue: the snapshot, gaps, warnings, a socket that pushes back
 connection, another server, a wrapped `send`. Detection (`direct_socket`) checks the
 class and the attributes it uses and falls back to ASGI when any is missing.
 
-Close codes: 4401 not authenticated (/ws/me/), 4404 unknown market or auction.
+Close codes: 4401 not authenticated (/ws/me/), 4404 unknown market or auction, 4400 a
+credential in the URL (frontend/ws_auth.py).
 """
 
 from __future__ import annotations
@@ -328,9 +329,12 @@ class AuctionFeedConsumer(FeedConsumer):
 class MeFeedConsumer(FeedConsumer):
     """/ws/me/: the user's own orders, sealed bids, leases and balance changes.
 
-    Authentication: the session (AuthMiddlewareStack in marketplace/asgi.py), or a DRF
-    token in the query string: `/ws/me/?token=<key>` (browsers cannot set headers on a
-    websocket). Anonymous → closed with 4401.
+    Authentication, the first that applies: the session (pages; AuthMiddlewareStack in
+    marketplace/asgi.py); a single-use ticket from POST /api/v1/ws-tickets/,
+    `/ws/me/?ticket=<ticket>` (browsers cannot set headers on a websocket); an
+    `Authorization: Token|Bearer <API token>` header (programs). Never the token in the
+    URL: `?token=` is refused before this (frontend/ws_auth.py). Anonymous, or a ticket
+    or token that authenticates nobody → closed with 4401.
     """
 
     user_id: int | None = None
@@ -338,22 +342,27 @@ class MeFeedConsumer(FeedConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            user = await database_sync_to_async(self._token_user)()
+            user = await database_sync_to_async(self._credential_user)()
         if user is None or not user.is_active:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.user_id = user.pk
         await self.subscribe(feed.user_group(user.pk))
 
-    def _token_user(self):
-        from rest_framework.authtoken.models import Token
+    def _credential_user(self):
+        from marketplace import api_tokens
 
         query = parse_qs(self.scope.get("query_string", b"").decode("latin1"))
-        key = (query.get("token") or [""])[0]
+        ticket = (query.get("ticket") or [""])[0]
+        if ticket:
+            return api_tokens.redeem_ticket(ticket)
+        key = _authorization_token(self.scope)
         if not key:
             return None
-        token = Token.objects.select_related("user").filter(key=key).first()
-        return token.user if token else None
+        try:
+            return api_tokens.authenticate(key).user
+        except api_tokens.TokenRefused:
+            return None
 
     def allowed(self, event: dict[str, Any]) -> bool:
         return (super().allowed(event) and self.user_id is not None
@@ -361,3 +370,14 @@ class MeFeedConsumer(FeedConsumer):
 
     def snapshot(self) -> dict[str, Any]:
         return feed.me_snapshot(self.user_id)
+
+
+def _authorization_token(scope) -> str | None:
+    """The key of an `Authorization: Token|Bearer <key>` handshake header, else None."""
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"authorization":
+            parts = value.decode("latin-1").split()
+            if len(parts) == 2 and parts[0].lower() in ("token", "bearer"):
+                return parts[1]
+            return None
+    return None

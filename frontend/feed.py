@@ -6,8 +6,13 @@ Three feeds, each one Channels group with its own sequence number:
 |-----------------------------|--------------------|-------------------------------------|
 | `/ws/markets/<gpu_class>/`  | `market.<slug>`    | anyone (anonymous data only)        |
 | `/ws/auctions/<id>/`        | `auction.<id>`     | anyone (never a sealed bid's content)|
-| `/ws/me/`                   | `user.<id>`        | that user: session cookie, or       |
-|                             |                    | `?token=<DRF token>`; else 4401     |
+| `/ws/me/`                   | `user.<id>`        | that user: session cookie, a        |
+|                             |                    | `?ticket=` from POST /api/v1/       |
+|                             |                    | ws-tickets/, or an `Authorization:  |
+|                             |                    | Token <key>` header; else 4401      |
+
+No credential in a URL: `?token=` (and the like) is refused on every websocket path with
+an error frame and close code 4400 (frontend/ws_auth.py).
 
 Every websocket needs an `Origin` header whose host is in ALLOWED_HOSTS
 (AllowedHostsOriginValidator); a non-browser client must send one.

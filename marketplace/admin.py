@@ -20,6 +20,7 @@ from django.utils.html import format_html
 
 from marketplace.auctions import sealed_bid_q
 from marketplace.models import (
+    ApiToken,
     Auction,
     AuctionEvent,
     Fill,
@@ -178,3 +179,20 @@ class LeaseAdmin(StrictAdmin):
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]
     inlines = [LeaseGpuInline, LeaseEventInline]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Users' API tokens: who, which (prefix), when; never the token (only its hash is
+    stored, and not shown). Deleting one revokes it at once; none is made here."""
+
+    list_display = ["id", "user", "name", "prefix", "created_at", "last_used_at", "expires_at"]
+    search_fields = ["user__username", "name", "prefix"]
+    exclude = ["key_hash"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at", "expires_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

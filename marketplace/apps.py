@@ -6,6 +6,10 @@ class MarketplaceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from marketplace.logs import install_uvicorn_redaction
+
+        install_uvicorn_redaction()  # no credential of a URL in uvicorn's log lines
+
         from marketplace.health import on_gpu_health_changed
         from providers.signals import gpu_health_changed
 

@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django (a bid placed with an API token first through
 the bid batcher, marketplace/api/bid_batcher.py); websockets through Channels (the
-live feed, frontend/routing.py): session authentication, and an Origin in ALLOWED_HOSTS."""
+live feed, frontend/routing.py): session authentication, an Origin in ALLOWED_HOSTS, and
+no credential in the URL (frontend/ws_auth.py)."""
 
 import os
 
@@ -14,10 +15,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from frontend.routing import websocket_urlpatterns  # noqa: E402
+from frontend.ws_auth import RefuseCredentialsInUrl  # noqa: E402
 from marketplace.api.bid_batcher import BidFastPath  # noqa: E402
 
 application = ProtocolTypeRouter({
     # token-authenticated bids go to the batcher (group commit); the rest to Django
     "http": BidFastPath(django_asgi_app),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": AllowedHostsOriginValidator(RefuseCredentialsInUrl(
+        AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

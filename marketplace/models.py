@@ -341,3 +341,40 @@ class LeaseGpu(models.Model):
 
     def __str__(self) -> str:
         return f"GPU {self.gpu_id} in lease {self.lease_id}"
+
+
+class ApiToken(models.Model):
+    """A user's API token (`gmu_…`, marketplace/api_tokens.py). Only its SHA-256 is stored
+    (as for runner tokens); `prefix` (the first characters) lets its owner tell tokens
+    apart. Valid until `expires_at`; deleting the row revokes it at once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'API token'})"
+
+
+class WsTicket(models.Model):
+    """A single-use, short-lived websocket ticket (POST /api/v1/ws-tickets/): only its
+    SHA-256 is stored; redeemed (deleted) by the first websocket that shows it. Revoking
+    the API token that asked for it deletes it too."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="+")
+    api_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.CASCADE,
+                                  related_name="+")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"websocket ticket of user {self.user_id}"

@@ -24,6 +24,11 @@ Variables (default in brackets):
   each alone.
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
+- GPUMARKET_API_TOKEN_TTL_DAYS [30]: how long an API token is valid (marketplace/api_tokens.py);
+  GPUMARKET_API_TOKEN_TOUCH_SECONDS [60]: how stale a token's "last used" may get.
+- GPUMARKET_WS_TICKET_SECONDS [30]: how long a websocket ticket (POST /api/v1/ws-tickets/)
+  is valid; it is good for one connection.
+- LOG_LEVEL [INFO]: gpumarket's own loggers; DJANGO_LOG_LEVEL [ERROR]: Django's.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
   [unset: on-chain settlement off]; GPUMARKET_CHAIN_MIRROR_SECONDS [30]: how often
@@ -78,7 +83,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -89,6 +93,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "marketplace.logs.RequestIdMiddleware",  # first: every answer carries X-Request-ID
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -176,7 +181,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "marketplace.api.auth.ApiTokenAuthentication",
         "marketplace.api.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -220,13 +225,22 @@ STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns about a missing root otherw
 WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Logs go to stderr. Every line names its request (`[<request id>]`, "-" outside one:
+# marketplace/logs.py); Django's errors (an unexpected exception's traceback, under
+# django.request) at ERROR, so a 500 is logged with DEBUG off too. uvicorn's own log
+# lines get credentials in URLs redacted (marketplace/logs.py, installed at startup).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"request_id": {"()": "marketplace.logs.RequestIdFilter"}},
+    "formatters": {"plain": {
+        "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["request_id"]}},
     "loggers": {
         "gpumarket": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+        "django": {"handlers": ["console"], "propagate": False,
+                   "level": env.str("DJANGO_LOG_LEVEL", default="ERROR")},
     },
 }
 
@@ -245,6 +259,13 @@ GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECON
 if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:
     raise ImproperlyConfigured("GPUMARKET_PREEMPTION_NOTICE_SECONDS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
+if GPUMARKET_API_TOKEN_TTL_DAYS < 1:
+    raise ImproperlyConfigured("GPUMARKET_API_TOKEN_TTL_DAYS must be at least 1")
+GPUMARKET_API_TOKEN_TOUCH_SECONDS = env.int("GPUMARKET_API_TOKEN_TOUCH_SECONDS", default=60)
+GPUMARKET_WS_TICKET_SECONDS = env.int("GPUMARKET_WS_TICKET_SECONDS", default=30)
+if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
+    raise ImproperlyConfigured("GPUMARKET_WS_TICKET_SECONDS must be between 1 and 300")
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from marketplace.api import accounts, errors, runner, schema  # noqa: F401 (schema extensions)
+from marketplace.api import accounts, errors, runner, schema, tokens  # noqa: F401 (schema ext.)
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -15,6 +15,9 @@ from settlement import api as settlement_api
 api_v1 = [
     path("signup/", accounts.Signup.as_view(), name="signup"),
     path("auth/token/", accounts.TokenLogin.as_view(), name="auth-token"),
+    path("auth/tokens/", tokens.TokenList.as_view(), name="auth-tokens"),
+    path("auth/tokens/<int:pk>/", tokens.TokenRevoke.as_view(), name="auth-token-revoke"),
+    path("ws-tickets/", tokens.WsTicketCreate.as_view(), name="ws-tickets"),
     path("me/", accounts.Me.as_view(), name="me"),
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<slug:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),

@@ -58,3 +58,10 @@ def registered_node(dump=H100_DUMP, name: str = "node-1", user=None):
 
 def in_a_day():
     return timezone.now() + timedelta(days=1)
+
+
+def api_token(user, name: str = "test") -> str:
+    """A new API token of `user` (marketplace/api_tokens.py: only its hash is stored)."""
+    from marketplace import api_tokens
+
+    return api_tokens.issue(user=user, name=name).key

@@ -1,5 +1,7 @@
 """Sign up and get an API token (programs use `Authorization: Token <key>` or
-`Authorization: Bearer <key>`)."""
+`Authorization: Bearer <key>`). Each signup and each POST /api/v1/auth/token/ issues a new
+token, shown once (marketplace/api_tokens.py: stored hashed, expiring; list and revoke
+them at /api/v1/auth/tokens/)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ from django.contrib.auth import authenticate, get_user_model, password_validatio
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers
-from rest_framework.authtoken.models import Token
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace import api_tokens
 from marketplace.api.parsers import StrictJSONParser
 from settlement.fields import StrictCharField, StrictInputSerializer
 
@@ -42,7 +44,9 @@ class SignupIn(StrictInputSerializer):
 class SignupOut(serializers.Serializer):
     id = serializers.IntegerField()
     username = serializers.CharField()
-    token = serializers.CharField(help_text="the API token: Authorization: Bearer <token>")
+    token = serializers.CharField(help_text="the API token: Authorization: Bearer <token>; "
+                                  "shown once, only its hash is stored")
+    token_expires_at = serializers.DateTimeField()
 
 
 class Signup(APIView):
@@ -56,23 +60,28 @@ class Signup(APIView):
         data = SignupIn(data=request.data)
         data.is_valid(raise_exception=True)
         user = get_user_model().objects.create_user(**data.validated_data)
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response({"id": user.pk, "username": user.username, "token": token.key},
-                        status=201)
+        issued = api_tokens.issue(user=user, name="signup")
+        return Response({"id": user.pk, "username": user.username, "token": issued.key,
+                         "token_expires_at": issued.token.expires_at}, status=201)
 
 
 class TokenIn(StrictInputSerializer):
     username = StrictCharField(max_length=150)
     password = StrictCharField(max_length=128, trim_whitespace=False, write_only=True)
+    name = StrictCharField(max_length=100, required=False, default="", allow_blank=True,
+                           help_text="a label for the new token, shown in /auth/tokens/")
 
 
 class TokenOut(serializers.Serializer):
-    token = serializers.CharField()
+    id = serializers.IntegerField(help_text="the token's id in /api/v1/auth/tokens/")
+    token = serializers.CharField(help_text="shown once: only its hash is stored")
+    expires_at = serializers.DateTimeField()
 
 
 class TokenLogin(APIView):
-    """Your API token, for your username and password (JSON only). Wrong credentials are
-    a 400 whose `detail` says so; no field is named (which one was wrong is not told)."""
+    """A new API token, for your username and password (JSON only); valid
+    GPUMARKET_API_TOKEN_TTL_DAYS days, shown once. Wrong credentials are a 400 whose
+    `detail` says so; no field is named (which one was wrong is not told)."""
 
     permission_classes: list = []
     authentication_classes: list = []
@@ -87,8 +96,9 @@ class TokenLogin(APIView):
                             password=data.validated_data["password"])
         if user is None:
             raise serializers.ValidationError("unable to log in with these credentials")
-        token, _ = Token.objects.get_or_create(user=user)
-        return Response({"token": token.key})
+        issued = api_tokens.issue(user=user, name=data.validated_data["name"])
+        return Response({"id": issued.token.pk, "token": issued.key,
+                         "expires_at": issued.token.expires_at})
 
 
 class MeOut(serializers.Serializer):

@@ -38,14 +38,14 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.http.request import split_domain_port, validate_host
-from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import ParseError
 from rest_framework.renderers import JSONRenderer
 
-from marketplace import book
+from marketplace import api_tokens, book
 from marketplace.api import serializers as s
 from marketplace.api.errors import exception_handler
 from marketplace.api.parsers import StrictJSONParser
+from marketplace.logs import REQUEST_ID_HEADER, request_id_from
 from marketplace.models import Order
 
 log = logging.getLogger("gpumarket.api")
@@ -132,9 +132,9 @@ class BidBatcher:
     def _place(self, group: list[_Pending]) -> list[Any]:
         # This thread keeps its connection between groups (Django's per-request close,
         # CONN_MAX_AGE 0, is for request threads); a broken one is replaced above.
-        users = dict(Token.objects.filter(key__in={p.token for p in group},
-                                          user__is_active=True)
-                     .values_list("key", "user_id"))
+        # one query on the tokens' unique hash index for the whole group; an unknown,
+        # expired or revoked token is left out and the DRF view says why (401)
+        users = api_tokens.user_ids({p.token for p in group})
         known = [p for p in group if p.token in users]
         results = book.place_bids([replace(p.bid, buyer_id=users[p.token]) for p in known])
         by_pending = dict(zip(map(id, known), results, strict=True))
@@ -232,10 +232,12 @@ def _token(headers: dict[bytes, bytes]) -> str | None:
 # What Django's middleware adds to a JSON response of this app (SecurityMiddleware with
 # the default SECURE_CONTENT_TYPE_NOSNIFF, SECURE_REFERRER_POLICY and
 # SECURE_CROSS_ORIGIN_OPENER_POLICY; XFrameOptionsMiddleware with X_FRAME_OPTIONS).
-def _response_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+# The request id (marketplace/logs.py) is RequestIdMiddleware's.
+def _response_headers(body: bytes, request_id: str) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()),
-               (b"x-frame-options", settings.X_FRAME_OPTIONS.encode())]
+               (b"x-frame-options", settings.X_FRAME_OPTIONS.encode()),
+               (REQUEST_ID_HEADER.lower().encode(), request_id.encode())]
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
         headers.append((b"x-content-type-options", b"nosniff"))
     if settings.SECURE_REFERRER_POLICY:
@@ -288,18 +290,23 @@ class BidFastPath:
                 and not (settings.SECURE_SSL_REDIRECT and scope.get("scheme") != "https")):
             bid = parse_bid(body)
         if bid is not None:
+            request_id = request_id_from(
+                headers.get(REQUEST_ID_HEADER.lower().encode(), b"").decode("latin-1"))
             try:
                 status, answer = await batcher().place(token, bid)
             except Unauthenticated:
                 pass
             except Exception:  # a bug, the database gone
-                log.exception("placing a bid through the batcher failed")
+                log.exception("[request %s] placing a bid through the batcher failed",
+                              request_id)
                 status, answer = 500, {"detail": "server error: look for the bid in GET "
                                                  "/api/v1/orders/ before placing it again (a "
-                                                 "client_order_id makes a retry safe)"}
-                return await self._respond(send, status, answer)
+                                                 "client_order_id makes a retry safe); it is "
+                                                 f"logged as request {request_id}",
+                                       "request_id": request_id}
+                return await self._respond(send, status, answer, request_id)
             else:
-                return await self._respond(send, status, answer)
+                return await self._respond(send, status, answer, request_id)
         await self.app(scope, _replay(body, more, receive), send)
 
     @staticmethod
@@ -312,10 +319,10 @@ class BidFastPath:
         return bool(domain) and validate_host(domain, allowed)
 
     @staticmethod
-    async def _respond(send, status: int, answer: dict[str, Any]) -> None:
+    async def _respond(send, status: int, answer: dict[str, Any], request_id: str) -> None:
         body = JSONRenderer().render(answer)
         await send({"type": "http.response.start", "status": status,
-                    "headers": _response_headers(body)})
+                    "headers": _response_headers(body, request_id)})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -8,7 +8,8 @@ field to name — a body that is not JSON, 401/403 credentials, a 409 state conf
 413, 415 or 5xx — it is `{"detail": "<message>"}` alone: never an empty field name.
 400 for bad input, 401/403/404 as usual, 409 for a state conflict. Domain errors
 (MarketError, ProviderError, SettlementError) become responses here, so views stay
-thin; nothing else is caught, so a bug is still a 500 with a log entry (never a
+thin; nothing else is caught, so a bug is still a 500 whose traceback is logged with
+the request id, and whose body is `{"detail": …, "request_id": "<id>"}` (never a
 traceback to the client: DEBUG pages are off for the API). Django's own 400/403/404/500
 answers under /api/ are JSON too (the handlers below, set in marketplace/urls.py).
 """
@@ -16,7 +17,8 @@ answers under /api/ are JSON too (the handlers below, set in marketplace/urls.py
 from __future__ import annotations
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import JsonResponse
+from django.http import HttpResponseServerError, JsonResponse
+from django.template.loader import render_to_string
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import status
@@ -26,6 +28,7 @@ from rest_framework.views import exception_handler as drf_handler
 
 from marketplace.api.parsers import DuplicateKey
 from marketplace.errors import MarketError
+from marketplace.logs import current_request_id
 from providers.services import ProviderError
 from settlement.money import MoneyFormatError
 from settlement.services import InsufficientFunds, SettlementError
@@ -146,7 +149,15 @@ def page_not_found(request, exception):
 
 
 def server_error(request):
+    """The 500: the traceback is logged (django.request, with the request id: settings
+    LOGGING); the answer names the id, never the error."""
+    request_id = getattr(request, "request_id", None) or current_request_id()
     if is_api(request):
-        return JsonResponse({"detail": "server error: the request failed; it is logged"},
-                            status=500)
-    return defaults.server_error(request)
+        return JsonResponse({"detail": f"server error: the request failed; it is logged "
+                                       f"as request {request_id}",
+                             "request_id": request_id}, status=500)
+    try:
+        html = render_to_string("frontend/500.html", {"request_id": request_id})
+    except Exception:  # the template itself failing must not hide the 500
+        return defaults.server_error(request)
+    return HttpResponseServerError(html)

@@ -11,17 +11,33 @@ from drf_spectacular.extensions import (
 from drf_spectacular.plumbing import build_basic_type, build_bearer_security_scheme_object
 from drf_spectacular.types import OpenApiTypes
 
+_API_TOKEN = ("a user's API token (`gmu_…`; signup and POST /api/v1/auth/token/ show it "
+              "once; it expires after GPUMARKET_API_TOKEN_TTL_DAYS, list and revoke them at "
+              "/api/v1/auth/tokens/)")
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    """The user's API token as `Authorization: Token <key>`."""
+
+    target_class = "marketplace.api.auth.ApiTokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": f"{_API_TOKEN}, as `Token <key>`"}
+
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
-    """The user's API token as `Authorization: Bearer <key>` (the same token as DRF's
-    `Token <key>`, which drf-spectacular's own extension describes as tokenAuth)."""
+    """The same API token as `Authorization: Bearer <key>`."""
 
     target_class = "marketplace.api.auth.BearerTokenAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema):
-        return build_bearer_security_scheme_object(header_name="Authorization",
-                                                   token_prefix="Bearer")
+        definition = build_bearer_security_scheme_object(header_name="Authorization",
+                                                         token_prefix="Bearer")
+        definition["description"] = _API_TOKEN
+        return definition
 
 
 class RunnerTokenScheme(OpenApiAuthenticationExtension):

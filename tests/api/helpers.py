@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from marketplace.models import Lease, Order, SealedBid
 from settlement import services as ledger
 from settlement.models import Hold, JournalEntry
+from tests.factories import api_token
 
 
 def client_for(user=None) -> APIClient:
@@ -17,8 +17,7 @@ def client_for(user=None) -> APIClient:
     client = APIClient()
     client.raise_request_exception = False
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return client
 
 

@@ -4,12 +4,11 @@ types, unknown fields named, Bearer tokens for programs, precise money messages.
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from providers.models import Provider
 from tests.api.helpers import client_for, snapshot
-from tests.factories import UserFactory, funded_buyer
+from tests.factories import UserFactory, api_token, funded_buyer
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +66,7 @@ def test_money_messages_say_what_is_wrong(price, says):
 def test_bearer_token_works_for_programs_too():
     user = UserFactory()
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.create(user=user).key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {api_token(user)}")
     assert api.get("/api/v1/me/").json()["id"] == user.pk
 
 

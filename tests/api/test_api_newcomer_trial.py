@@ -16,7 +16,6 @@ from django.core.management import call_command
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from marketplace import urls as root_urls
@@ -29,6 +28,7 @@ from tests.api.helpers import assert_refused, client_for, runner_client, snapsho
 from tests.factories import (
     RTX4090_DUMP,
     UserFactory,
+    api_token,
     funded_buyer,
     in_a_day,
     registered_node,
@@ -62,7 +62,7 @@ def _is_json(r) -> bool:
 
 @pytest.mark.parametrize("method", ["post", "put", "patch", "delete", "get"])
 def test_missing_trailing_slash_is_a_json_404_with_csrf_checks_on(method):
-    token = Token.objects.create(user=funded_buyer(10)).key
+    token = api_token(funded_buyer(10))
     for headers in ({"HTTP_AUTHORIZATION": f"Token {token}"}, {}):
         c = Client(enforce_csrf_checks=True)
         r = c.generic(method.upper(), "/api/v1/orders", json.dumps(BID),
@@ -261,7 +261,8 @@ def test_every_operation_documents_its_answer_body_and_takes_json_only():
     signup = doc["paths"]["/api/v1/signup/"]["post"]["responses"]
     assert list(signup) == ["201"]
     ref = signup["201"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
-    assert set(doc["components"]["schemas"][ref]["properties"]) == {"id", "username", "token"}
+    assert set(doc["components"]["schemas"][ref]["properties"]) == {"id", "username", "token",
+                                                                    "token_expires_at"}
     token = doc["paths"]["/api/v1/auth/token/"]["post"]["requestBody"]["content"]
     assert list(token) == ["application/json"]
 
@@ -270,7 +271,7 @@ def test_every_operation_documents_its_answer_body_and_takes_json_only():
 
 LISTS = ["/api/v1/gpu-classes/", "/api/v1/fills/", "/api/v1/orders/", "/api/v1/auctions/",
          "/api/v1/sealed-bids/", "/api/v1/leases/", "/api/v1/nodes/", "/api/v1/payouts/",
-         "/api/v1/ledger/entries/"]
+         "/api/v1/ledger/entries/", "/api/v1/auth/tokens/"]
 
 
 def test_every_list_in_the_schema_is_paginated_and_tested_here():
@@ -452,7 +453,8 @@ def test_signup_refuses_weak_passwords_with_djangos_messages(username, password,
 def test_signup_with_a_good_password_answers_201_with_the_token():
     r = APIClient().post("/api/v1/signup/", {"username": "grace",
                                              "password": "a long password"}, format="json")
-    assert r.status_code == 201 and set(r.json()) == {"id", "username", "token"}
+    assert r.status_code == 201 and set(r.json()) == {"id", "username", "token",
+                                                                    "token_expires_at"}
 
 
 def test_signup_page_shows_the_validators_messages():

@@ -9,7 +9,6 @@ import asyncio
 
 import httpx
 import pytest
-from rest_framework.authtoken.models import Token
 
 from marketplace.api import bid_batcher
 from marketplace.asgi import application
@@ -17,7 +16,7 @@ from marketplace.models import Order
 from settlement import services as ledger
 from settlement.checks import first_violation
 from tests.api.helpers import client_for
-from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.factories import api_token, ensure_catalog, funded_buyer, in_a_day, registered_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +52,7 @@ def asgi_post(*requests: tuple[str | None, dict], host: str = "testserver",
 
 
 def token_of(user) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
+    return api_token(user)
 
 
 def without_ids(body: dict) -> dict:
@@ -71,6 +70,31 @@ def test_a_bid_through_the_batcher_answers_as_the_drf_view_does():
     assert fast.headers["x-content-type-options"] == "nosniff"
     assert fast.headers["x-frame-options"] == slow.headers["X-Frame-Options"]
     assert bid_batcher.batcher().stats["bids"] == 1
+
+
+def test_a_revoked_or_expired_token_is_refused_on_the_fast_path_at_once():
+    """The batcher looks tokens up by hash for every group: a token revoked or expired a
+    moment ago places nothing, and the answer is the DRF view's 401 saying why."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace import api_tokens
+    from marketplace.models import ApiToken
+
+    buyer = funded_buyer(100)
+    revoked, expired = api_tokens.issue(user=buyer), api_tokens.issue(user=buyer)
+    first, second = asgi_post((revoked.key, BID), (expired.key, BID))
+    assert first.status_code == second.status_code == 201
+    assert first.headers["x-request-id"]
+    assert bid_batcher.batcher().stats["bids"] == 2
+    ApiToken.objects.filter(pk=revoked.token.pk).delete()
+    ApiToken.objects.filter(pk=expired.token.pk).update(
+        expires_at=timezone.now() - timedelta(seconds=1))
+    gone, old = asgi_post((revoked.key, BID), (expired.key, BID))
+    assert (gone.status_code, gone.json()) == (401, {"detail": "invalid token"})
+    assert (old.status_code, old.json()) == (401, {"detail": "token expired"})
+    assert Order.objects.filter(owner=buyer).count() == 2
 
 
 def test_concurrent_bids_are_placed_in_one_group_and_each_gets_its_answer(monkeypatch):
@@ -142,7 +166,7 @@ def test_what_the_fast_path_cannot_answer_reaches_django():
     unknown, no_token, an_ask = asgi_post(("not-a-token", BID), (None, BID),
                                           (token_of(provider), ask))
     assert unknown.status_code == 401 and no_token.status_code == 401
-    assert unknown.json() == {"detail": "Invalid token."}
+    assert unknown.json() == {"detail": "invalid token"}
     assert an_ask.status_code == 201 and an_ask.json()["side"] == "ask"
     [bad_host] = asgi_post((token_of(buyer), BID), host="evil.example")
     assert bad_host.status_code == 400

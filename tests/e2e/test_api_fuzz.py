@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from tests.conftest import require_or_skip
-from tests.factories import funded_buyer, in_a_day, registered_node
+from tests.factories import api_token, funded_buyer, in_a_day, registered_node
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -27,7 +26,7 @@ def test_schemathesis_finds_no_server_error(live_server, tmp_path):
 
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
                    price=2_000_000, gpus=8, available_until=in_a_day())
-    token = Token.objects.create(user=funded_buyer(10_000)).key
+    token = api_token(funded_buyer(10_000))
     done = subprocess.run(
         [cli, "run", f"{live_server.url}/api/schema/", "-H", f"Authorization: Token {token}",
          "--include-path-regex", r"^/api/v1/(orders|auctions|sealed-bids|gpu-classes)",

@@ -1,4 +1,4 @@
-"""/ws/me/: authenticated by session or ?token=; the user's own orders, sealed bids,
+"""/ws/me/: authenticated by session or a single-use ?ticket=; the user's own orders, sealed bids,
 leases and balance changes — never another user's."""
 
 import json
@@ -8,9 +8,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
-from marketplace import auctions, book
+from marketplace import api_tokens, auctions, book
 from marketplace.leases import end_lease, mark_running
 from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
 from tests.frontend.conftest import call, connect, drain, recv
@@ -21,13 +20,15 @@ H100 = "h100-sxm-80gb"
 
 
 def _token_path(user) -> str:
-    return f"/ws/me/?token={Token.objects.create(user=user).key}"
+    """A /ws/me/ path with a new single-use ticket of `user` (one connection)."""
+    ticket, _ = api_tokens.issue_ticket(user=user)
+    return f"/ws/me/?ticket={ticket}"
 
 
 def test_anonymous_is_refused_with_4401():
     async def scenario():
         results = []
-        for path in ("/ws/me/", "/ws/me/?token=not-a-token"):
+        for path in ("/ws/me/", "/ws/me/?ticket=not-a-ticket"):
             _, connected, code = await connect(path)
             results.append((connected, code))
         return results

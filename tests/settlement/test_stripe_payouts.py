@@ -4,14 +4,13 @@ stand-in that serves recorded Connect responses (localstripe has no Connect)."""
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from settlement import services as ledger
 from settlement import stripe_payouts
 from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import Account, JournalEntry, Payout
-from tests.factories import UserFactory, funded_buyer
+from tests.factories import UserFactory, api_token, funded_buyer
 from tests.settlement.stripe_connect_standin import ConnectStandIn
 
 pytestmark = [pytest.mark.django_db, pytest.mark.ledger("ledger_only")]
@@ -43,7 +42,7 @@ def _earning_provider(micros: int):
 
 def _api(user) -> APIClient:
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return api
 
 

@@ -18,7 +18,6 @@ import time
 import httpx
 import pytest
 import stripe
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from settlement import services as ledger
@@ -27,7 +26,7 @@ from settlement.models import JournalEntry, StripeEvent, TopUp
 from settlement.stripe_payments import cents_to_micros, micros_to_whole_cents
 from tests.conftest import require_or_skip
 from tests.e2e.conftest import wait_until
-from tests.factories import UserFactory
+from tests.factories import UserFactory, api_token
 
 WEBHOOK_SECRET = "whsec_gpumarket_test_secret"
 pytestmark = pytest.mark.ledger("ledger_only")
@@ -72,7 +71,7 @@ def stripe_on(settings, localstripe_url):
 
 def _client(user) -> APIClient:
     api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return api
 
 
