@@ -182,7 +182,7 @@ class LeaseAdmin(StrictAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(StrictAdmin):
     """Users' API tokens: who, which (prefix), when; never the token (only its hash is
     stored, and not shown). Deleting one revokes it at once; none is made here."""
 

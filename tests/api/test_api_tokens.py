@@ -154,7 +154,7 @@ def test_existing_drf_tokens_are_carried_over_hashed_and_the_clear_ones_deleted(
                        "created timestamptz NOT NULL, user_id integer NOT NULL)")
         cursor.execute("INSERT INTO authtoken_token VALUES (%s, %s, %s)",
                        [legacy, timezone.now() - timedelta(days=400), user.pk])
-    migration = importlib.import_module("marketplace.migrations.0009_api_tokens_hashed")
+    migration = importlib.import_module("marketplace.migrations.0010_api_tokens_hashed")
     with connection.schema_editor() as editor:
         migration.carry_over_drf_tokens(apps, editor)
     with connection.cursor() as cursor:

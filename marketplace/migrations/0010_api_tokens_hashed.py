@@ -38,7 +38,7 @@ def carry_over_drf_tokens(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0008_order_expiry_indexes'),
+        ('marketplace', '0009_sealed_bid_audit'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
