@@ -46,6 +46,7 @@ from marketplace import book
 from marketplace.api import serializers as s
 from marketplace.api.errors import exception_handler
 from marketplace.api.parsers import StrictJSONParser
+from marketplace.db_unavailable import RETRY_AFTER_SECONDS, is_database_unavailable
 from marketplace.models import Order
 
 log = logging.getLogger("gpumarket.api")
@@ -131,7 +132,8 @@ class BidBatcher:
 
     def _place(self, group: list[_Pending]) -> list[Any]:
         # This thread keeps its connection between groups (Django's per-request close,
-        # CONN_MAX_AGE 0, is for request threads); a broken one is replaced above.
+        # CONN_MAX_AGE 0, is for request threads); a broken one is replaced above. With
+        # the pool (GPUMARKET_DB_POOL) that is one of the process's connections for good.
         users = dict(Token.objects.filter(key__in={p.token for p in group},
                                           user__is_active=True)
                      .values_list("key", "user_id"))
@@ -292,7 +294,15 @@ class BidFastPath:
                 status, answer = await batcher().place(token, bid)
             except Unauthenticated:
                 pass
-            except Exception:  # a bug, the database gone
+            except Exception as exc:  # a bug, the database gone
+                if is_database_unavailable(exc):  # no connection: nothing was placed
+                    log.warning("503 for a bid: no database connection (%s)",
+                                type(exc).__name__)
+                    return await self._respond(
+                        send, 503, {"detail": "the service is busy: no database connection "
+                                              "is free right now; the bid was not placed, "
+                                              f"retry in {RETRY_AFTER_SECONDS} s"},
+                        extra=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
                 log.exception("placing a bid through the batcher failed")
                 status, answer = 500, {"detail": "server error: look for the bid in GET "
                                                  "/api/v1/orders/ before placing it again (a "
@@ -312,10 +322,11 @@ class BidFastPath:
         return bool(domain) and validate_host(domain, allowed)
 
     @staticmethod
-    async def _respond(send, status: int, answer: dict[str, Any]) -> None:
+    async def _respond(send, status: int, answer: dict[str, Any],
+                       extra: list[tuple[bytes, bytes]] = ()) -> None:
         body = JSONRenderer().render(answer)
         await send({"type": "http.response.start", "status": status,
-                    "headers": _response_headers(body)})
+                    "headers": _response_headers(body) + list(extra)})
         await send({"type": "http.response.body", "body": body})
 
 
