@@ -9,18 +9,20 @@
   until the window ends, so an attacker can never lock a real user out for longer than
   one window at a time, and gets at most that many guesses per window.
 
-The counters are fixed windows in the Django cache (Redis when REDIS_URL is set, so all
-processes share them; else each process's memory), counted with the cache's atomic
-add/incr: 60 concurrent attempts are 60 counts, not 60 reads of the same count. DRF
-throttle classes (LoginAddressThrottle, SignupAddressThrottle) serve the API views;
-`check` and `begin_login` give the pages (frontend/login.py) the same counters. A
-cache that does not answer lets the attempt through (logged): logins stay possible.
+The counters are windows (each starting at its first attempt) in the Django cache
+(Redis when REDIS_URL is set, so all processes share them; else each process's
+memory), counted with the cache's atomic add/incr: 60 concurrent attempts are 60
+counts, not 60 reads of the same count. DRF throttle classes (LoginAddressThrottle,
+SignupAddressThrottle) serve the API views; `check` and `begin_login` give the pages
+(frontend/login.py) the same counters. A cache that does not answer lets the attempt
+through (logged): logins stay possible.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -43,11 +45,12 @@ def parse_rate(rate: str) -> tuple[int, int]:
 
 def _hit(key: str, period: int) -> tuple[int, int, str]:
     """Count one more in `key`'s current window → (count in the window, seconds until it
-    ends, the window's cache key)."""
+    ends, the window's cache key). A window starts at the first count after the last one
+    ended and lasts `period` seconds."""
     now = time.time()
-    window = int(now // period)
-    name = f"limit:{key}:{period}:{window}"
-    wait = max(1, int((window + 1) * period - now + 0.999))
+    start = float(cache.get_or_set(f"limit:{key}", now, timeout=period))
+    name = f"limit:{key}:{int(start * 1000)}"
+    wait = max(1, math.ceil(start + period - now))
     cache.add(name, 0, timeout=period + 1)
     try:
         value = cache.incr(name)
