@@ -3,12 +3,12 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import stripe_views, views
+from frontend import login, stripe_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("signup/", views.signup, name="signup-page"),
-    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
+    path("login/", login.LoginView.as_view(template_name="frontend/login.html",
                                                 redirect_authenticated_user=True,
                                                 next_page="wallet-page"),
          name="login"),

@@ -26,8 +26,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
+from frontend.login import signup_limited
 from marketplace import auctions as auction_services
 from marketplace import book
+from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
 from marketplace.leases import endpoint_text
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
@@ -121,13 +123,15 @@ def _usd(micros: int | None) -> str:
     return "—" if micros is None else f"${format_usd(micros)}"
 
 
+@signup_limited(f.SignupForm, "frontend/signup.html")
 def signup(request):
     if request.user.is_authenticated:
         return redirect("wallet-page")
     form = f.SignupForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
+        release_connection()  # the password is hashed in save(): with no connection held
         user = form.save()
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        login(request, user, backend="marketplace.auth_backends.ModelBackend")
         messages.success(request, f"Welcome, {user.username}.")
         nxt = request.GET.get("next", "")
         safe = url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},

@@ -38,10 +38,28 @@ Variables (default in brackets):
   further than this from now, past or future, is refused];
   STRIPE_PUBLISHABLE_KEY [unset: no card payment in the wallet page], STRIPE_JS_URL
   [https://js.stripe.com/v3/; loaded only when Stripe is configured].
+- GPUMARKET_DB_POOL [1]: with PostgreSQL, a connection pool per process (Django's psycopg
+  pool): GPUMARKET_DB_POOL_MIN [1] to GPUMARKET_DB_POOL_MAX [10] connections; a request
+  that finds none free within GPUMARKET_DB_POOL_TIMEOUT [5] seconds is a 503 with
+  Retry-After, never a 500 (so is PostgreSQL refusing a connection). Each web process,
+  Celery worker process (prefork: one at a time per child) and the bid batcher's thread
+  draws from its process's pool: keep the sum of every process's maximum under the
+  server's max_connections, with room for others. 0: no pool (one connection per request,
+  as behind PgBouncer). SQLite (the demo) never pools.
+- Login limits (429 with Retry-After; marketplace/api/throttles.py): GPUMARKET_LOGIN_RATE
+  [20/min] attempts per client address at POST /api/v1/auth/token/ and the login page
+  together; GPUMARKET_SIGNUP_RATE [10/hour] signups per address (API and page);
+  GPUMARKET_LOGIN_LOCKOUT_FAILURES [10] failed logins per username, from any address,
+  within a window of GPUMARKET_LOGIN_LOCKOUT_SECONDS [900] lock that username until the
+  window ends (never longer). Counters live in the cache: Redis when REDIS_URL is set
+  (shared by all processes), else each process's memory. GPUMARKET_NUM_PROXIES [0]:
+  reverse proxies in front that append to X-Forwarded-For (0: the client address is the
+  connection's peer; uvicorn's --proxy-headers may already have set it).
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
@@ -192,6 +210,54 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
+# --- Database pool, cache and login limits (issue 10, item 5) ---------------------------
+# One block: the pool bounds the connections a process holds (PostgreSQL only; see the
+# docstring), the cache holds the login limits' counters, and the throttles use them.
+GPUMARKET_DB_POOL = env.bool("GPUMARKET_DB_POOL", default=True)
+GPUMARKET_DB_POOL_MIN = env.int("GPUMARKET_DB_POOL_MIN", default=1)
+GPUMARKET_DB_POOL_MAX = env.int("GPUMARKET_DB_POOL_MAX", default=10)
+GPUMARKET_DB_POOL_TIMEOUT = env.float("GPUMARKET_DB_POOL_TIMEOUT", default=5.0)
+if not 0 <= GPUMARKET_DB_POOL_MIN <= GPUMARKET_DB_POOL_MAX or GPUMARKET_DB_POOL_MAX < 1:
+    raise ImproperlyConfigured("GPUMARKET_DB_POOL_MIN and _MAX: need 0 <= MIN <= MAX, MAX >= 1")
+if GPUMARKET_DB_POOL_TIMEOUT <= 0:
+    raise ImproperlyConfigured("GPUMARKET_DB_POOL_TIMEOUT must be a positive number of seconds")
+if GPUMARKET_DB_POOL and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    if DATABASES["default"].get("CONN_MAX_AGE"):
+        raise ImproperlyConfigured("the database pool needs CONN_MAX_AGE 0 (no ?conn_max_age= "
+                                   "in DATABASE_URL), or GPUMARKET_DB_POOL=0")
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # a pooled connection is checked before it is handed out (PostgreSQL restarted, …)
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": GPUMARKET_DB_POOL_MIN, "max_size": GPUMARKET_DB_POOL_MAX,
+        "timeout": GPUMARKET_DB_POOL_TIMEOUT, "name": "gpumarket",
+    }
+# Passwords are hashed with no database connection held (marketplace/auth_backends.py).
+AUTHENTICATION_BACKENDS = ["marketplace.auth_backends.ModelBackend"]
+# Database unavailable (pool exhausted, PostgreSQL refusing): 503 with Retry-After.
+MIDDLEWARE.append("marketplace.db_unavailable.DatabaseUnavailableMiddleware")
+
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": REDIS_URL, "KEY_PREFIX": "gpumarket"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+GPUMARKET_LOGIN_RATE = env.str("GPUMARKET_LOGIN_RATE", default="20/min")
+GPUMARKET_SIGNUP_RATE = env.str("GPUMARKET_SIGNUP_RATE", default="10/hour")
+GPUMARKET_LOGIN_LOCKOUT_FAILURES = env.int("GPUMARKET_LOGIN_LOCKOUT_FAILURES", default=10)
+GPUMARKET_LOGIN_LOCKOUT_SECONDS = env.int("GPUMARKET_LOGIN_LOCKOUT_SECONDS", default=900)
+if GPUMARKET_LOGIN_LOCKOUT_FAILURES < 1 or GPUMARKET_LOGIN_LOCKOUT_SECONDS < 1:
+    raise ImproperlyConfigured("GPUMARKET_LOGIN_LOCKOUT_FAILURES and _SECONDS must be >= 1")
+for _name in ("GPUMARKET_LOGIN_RATE", "GPUMARKET_SIGNUP_RATE"):
+    if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)",
+                        globals()[_name]):
+        raise ImproperlyConfigured(f"{_name} must look like 20/min (a count per s, min, "
+                                   f"hour or day), not {globals()[_name]!r}")
+REST_FRAMEWORK["NUM_PROXIES"] = env.int("GPUMARKET_NUM_PROXIES", default=0)
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"login": GPUMARKET_LOGIN_RATE,
+                                            "signup": GPUMARKET_SIGNUP_RATE}
+# --- end of the database pool, cache and login limits block -----------------------------
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpumarket API",
     "DESCRIPTION": "Sealed-bid and continuous auctions for GPU time. Prices are decimal "

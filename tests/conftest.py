@@ -72,3 +72,32 @@ def ledger_guard(request):
     problem = first_violation(LEDGER_CHECKS if mode == "ledger_only" else None)
     if problem:
         pytest.fail(f"ledger invariant broken at the end of the test: {problem}")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """Tests start up to 24 threads on the database at once (test_book_concurrency.py):
+    give the test process's connection pool (GPUMARKET_DB_POOL) room for them, a patient
+    wait, and idle connections back to the shared server soon."""
+    from django.conf import settings
+
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    if pool:
+        pool.update(max_size=max(pool["max_size"], 32), timeout=max(pool["timeout"], 60),
+                    max_idle=30)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_login_limits():
+    """Each test starts with no login or signup counted (marketplace/api/throttles.py):
+    the counters live in the cache (Redis, shared with the broker: only their keys go)."""
+    from django.core.cache import cache
+
+    backend = cache._cache if hasattr(cache, "_cache") else None
+    if backend is not None and hasattr(backend, "get_client"):  # Redis
+        client = backend.get_client(write=True)
+        keys = list(client.scan_iter(match=cache.make_key("limit:*"), count=1000))
+        if keys:
+            client.delete(*keys)
+    else:
+        cache.clear()

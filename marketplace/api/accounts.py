@@ -14,6 +14,8 @@ from rest_framework.views import APIView
 
 from marketplace import api_tokens
 from marketplace.api.parsers import StrictJSONParser
+from marketplace.api.throttles import LoginAddressThrottle, SignupAddressThrottle, begin_login
+from marketplace.auth_backends import release_connection
 from settlement.fields import StrictCharField, StrictInputSerializer
 
 
@@ -50,15 +52,18 @@ class SignupOut(serializers.Serializer):
 
 
 class Signup(APIView):
-    """Create an account; the answer carries its API token."""
+    """Create an account; the answer carries its API token. At most GPUMARKET_SIGNUP_RATE
+    per client address (429 with Retry-After beyond)."""
 
     permission_classes = [permissions.AllowAny]
     authentication_classes: list = []
+    throttle_classes = [SignupAddressThrottle]
 
     @extend_schema(request=SignupIn, responses={201: SignupOut})
     def post(self, request):
         data = SignupIn(data=request.data)
         data.is_valid(raise_exception=True)
+        release_connection()  # create_user hashes the password first: with no connection
         user = get_user_model().objects.create_user(**data.validated_data)
         issued = api_tokens.issue(user=user, name="signup")
         return Response({"id": user.pk, "username": user.username, "token": issued.key,
@@ -81,21 +86,25 @@ class TokenOut(serializers.Serializer):
 class TokenLogin(APIView):
     """A new API token, for your username and password (JSON only); valid
     GPUMARKET_API_TOKEN_TTL_DAYS days, shown once. Wrong credentials are a 400 whose
-    `detail` says so; no field is named (which one was wrong is not told)."""
+    `detail` says so; no field is named (which one was wrong is not told).
+    429 with Retry-After beyond GPUMARKET_LOGIN_RATE attempts per client address, or
+    after GPUMARKET_LOGIN_LOCKOUT_FAILURES failures for one username (throttles.py)."""
 
     permission_classes: list = []
     authentication_classes: list = []
-    throttle_classes: list = []
+    throttle_classes = [LoginAddressThrottle]
     parser_classes = [StrictJSONParser]
 
     @extend_schema(request=TokenIn, responses={200: TokenOut})
     def post(self, request):
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
+        attempt = begin_login(data.validated_data["username"])
         user = authenticate(request=request, username=data.validated_data["username"],
                             password=data.validated_data["password"])
         if user is None:
             raise serializers.ValidationError("unable to log in with these credentials")
+        attempt.succeeded()
         issued = api_tokens.issue(user=user, name=data.validated_data["name"])
         return Response({"id": issued.token.pk, "token": issued.key,
                          "expires_at": issued.token.expires_at})

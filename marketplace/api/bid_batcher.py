@@ -45,6 +45,7 @@ from marketplace import api_tokens, book
 from marketplace.api import serializers as s
 from marketplace.api.errors import exception_handler
 from marketplace.api.parsers import StrictJSONParser
+from marketplace.db_unavailable import RETRY_AFTER_SECONDS, is_database_unavailable
 from marketplace.logs import REQUEST_ID_HEADER, request_id_from
 from marketplace.models import Order
 
@@ -131,9 +132,10 @@ class BidBatcher:
 
     def _place(self, group: list[_Pending]) -> list[Any]:
         # This thread keeps its connection between groups (Django's per-request close,
-        # CONN_MAX_AGE 0, is for request threads); a broken one is replaced above.
-        # one query on the tokens' unique hash index for the whole group; an unknown,
-        # expired or revoked token is left out and the DRF view says why (401)
+        # CONN_MAX_AGE 0, is for request threads); a broken one is replaced above. With
+        # the pool (GPUMARKET_DB_POOL) that is one of the process's connections for good.
+        # One query on the tokens' unique hash index for the whole group; an unknown,
+        # expired or revoked token is left out and the DRF view says why (401).
         users = api_tokens.user_ids({p.token for p in group})
         known = [p for p in group if p.token in users]
         results = book.place_bids([replace(p.bid, buyer_id=users[p.token]) for p in known])
@@ -296,7 +298,16 @@ class BidFastPath:
                 status, answer = await batcher().place(token, bid)
             except Unauthenticated:
                 pass
-            except Exception:  # a bug, the database gone
+            except Exception as exc:  # a bug, the database gone
+                if is_database_unavailable(exc):  # no connection: nothing was placed
+                    log.warning("[request %s] 503 for a bid: no database connection (%s)",
+                                request_id, type(exc).__name__)
+                    return await self._respond(
+                        send, 503, {"detail": "the service is busy: no database connection "
+                                              "is free right now; the bid was not placed, "
+                                              f"retry in {RETRY_AFTER_SECONDS} s"},
+                        request_id,
+                        extra=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
                 log.exception("[request %s] placing a bid through the batcher failed",
                               request_id)
                 status, answer = 500, {"detail": "server error: look for the bid in GET "
@@ -319,10 +330,11 @@ class BidFastPath:
         return bool(domain) and validate_host(domain, allowed)
 
     @staticmethod
-    async def _respond(send, status: int, answer: dict[str, Any], request_id: str) -> None:
+    async def _respond(send, status: int, answer: dict[str, Any], request_id: str,
+                       extra: list[tuple[bytes, bytes]] = ()) -> None:
         body = JSONRenderer().render(answer)
         await send({"type": "http.response.start", "status": status,
-                    "headers": _response_headers(body, request_id)})
+                    "headers": _response_headers(body, request_id) + list(extra)})
         await send({"type": "http.response.body", "body": body})
 
 

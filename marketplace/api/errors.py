@@ -5,8 +5,10 @@ exactly when fields of the request are at fault, and names each of them:
 `{"detail": "<field>: <message>", "errors": {"<field>": ["<message>", …]}}` (a body
 field, `a.b` / `a[0].b` inside it, or a query parameter such as `limit`). Without a
 field to name — a body that is not JSON, 401/403 credentials, a 409 state conflict, a
-413, 415 or 5xx — it is `{"detail": "<message>"}` alone: never an empty field name.
-400 for bad input, 401/403/404 as usual, 409 for a state conflict. Domain errors
+413, 415, 429 or 5xx — it is `{"detail": "<message>"}` alone: never an empty field name.
+400 for bad input, 401/403/404 as usual, 409 for a state conflict, 429 (with
+Retry-After) for too many logins or signups, 503 (with Retry-After) when no database
+connection is free (marketplace/db_unavailable.py). Domain errors
 (MarketError, ProviderError, SettlementError) become responses here, so views stay
 thin; nothing else is caught, so a bug is still a 500 whose traceback is logged with
 the request id, and whose body is `{"detail": …, "request_id": "<id>"}` (never a
@@ -15,6 +17,8 @@ answers under /api/ are JSON too (the handlers below, set in marketplace/urls.py
 """
 
 from __future__ import annotations
+
+import sys
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponseServerError, JsonResponse
@@ -150,7 +154,13 @@ def page_not_found(request, exception):
 
 def server_error(request):
     """The 500: the traceback is logged (django.request, with the request id: settings
-    LOGGING); the answer names the id, never the error."""
+    LOGGING); the answer names the id, never the error. Django calls this inside its
+    `except` block: a failure outside any view (a middleware's) that means "no database
+    connection" is a 503 instead (db_unavailable.py)."""
+    from marketplace.db_unavailable import is_database_unavailable, unavailable_response
+
+    if is_database_unavailable(sys.exc_info()[1]):
+        return unavailable_response(request)
     request_id = getattr(request, "request_id", None) or current_request_id()
     if is_api(request):
         return JsonResponse({"detail": f"server error: the request failed; it is logged "
