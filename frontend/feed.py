@@ -712,6 +712,9 @@ class Hub:
         self._layer = None
         self._channel: str | None = None
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
+        self._own_layer = None  # a channel layer of this hub's own, once it resubscribed
+        self._run: str | None = None  # the Redis run id last seen
         # group → (seq, monotonic time read, text) and the read in flight (seq, task)
         self.snapshots: dict[str, tuple[int, float, str]] = {}
         self._reading: dict[str, tuple[int, asyncio.Task]] = {}
@@ -780,6 +783,8 @@ class Hub:
                 epoch, last = await asyncio.to_thread(current, group)
                 state.expected = max(state.expected, last + 1)
                 state.epoch = epoch
+                if self._run is None:
+                    self._run = epoch
                 state.subscribed = True
 
     async def leave(self, group: str, member: Subscriber) -> None:
@@ -801,13 +806,72 @@ class Hub:
             if not self.groups and self._reader is not None:
                 self._reader.cancel()
                 self._reader, self._channel = None, None
+            if not self.groups and self._watcher is not None:
+                self._watcher.cancel()
+                self._watcher = None
 
     async def _ensure_reader(self) -> None:
         if self._reader is not None and not self._reader.done():
             return
-        self._layer = get_channel_layer()
+        self._layer = self._own_layer or get_channel_layer()
         self._channel = await self._layer.new_channel(prefix="feedhub.")
         self._reader = self.loop.create_task(self._read(self._layer, self._channel))
+        if self._watcher is None or self._watcher.done():
+            self._watcher = self.loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Every FEED_RUN_CHECK seconds (default 1): did Redis restart under this hub's
+        subscription (a new run id)? Events published while the subscription was down
+        (redis-py subscribes again when it reconnects) are lost, and a quiet group would
+        never show it: every group still numbered by the old run is renumbered from the
+        new run's counter and its clients resync at once (`_renumbered`)."""
+        while True:
+            await asyncio.sleep(_setting("FEED_RUN_CHECK", 1.0))
+            try:
+                run = await asyncio.to_thread(counter().run_id)
+                if self._run is None or run == self._run:
+                    self._run = run
+                    continue
+                log.warning("live feed: Redis restarted (run %s, was %s): every client of "
+                            "this process resyncs", run, self._run)
+                self._run = run
+                await self._resubscribe()
+                for group, state in list(self.groups.items()):
+                    if not state.subscribed or state.epoch == run:
+                        continue
+                    epoch, last = await asyncio.to_thread(current, group)
+                    if self.groups.get(group) is state and state.epoch != epoch:
+                        self._renumbered(group, state, {"group": group, "epoch": epoch,
+                                                        "seq": max(last, state.expected - 1)})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis still down: the next round asks again
+                log.debug("feed hub: Redis run check failed: %s", exc)
+
+    async def _resubscribe(self) -> None:
+        """Subscribe every group again, on new connections (a channel layer of this hub's
+        own), and drop the old ones: after a Redis restart, the old pub/sub connection,
+        reconnected by redis-py, was seen subscribed on the server yet receiving nothing."""
+        from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
+
+        async with self._lock:
+            old_layer, old_reader, old_channel = self._layer, self._reader, self._channel
+            layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
+            channel = await layer.new_channel(prefix="feedhub.")
+            for group, state in self.groups.items():
+                if state.subscribed:
+                    await layer.group_add(group, channel)
+            self._own_layer, self._layer, self._channel = layer, layer, channel
+            self._reader = self.loop.create_task(self._read(layer, channel))
+            if old_reader is not None:
+                old_reader.cancel()
+            if old_layer is not None and old_channel is not None:
+                for group in self.groups:
+                    with contextlib.suppress(Exception):
+                        await old_layer.group_discard(group, old_channel)
+            if old_layer is not None and old_layer is not get_channel_layer():
+                with contextlib.suppress(Exception):
+                    await old_layer.flush()
 
     async def _read(self, layer, channel: str) -> None:
         while True:
@@ -859,8 +923,8 @@ class Hub:
         hub. Hand out what was held, then tell every local subscriber at once to resync
         (`renumbered`: its backlog is dropped and it gets `resync_required`); the snapshot
         it asks for is numbered from this event on, and the next events flow."""
-        log.warning("live feed: %s is numbered by a new Redis run (%s, was %s): clients "
-                    "resync", group, event.get("epoch"), state.epoch)
+        log.info("live feed: %s is numbered by a new Redis run (%s, was %s): clients "
+                 "resync", group, event.get("epoch"), state.epoch)
         for seq in sorted(state.pending):
             self._fan_out(state, state.pending.pop(seq))
         if state.timer is not None:
@@ -872,7 +936,8 @@ class Hub:
         for member in tuple(state.members):
             renumbered = getattr(member, "renumbered", None)
             if renumbered is None:
-                member.offer(event)
+                if "text" in event:  # not the watcher's (Hub._watch) mark
+                    member.offer(event)
             else:
                 renumbered(event)
 
