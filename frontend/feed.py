@@ -27,6 +27,9 @@ Server → client, all feeds:
   `{"type": "resync"}`.
   Sequence rule for clients: a message with seq == last + 1 is the next one; seq <=
   last is stale (ignore); seq > last + 1 is a gap → send `{"type": "resync"}`.
+  Numbers only grow, even across a Redis restart that lost them (frontend/feed_seq.py:
+  a lost counter starts again from the clock in microseconds, ~1.7e15, exact in JS);
+  after such a restart every connected client gets `resync_required` at once.
 
 `/ws/markets/<slug>/`:
 - snapshot: `{"type": "snapshot", "feed": "market", "market": slug, "seq", "ts",
@@ -90,7 +93,18 @@ market gets about one depth per interval whatever the number of processes, and s
 every committed change is followed by a depth read after it.
 Trades and the other messages are never coalesced away. Every event also carries `ns`,
 the Redis database of its sequence numbers: pub/sub channels are server-wide, and a hub
-ignores events numbered in another database (another deployment on the same server).
+ignores events numbered in another database (another deployment on the same server), and
+`epoch`, the run id of the Redis server that numbered it.
+
+Redis restarts (feed_seq.py): while Redis does not answer, the publisher keeps the batch
+(and the due depths) and tries again, 0.05 s doubling to 1 s: nothing committed is
+dropped; numbers taken for messages that were then not sent show as a gap. A hub that
+gets an event of a new `epoch` tells every client of the group to resync at once. Its run
+check (FEED_RUN_CHECK, 1 s: `INFO server` run_id) catches the restart even in a quiet
+group: it subscribes every group again on fresh connections (the old pub/sub connection,
+though reconnected by redis-py, was seen receiving nothing) and has every client resync.
+Their snapshots are numbered in the new run and the next events flow, with no restart of
+the web process. A client connecting after the restart gets its snapshot and events.
 
 Delivery: each ASGI process has one `Hub` per event loop that subscribes once per group
 to the channel layer (Redis pub/sub: `channels_redis.pubsub.RedisPubSubChannelLayer`;
