@@ -167,6 +167,12 @@ class FeedConsumer(AsyncWebsocketConsumer):
         except asyncio.QueueFull:
             self._overflow(event)
 
+    def renumbered(self, event: dict[str, Any]) -> None:
+        """Called by the hub when the group's numbering restarted at `event` (a new Redis
+        run: events may have been lost on the way). Like a slow client: the backlog is
+        dropped and the client told `resync_required` (no content: no permission check)."""
+        self._overflow(event)
+
     def _write_directly(self, event: dict[str, Any]) -> bool:
         try:
             return _write_frame(self._socket, event)

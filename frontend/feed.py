@@ -32,6 +32,9 @@ Server → client, all feeds:
   `{"type": "resync"}`.
   Sequence rule for clients: a message with seq == last + 1 is the next one; seq <=
   last is stale (ignore); seq > last + 1 is a gap → send `{"type": "resync"}`.
+  Numbers only grow, even across a Redis restart that lost them (frontend/feed_seq.py:
+  a lost counter starts again from the clock in microseconds, ~1.7e15, exact in JS);
+  after such a restart every connected client gets `resync_required` at once.
 
 `/ws/markets/<slug>/`:
 - snapshot: `{"type": "snapshot", "feed": "market", "market": slug, "seq", "ts",
@@ -95,7 +98,18 @@ market gets about one depth per interval whatever the number of processes, and s
 every committed change is followed by a depth read after it.
 Trades and the other messages are never coalesced away. Every event also carries `ns`,
 the Redis database of its sequence numbers: pub/sub channels are server-wide, and a hub
-ignores events numbered in another database (another deployment on the same server).
+ignores events numbered in another database (another deployment on the same server), and
+`epoch`, the run id of the Redis server that numbered it.
+
+Redis restarts (feed_seq.py): while Redis does not answer, the publisher keeps the batch
+(and the due depths) and tries again, 0.05 s doubling to 1 s: nothing committed is
+dropped; numbers taken for messages that were then not sent show as a gap. A hub that
+gets an event of a new `epoch` tells every client of the group to resync at once. Its run
+check (FEED_RUN_CHECK, 1 s: `INFO server` run_id) catches the restart even in a quiet
+group: it subscribes every group again on fresh connections (the old pub/sub connection,
+though reconnected by redis-py, was seen receiving nothing) and has every client resync.
+Their snapshots are numbered in the new run and the next events flow, with no restart of
+the web process. A client connecting after the restart gets its snapshot and events.
 
 Delivery: each ASGI process has one `Hub` per event loop that subscribes once per group
 to the channel layer (Redis pub/sub: `channels_redis.pubsub.RedisPubSubChannelLayer`;
@@ -131,6 +145,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
+from frontend.feed_seq import DEPTH_COVERED, DEPTH_WAIT, counter, current
+from frontend.feed_seq import current_seq as current_seq  # re-exported
 from providers.channels import is_local as _is_local
 from providers.channels import namespace
 
@@ -152,149 +168,6 @@ def auction_group(auction_id: int) -> str:
 
 def user_group(user_id: int) -> str:
     return f"user.{user_id}"
-
-
-# ---------------------------------------------------------------- sequence numbers
-
-class _LocalCounter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, int] = defaultdict(int)
-
-    def incr(self, group: str) -> int:
-        with self._lock:
-            self._values[group] += 1
-            return self._values[group]
-
-    def get(self, group: str) -> int:
-        with self._lock:
-            return self._values[group]
-
-    def incr_many(self, groups: list[str]) -> list[int]:
-        return [self.incr(group) for group in groups]
-
-    # one process publishes everything: no depth coordination between processes
-    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
-        return dict.fromkeys(market_pks, 0)
-
-    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
-        return DEPTH_PUBLISH, 0
-
-    def depth_done(self, market_pk: int, covers: float) -> None:
-        pass
-
-    def listening_users(self) -> set[int]:
-        """Users with a /ws/me/ subscriber: in-memory layer, so in this process's hubs."""
-        return {int(group[len("user."):]) for hub in list(_hubs.values())
-                for group in list(hub.groups) if group.startswith("user.")}
-
-
-class _RedisCounter:
-    PREFIX = "gpumarket:feed:seq:"
-
-    def __init__(self, url: str) -> None:
-        import redis
-
-        self._redis = redis.Redis.from_url(url)
-
-    def incr(self, group: str) -> int:
-        return int(self._redis.incr(self.PREFIX + group))
-
-    def get(self, group: str) -> int:
-        return int(self._redis.get(self.PREFIX + group) or 0)
-
-    def incr_many(self, groups: list[str]) -> list[int]:
-        """One round trip for a whole round of messages."""
-        pipe = self._redis.pipeline(transaction=False)
-        for group in groups:
-            pipe.incr(self.PREFIX + group)
-        return [int(v) for v in pipe.execute()]
-
-    # Depth coalescing across processes (module docstring, Publishing). Per market, one
-    # hash: `changes` counts the committed changes every process noted (HINCRBY after
-    # commit), `covered` is the highest `changes` value read before a depth that was then
-    # published. A process whose change got number v needs a published depth read after
-    # it: one with covered >= v. The slot key (PX = the interval) lets one process at a
-    # time publish; the others wait for it to expire and then either find their changes
-    # covered or take the slot themselves. Losing the keys (a flush, a Redis restart)
-    # resets both numbers together: a change is then never taken for covered.
-    DEPTH = "gpumarket:feed:depth:"
-    _TURN = """
-local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
-if covered >= tonumber(ARGV[1]) then return {0, 0} end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'changes') or '0')}
-end
-return {2, redis.call('PTTL', KEYS[2])}
-"""
-    _DONE = """
-local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
-if tonumber(ARGV[1]) > covered then redis.call('HSET', KEYS[1], 'covered', ARGV[1]) end
-return 0
-"""
-
-    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
-        pipe = self._redis.pipeline(transaction=False)
-        for pk in market_pks:
-            pipe.hincrby(f"{self.DEPTH}{pk}", "changes", 1)
-        return {pk: int(v) for pk, v in zip(market_pks, pipe.execute(), strict=True)}
-
-    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
-        """(DEPTH_COVERED, 0): another process published a depth read after change
-        `need`; (DEPTH_PUBLISH, covers): this process holds the slot, and its depth, read
-        from now on, covers every change numbered <= covers; (DEPTH_WAIT, seconds): another
-        process holds the slot for that long."""
-        turn = self._scripts("_TURN")
-        verdict, value = turn(keys=[f"{self.DEPTH}{market_pk}", f"{self.DEPTH}{market_pk}:slot"],
-                              args=[need, max(1, int(interval * 1000))])
-        if verdict == 0:
-            return DEPTH_COVERED, 0
-        if verdict == 1:
-            return DEPTH_PUBLISH, int(value)
-        return DEPTH_WAIT, max(0.001, int(value) / 1000)
-
-    def depth_done(self, market_pk: int, covers: float) -> None:
-        self._scripts("_DONE")(keys=[f"{self.DEPTH}{market_pk}"], args=[int(covers)])
-
-    def listening_users(self) -> set[int]:
-        """Users with a /ws/me/ subscriber in any process: the user groups' pub/sub
-        channels that have a subscriber (channels_redis names a group's channel
-        `<prefix>__group__<group>`; pub/sub spans every Redis database, so another
-        deployment's users may be counted too — which only costs a message)."""
-        config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
-        pattern = f"{config.get('prefix', 'asgi')}__group__{user_group(0)[:-1]}"
-        users = set()
-        for channel in self._redis.pubsub_channels(pattern + "*"):
-            tail = channel.decode()[len(pattern):]
-            if tail.isdigit():
-                users.add(int(tail))
-        return users
-
-    def _scripts(self, name: str):
-        cache = self.__dict__.setdefault("_registered", {})
-        if name not in cache:
-            cache[name] = self._redis.register_script(getattr(self, name))
-        return cache[name]
-
-
-DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
-
-_counter: _LocalCounter | _RedisCounter | None = None
-_counter_lock = threading.Lock()
-
-
-def counter() -> _LocalCounter | _RedisCounter:
-    """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process."""
-    global _counter
-    with _counter_lock:
-        if _counter is None:
-            url = getattr(settings, "REDIS_URL", "")
-            _counter = _RedisCounter(url) if url else _LocalCounter()
-        return _counter
-
-
-def current_seq(group: str) -> int:
-    return counter().get(group)
 
 
 # ---------------------------------------------------------------- payloads
@@ -532,6 +405,19 @@ class Batch:
         return out
 
 
+def _redis_down_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:
+        return (ConnectionError,)
+    return (RedisConnectionError, RedisTimeoutError, ConnectionError)
+
+
+#: errors of an unreachable (restarting, loading) Redis: the publisher keeps the batch
+_REDIS_DOWN = _redis_down_errors()
+
+
 def _setting(name: str, default: float) -> float:
     return getattr(settings, name, default)
 
@@ -563,6 +449,8 @@ class Publisher:
         self._last_depth: dict[int, float] = {}
         self._markets: dict[int, Any] = {}
         self.delays: dict[tuple[str, int], float] | None = None  # bench: (group, seq) → ts − commit
+        self._retained: Batch | None = None  # a batch kept while Redis does not answer
+        self._failures = 0  # rounds failed in a row on Redis
 
     # -- producer side
     def submit(self, b: Batch) -> None:
@@ -575,10 +463,11 @@ class Publisher:
         self._queue.put(b)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted batch is published, coalesced depth included."""
+        """Wait until every submitted batch is published, coalesced depth included (while
+        Redis does not answer, batches are kept: False after `timeout`)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._unfinished or self._dirty:
+            while self._unfinished or self._dirty or self._retained is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -595,14 +484,20 @@ class Publisher:
             now = time.monotonic()
             wait = min((due for due, *_ in self._dirty.values()), default=None)
             timeout = self.IDLE_CLOSE_S if wait is None else max(0.0, wait - now)
+            if self._retained is not None:
+                timeout = min(timeout, self._retry_delay())
             try:
                 first = self._queue.get(timeout=timeout)
             except queue.Empty:
                 first = None
             taken = 0
-            merged: Batch | None = None
+            merged: Batch | None = self._retained
             if first is not None:
-                merged, taken = first, 1
+                taken = 1
+                if merged is None:
+                    merged = first
+                else:
+                    merged.merge(first)
                 while taken < 500:
                     try:
                         nxt = self._queue.get_nowait()
@@ -611,13 +506,30 @@ class Publisher:
                     if nxt is not None:
                         merged.merge(nxt)
                     taken += 1
+            retained: Batch | None = None
+            dirty_before = dict(self._dirty)
             try:
                 self._publish_round(merged)
+                if self._failures:
+                    log.warning("live feed: Redis answers again; publishing resumed")
+                self._failures = 0
+            except _REDIS_DOWN as exc:
+                # Nothing of this round may be lost silently: keep the batch (its rows are
+                # read again, fresh) and the depths that were due, and try again. Numbers
+                # already taken for messages that were not sent show as a gap: resync.
+                retained = merged
+                for pk, entry in dirty_before.items():
+                    self._dirty.setdefault(pk, entry)
+                self._failures += 1
+                if self._failures == 1:
+                    log.warning("live feed: Redis unreachable (%s); the changes are kept and "
+                                "published when it answers again", exc)
             except Exception:
                 log.exception("live feed: publishing after commit failed; clients resync")
                 self._dirty.clear()
             finally:
                 with self._cond:
+                    self._retained = retained
                     self._unfinished -= taken
                     self._cond.notify_all()
             if merged is None and not self._dirty:
@@ -628,6 +540,10 @@ class Publisher:
                     idle_since = None
             else:
                 idle_since = None
+
+    def _retry_delay(self) -> float:
+        """Seconds before the next try after `_failures` failed rounds: 0.05 doubling to 1."""
+        return min(1.0, 0.05 * 2 ** min(self._failures, 5))
 
     def _publish_round(self, merged: Batch | None) -> None:
         now = time.monotonic()
@@ -675,7 +591,7 @@ class Publisher:
             self._send(out)
 
     def _send(self, messages: list[tuple[str, dict[str, Any], int | None, float]]) -> None:
-        seqs = counter().incr_many([group for group, *_ in messages])
+        epoch, seqs = counter().next_many([group for group, *_ in messages])
         events, covers, ns = [], [], namespace()
         for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
             depth_of = payload.pop("_depth_of", None)
@@ -687,7 +603,7 @@ class Publisher:
             if self.delays is not None:
                 self.delays[(group, seq)] = ts - committed_at
             events.append({"type": EVENT_TYPE, "group": group, "seq": seq, "user": user_id,
-                           "ns": ns,
+                           "ns": ns, "epoch": epoch,
                            "text": json.dumps(payload, separators=(",", ":"))})
         send_events(events, self._loop)
         for pk, value in covers:  # only once sent: others may now skip their own depth
@@ -777,6 +693,10 @@ def note(**changes: int) -> None:
 class Subscriber(Protocol):
     def offer(self, event: dict[str, Any]) -> None: ...
 
+    # optional: the group's numbering restarted at `event` (Hub._renumbered); without
+    # it the subscriber is offered the event (and sees a gap)
+    # def renumbered(self, event: dict[str, Any]) -> None: ...
+
 
 @dataclass
 class _GroupState:
@@ -785,6 +705,7 @@ class _GroupState:
     expected: int = 1                      # the next seq to hand out, in order
     pending: dict[int, dict[str, Any]] = field(default_factory=dict)  # seq → early event
     timer: asyncio.TimerHandle | None = None
+    epoch: str | None = None               # the Redis run that numbered `expected - 1`
 
 
 class Hub:
@@ -810,6 +731,9 @@ class Hub:
         self._layer = None
         self._channel: str | None = None
         self._reader: asyncio.Task | None = None
+        self._watcher: asyncio.Task | None = None
+        self._own_layer = None  # a channel layer of this hub's own, once it resubscribed
+        self._run: str | None = None  # the Redis run id last seen
         # group → (seq, monotonic time read, text) and the read in flight (seq, task)
         self.snapshots: dict[str, tuple[int, float, str]] = {}
         self._reading: dict[str, tuple[int, asyncio.Task]] = {}
@@ -875,8 +799,11 @@ class Hub:
                     await self._layer.group_add(group, self._channel)
                 # after subscribing: whatever seq was taken before now is either
                 # in flight (and ≤ this value, so stale for everyone) or delivered
-                current = await asyncio.to_thread(current_seq, group)
-                state.expected = max(state.expected, current + 1)
+                epoch, last = await asyncio.to_thread(current, group)
+                state.expected = max(state.expected, last + 1)
+                state.epoch = epoch
+                if self._run is None:
+                    self._run = epoch
                 state.subscribed = True
 
     async def leave(self, group: str, member: Subscriber) -> None:
@@ -898,13 +825,72 @@ class Hub:
             if not self.groups and self._reader is not None:
                 self._reader.cancel()
                 self._reader, self._channel = None, None
+            if not self.groups and self._watcher is not None:
+                self._watcher.cancel()
+                self._watcher = None
 
     async def _ensure_reader(self) -> None:
         if self._reader is not None and not self._reader.done():
             return
-        self._layer = get_channel_layer()
+        self._layer = self._own_layer or get_channel_layer()
         self._channel = await self._layer.new_channel(prefix="feedhub.")
         self._reader = self.loop.create_task(self._read(self._layer, self._channel))
+        if self._watcher is None or self._watcher.done():
+            self._watcher = self.loop.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Every FEED_RUN_CHECK seconds (default 1): did Redis restart under this hub's
+        subscription (a new run id)? Events published while the subscription was down
+        (redis-py subscribes again when it reconnects) are lost, and a quiet group would
+        never show it: every group still numbered by the old run is renumbered from the
+        new run's counter and its clients resync at once (`_renumbered`)."""
+        while True:
+            await asyncio.sleep(_setting("FEED_RUN_CHECK", 1.0))
+            try:
+                run = await asyncio.to_thread(counter().run_id)
+                if self._run is None or run == self._run:
+                    self._run = run
+                    continue
+                log.warning("live feed: Redis restarted (run %s, was %s): every client of "
+                            "this process resyncs", run, self._run)
+                self._run = run
+                await self._resubscribe()
+                for group, state in list(self.groups.items()):
+                    if not state.subscribed or state.epoch == run:
+                        continue
+                    epoch, last = await asyncio.to_thread(current, group)
+                    if self.groups.get(group) is state and state.epoch != epoch:
+                        self._renumbered(group, state, {"group": group, "epoch": epoch,
+                                                        "seq": max(last, state.expected - 1)})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis still down: the next round asks again
+                log.debug("feed hub: Redis run check failed: %s", exc)
+
+    async def _resubscribe(self) -> None:
+        """Subscribe every group again, on new connections (a channel layer of this hub's
+        own), and drop the old ones: after a Redis restart, the old pub/sub connection,
+        reconnected by redis-py, was seen subscribed on the server yet receiving nothing."""
+        from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
+
+        async with self._lock:
+            old_layer, old_reader, old_channel = self._layer, self._reader, self._channel
+            layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
+            channel = await layer.new_channel(prefix="feedhub.")
+            for group, state in self.groups.items():
+                if state.subscribed:
+                    await layer.group_add(group, channel)
+            self._own_layer, self._layer, self._channel = layer, layer, channel
+            self._reader = self.loop.create_task(self._read(layer, channel))
+            if old_reader is not None:
+                old_reader.cancel()
+            if old_layer is not None and old_channel is not None:
+                for group in self.groups:
+                    with contextlib.suppress(Exception):
+                        await old_layer.group_discard(group, old_channel)
+            if old_layer is not None and old_layer is not get_channel_layer():
+                with contextlib.suppress(Exception):
+                    await old_layer.flush()
 
     async def _read(self, layer, channel: str) -> None:
         while True:
@@ -927,6 +913,10 @@ class Hub:
             return
         seq = event["seq"]
         if seq < state.expected or seq in state.pending:
+            return  # (also one numbered before a Redis reset and sent after it: stale)
+        epoch = event.get("epoch")
+        if epoch is not None and epoch != state.epoch:
+            self._renumbered(event["group"], state, event)
             return
         if seq > state.expected:
             state.pending[seq] = event
@@ -945,6 +935,30 @@ class Hub:
         if not state.pending and state.timer is not None:
             state.timer.cancel()
             state.timer = None
+
+    def _renumbered(self, group: str, state: _GroupState, event: dict[str, Any]) -> None:
+        """The first event numbered by another Redis run (Redis restarted, lost or restored
+        its counters, failed over): events published meanwhile may never have reached this
+        hub. Hand out what was held, then tell every local subscriber at once to resync
+        (`renumbered`: its backlog is dropped and it gets `resync_required`); the snapshot
+        it asks for is numbered from this event on, and the next events flow."""
+        log.info("live feed: %s is numbered by a new Redis run (%s, was %s): clients "
+                 "resync", group, event.get("epoch"), state.epoch)
+        for seq in sorted(state.pending):
+            self._fan_out(state, state.pending.pop(seq))
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        state.epoch = event.get("epoch")
+        state.expected = event["seq"] + 1
+        self.snapshots.pop(group, None)
+        for member in tuple(state.members):
+            renumbered = getattr(member, "renumbered", None)
+            if renumbered is None:
+                if "text" in event:  # not the watcher's (Hub._watch) mark
+                    member.offer(event)
+            else:
+                renumbered(event)
 
     def _give_up(self, group: str) -> None:
         """The missing seqs did not come in time: hand out the early events (with a gap)."""

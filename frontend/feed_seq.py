@@ -1,0 +1,231 @@
+"""The live feed's sequence numbers (one counter per group) and the cross-process depth
+slot (frontend/feed.py, Publishing), on the channel layer's Redis (REDIS_URL) or, without
+it, in this process.
+
+Numbers only grow, even across a Redis that restarts without its data, is flushed,
+restores an older snapshot or fails over: each group's counter is stored with the run id
+of the Redis server that numbered it (`INFO server` run_id). When the counter is missing
+or was numbered by another run, it is first raised to the caller's clock in microseconds
+(`time.time_ns() // 1000`, about 1.7e15: below 2**53, so exact in JavaScript) and then
+counts on from there. A hub or client that still holds a number from before the reset
+thus sees a gap (never an old number taken for "already seen") and resyncs. The run id
+travels with every event as its `epoch`, so a hub tells its clients to resync at once
+(Hub.deliver). The clock only has to be ahead of the old numbers: they started from a
+clock reading and grow by one per event, far slower than a microsecond each.
+
+Shapes: `next_many(groups) -> (epoch, [seq, ...])`, `read(group) -> (epoch, seq)`;
+epoch "" for the in-process counter (it never resets while the process lives).
+Errors: redis.exceptions.ConnectionError / TimeoutError while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from django.conf import settings
+
+DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
+
+
+def _floor() -> int:
+    """Where a reset counter starts: now, in microseconds since the epoch."""
+    return time.time_ns() // 1000
+
+
+class _LocalCounter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, int] = defaultdict(int)
+
+    def incr(self, group: str) -> int:
+        with self._lock:
+            self._values[group] += 1
+            return self._values[group]
+
+    def get(self, group: str) -> int:
+        with self._lock:
+            return self._values[group]
+
+    def read(self, group: str) -> tuple[str, int]:
+        return "", self.get(group)
+
+    def incr_many(self, groups: list[str]) -> list[int]:
+        return [self.incr(group) for group in groups]
+
+    def next_many(self, groups: list[str]) -> tuple[str, list[int]]:
+        return "", self.incr_many(groups)
+
+    def run_id(self) -> str:
+        return ""
+
+    # one process publishes everything: no depth coordination between processes
+    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
+        return dict.fromkeys(market_pks, 0)
+
+    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
+        return DEPTH_PUBLISH, 0
+
+    def depth_done(self, market_pk: int, covers: float) -> None:
+        pass
+
+    def listening_users(self) -> set[int]:
+        """Users with a /ws/me/ subscriber: in-memory layer, so in this process's hubs."""
+        from frontend.feed import _hubs
+
+        return {int(group[len("user."):]) for hub in list(_hubs.values())
+                for group in list(hub.groups) if group.startswith("user.")}
+
+
+class _RedisCounter:
+    PREFIX = "gpumarket:feed:seq:"       # the group's last number (a plain integer)
+    RUN = "gpumarket:feed:seq-run:"      # the run id of the Redis that numbered it
+
+    # KEYS: (counter, run) per group; ARGV[1]: the floor (decimal µs); ARGV[2]: '1' to
+    # take the next number, '0' to read the last one. Returns {run id, number per group}.
+    _NEXT = """
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+local out = {run}
+for i = 1, #KEYS, 2 do
+  local seq = redis.call('GET', KEYS[i])
+  if not seq or redis.call('GET', KEYS[i + 1]) ~= run then
+    if not seq or tonumber(seq) < tonumber(ARGV[1]) then
+      seq = ARGV[1]
+      redis.call('SET', KEYS[i], seq)
+    end
+    redis.call('SET', KEYS[i + 1], run)
+  end
+  if ARGV[2] == '1' then seq = redis.call('INCR', KEYS[i]) end
+  out[#out + 1] = seq
+end
+return out
+"""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+
+    def _numbers(self, groups: list[str], take: bool) -> tuple[str, list[int]]:
+        keys = [key for group in groups for key in (self.PREFIX + group, self.RUN + group)]
+        run, *seqs = self._scripts("_NEXT")(keys=keys, args=[_floor(), 1 if take else 0])
+        return run.decode(), [int(v) for v in seqs]
+
+    def next_many(self, groups: list[str]) -> tuple[str, list[int]]:
+        """The next number of each group (a group listed twice gets two), in one round
+        trip, and the epoch (the Redis run id) they belong to."""
+        return self._numbers(groups, True) if groups else (self.run_id(), [])
+
+    def incr_many(self, groups: list[str]) -> list[int]:
+        return self.next_many(groups)[1]
+
+    def incr(self, group: str) -> int:
+        return self.next_many([group])[1][0]
+
+    def read(self, group: str) -> tuple[str, int]:
+        """(epoch, the group's last number): the next event of the group gets a higher one."""
+        run, [seq] = self._numbers([group], False)
+        return run, seq
+
+    def get(self, group: str) -> int:
+        return self.read(group)[1]
+
+    def run_id(self) -> str:
+        return str(self._redis.info("server")["run_id"])
+
+    # Depth coalescing across processes (frontend/feed.py, Publishing). Per market, one
+    # hash: `changes` counts the committed changes every process noted (HINCRBY after
+    # commit), `covered` is the highest `changes` value read before a depth that was then
+    # published. A process whose change got number v needs a published depth read after
+    # it: one with covered >= v. The slot key (PX = the interval) lets one process at a
+    # time publish; the others wait for it to expire and then either find their changes
+    # covered or take the slot themselves. Losing the keys (a flush, a Redis restart)
+    # resets both numbers together: a change is then never taken for covered.
+    DEPTH = "gpumarket:feed:depth:"
+    _TURN = """
+local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
+if covered >= tonumber(ARGV[1]) then return {0, 0} end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'changes') or '0')}
+end
+return {2, redis.call('PTTL', KEYS[2])}
+"""
+    _DONE = """
+local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
+if tonumber(ARGV[1]) > covered then redis.call('HSET', KEYS[1], 'covered', ARGV[1]) end
+return 0
+"""
+
+    def depth_changes(self, market_pks: list[int]) -> dict[int, int]:
+        pipe = self._redis.pipeline(transaction=False)
+        for pk in market_pks:
+            pipe.hincrby(f"{self.DEPTH}{pk}", "changes", 1)
+        return {pk: int(v) for pk, v in zip(market_pks, pipe.execute(), strict=True)}
+
+    def depth_turn(self, market_pk: int, need: int, interval: float) -> tuple[str, float]:
+        """(DEPTH_COVERED, 0): another process published a depth read after change
+        `need`; (DEPTH_PUBLISH, covers): this process holds the slot, and its depth, read
+        from now on, covers every change numbered <= covers; (DEPTH_WAIT, seconds): another
+        process holds the slot for that long."""
+        turn = self._scripts("_TURN")
+        verdict, value = turn(keys=[f"{self.DEPTH}{market_pk}", f"{self.DEPTH}{market_pk}:slot"],
+                              args=[need, max(1, int(interval * 1000))])
+        if verdict == 0:
+            return DEPTH_COVERED, 0
+        if verdict == 1:
+            return DEPTH_PUBLISH, int(value)
+        return DEPTH_WAIT, max(0.001, int(value) / 1000)
+
+    def depth_done(self, market_pk: int, covers: float) -> None:
+        self._scripts("_DONE")(keys=[f"{self.DEPTH}{market_pk}"], args=[int(covers)])
+
+    def listening_users(self) -> set[int]:
+        """Users with a /ws/me/ subscriber in any process: the user groups' pub/sub
+        channels that have a subscriber (channels_redis names a group's channel
+        `<prefix>__group__<group>`; pub/sub spans every Redis database, so another
+        deployment's users may be counted too — which only costs a message)."""
+        config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+        pattern = f"{config.get('prefix', 'asgi')}__group__user."
+        users = set()
+        for channel in self._redis.pubsub_channels(pattern + "*"):
+            tail = channel.decode()[len(pattern):]
+            if tail.isdigit():
+                users.add(int(tail))
+        return users
+
+    def _scripts(self, name: str):
+        cache = self.__dict__.setdefault("_registered", {})
+        if name not in cache:
+            cache[name] = self._redis.register_script(getattr(self, name))
+        return cache[name]
+
+
+_counter: _LocalCounter | _RedisCounter | None = None
+_counter_lock = threading.Lock()
+
+
+def counter() -> _LocalCounter | _RedisCounter:
+    """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process."""
+    global _counter
+    with _counter_lock:
+        if _counter is None:
+            url = getattr(settings, "REDIS_URL", "")
+            _counter = _RedisCounter(url) if url else _LocalCounter()
+        return _counter
+
+
+def reset() -> None:
+    """Forget the counter, so the next use follows the current REDIS_URL (tests)."""
+    global _counter
+    with _counter_lock:
+        _counter = None
+
+
+def current_seq(group: str) -> int:
+    return counter().get(group)
+
+
+def current(group: str) -> tuple[str, int]:
+    """(epoch, last number) of `group`. Blocking (Redis)."""
+    return counter().read(group)
