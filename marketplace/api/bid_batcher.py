@@ -230,12 +230,19 @@ def _token(headers: dict[bytes, bytes]) -> str | None:
 
 
 # What Django's middleware adds to a JSON response of this app (SecurityMiddleware with
-# the default SECURE_CONTENT_TYPE_NOSNIFF, SECURE_REFERRER_POLICY and
-# SECURE_CROSS_ORIGIN_OPENER_POLICY; XFrameOptionsMiddleware with X_FRAME_OPTIONS).
-def _response_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+# SECURE_HSTS_* on a secure request, SECURE_CONTENT_TYPE_NOSNIFF, SECURE_REFERRER_POLICY
+# and SECURE_CROSS_ORIGIN_OPENER_POLICY; XFrameOptionsMiddleware with X_FRAME_OPTIONS).
+def _response_headers(body: bytes, *, secure: bool = False) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()),
                (b"x-frame-options", settings.X_FRAME_OPTIONS.encode())]
+    if secure and settings.SECURE_HSTS_SECONDS:
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            hsts += "; preload"
+        headers.append((b"strict-transport-security", hsts.encode()))
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
         headers.append((b"x-content-type-options", b"nosniff"))
     if settings.SECURE_REFERRER_POLICY:
@@ -282,10 +289,11 @@ class BidFastPath:
                 token = None  # Django refuses it
                 break
         bid = None
+        secure = _is_secure(scope, headers)
         if (token is not None and not more and self._host_ok(headers)
                 and headers.get(b"content-type", b"").split(b";")[0].strip()
                 == b"application/json"
-                and not (settings.SECURE_SSL_REDIRECT and scope.get("scheme") != "https")):
+                and not (settings.SECURE_SSL_REDIRECT and not secure)):
             bid = parse_bid(body)
         if bid is not None:
             try:
@@ -297,9 +305,9 @@ class BidFastPath:
                 status, answer = 500, {"detail": "server error: look for the bid in GET "
                                                  "/api/v1/orders/ before placing it again (a "
                                                  "client_order_id makes a retry safe)"}
-                return await self._respond(send, status, answer)
+                return await self._respond(send, status, answer, secure)
             else:
-                return await self._respond(send, status, answer)
+                return await self._respond(send, status, answer, secure)
         await self.app(scope, _replay(body, more, receive), send)
 
     @staticmethod
@@ -312,11 +320,22 @@ class BidFastPath:
         return bool(domain) and validate_host(domain, allowed)
 
     @staticmethod
-    async def _respond(send, status: int, answer: dict[str, Any]) -> None:
+    async def _respond(send, status: int, answer: dict[str, Any], secure: bool) -> None:
         body = JSONRenderer().render(answer)
         await send({"type": "http.response.start", "status": status,
-                    "headers": _response_headers(body)})
+                    "headers": _response_headers(body, secure=secure)})
         await send({"type": "http.response.body", "body": body})
+
+
+def _is_secure(scope, headers: dict[bytes, bytes]) -> bool:
+    """request.is_secure() as Django answers it: SECURE_PROXY_SSL_HEADER's value when the
+    request carries that header, else whether the scheme is https."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        name, value = settings.SECURE_PROXY_SSL_HEADER
+        header = name.removeprefix("HTTP_").replace("_", "-").lower().encode("latin-1")
+        if header in headers:
+            return headers[header].decode("latin-1").split(",", 1)[0].strip() == value
+    return scope.get("scheme") == "https"
 
 
 def _replay(body: bytes, more: bool, receive):
