@@ -52,7 +52,8 @@ def port_list(text: str) -> list:
 class ApiField(forms.Field):
     """A form field whose value is cleaned by `serializer_class`'s field `name` (see the
     module docstring). `required` (default: the API field's) makes an empty entry "This
-    field is required."; an optional empty entry is the API's default (None without one)."""
+    field is required."; an optional empty entry is the API's default (None without one),
+    as a field left out of a JSON body."""
 
     def __init__(self, serializer_class: type[serializers.Serializer], name: str, *,
                  to_json: Callable[[str], object] = str, required: bool | None = None,
@@ -82,7 +83,7 @@ class ApiField(forms.Field):
         message = bad_character_message(text)
         if message is not None:
             raise forms.ValidationError(message)
-        if not text.strip():
+        if text == "":  # not given (a blank entry is the API field's to judge)
             if self.required:
                 raise forms.ValidationError(self.api_field.error_messages["required"])
             data = empty

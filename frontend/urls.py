@@ -8,9 +8,9 @@ from frontend import stripe_views, views
 urlpatterns = [
     path("", views.home, name="home"),
     path("signup/", views.signup, name="signup-page"),
-    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html",
-                                                redirect_authenticated_user=True,
-                                                next_page="wallet-page"),
+    path("login/", views.LoginPage.as_view(template_name="frontend/login.html",
+                                           redirect_authenticated_user=True,
+                                           next_page="wallet-page"),
          name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
     path("wallet/", views.wallet, name="wallet-page"),

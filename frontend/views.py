@@ -15,6 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q
@@ -118,6 +119,16 @@ def home(request):
 def _usd(micros: int | None) -> str:
     # the home page keeps all 6 places (tests/api/test_api_sealed_secrecy.py reads them)
     return "—" if micros is None else f"${format_usd(micros)}"
+
+
+class LoginPage(auth_views.LoginView):
+    """Django's login page, answering a refused form (wrong password, NUL in a field) with
+    400, as every other form of the pages does."""
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        response.status_code = 400
+        return response
 
 
 def signup(request):
