@@ -51,6 +51,7 @@ def fresh_database(pg: str, name: str) -> str:
 def server_env(database_url: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": database_url, "DEBUG": "0",
             "SECRET_KEY": "bench-only-not-a-secret", "LOG_LEVEL": "WARNING",
+            "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
             "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
 
 

@@ -60,6 +60,7 @@ def bench_env(args) -> dict[str, str]:
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.db}",
         "REDIS_URL": args.redis,
         "DEBUG": "0", "SECRET_KEY": "feed-bench-not-secret", "LOG_LEVEL": "WARNING",
+        "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
         "DJANGO_SETTINGS_MODULE": "marketplace.settings",
     }
 

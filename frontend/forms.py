@@ -1,170 +1,119 @@
-"""Forms of the pages. They only parse and check shapes (money as decimal USD strings,
-whole numbers); every rule of the market is the service's, whose MarketError /
-ProviderError / SettlementError the views attach to the field it names."""
+"""Forms of the pages. Each field that the API also takes is the API's own field
+(forms_fields.ApiField: the serializer's field and its `validate_<name>`), so a page and
+the API refuse the same values with the same messages; the forms only turn the page's text
+into the API's shapes (whole numbers, word and port lists). Every rule of the market is the
+service's, whose MarketError / ProviderError / SettlementError the views attach to the
+field it names."""
 
 from __future__ import annotations
-
-import shlex
 
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
 
+from frontend.forms_fields import ApiField, port_list, whole_number, words
+from marketplace.api.accounts import SignupIn
+from marketplace.api.serializers import (
+    AuctionInSerializer,
+    OrderInSerializer,
+    SealedBidInSerializer,
+)
 from marketplace.models import Auction, Order
-from settlement.money import MoneyFormatError, parse_usd
+from providers.api import NodeCreateIn, ProviderIn
+from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
 
-MAX_HOURS = 366 * 24
-MAX_GPUS = 4096
-
-
-class UsdField(forms.CharField):
-    """A decimal USD string ("2.49", at most 6 places) → integer micro-USD."""
-
-    def __init__(self, *, positive: bool = True, **kwargs):
-        self.positive = positive
-        kwargs.setdefault("widget", forms.TextInput(attrs={
-            "inputmode": "decimal", "autocomplete": "off", "maxlength": "24",
-            "title": 'USD with at most 6 decimals, such as "2.49"'}))
-        super().__init__(**kwargs)
-
-    def to_python(self, value):
-        value = super().to_python(value)
-        if value in self.empty_values:
-            return None
-        if len(value) > 24:
-            raise forms.ValidationError("must be at most 24 characters")
-        try:
-            micros = parse_usd(value)
-        except MoneyFormatError as exc:
-            raise forms.ValidationError(str(exc)) from None
-        if self.positive and micros <= 0:
-            raise forms.ValidationError("must be greater than zero")
-        return micros
+_USD_INPUT = {"inputmode": "decimal", "autocomplete": "off", "maxlength": "24",
+              "title": 'USD with at most 6 decimals, such as "2.49"'}
 
 
-class CommandField(forms.CharField):
+def _usd(serializer, name: str, label: str, **kwargs) -> ApiField:
+    """A price or amount: a decimal USD string ("2.49", at most 6 places) → micro-USD."""
+    return ApiField(serializer, name, label=label, widget=forms.TextInput(attrs=_USD_INPUT),
+                    **kwargs)
+
+
+def _whole(serializer, name: str, label: str, **kwargs) -> ApiField:
+    return ApiField(serializer, name, label=label, to_json=whole_number, **kwargs)
+
+
+def _image(serializer) -> ApiField:
+    return ApiField(serializer, "image", label="Container image",
+                    initial="gpumarket/busybox:local")
+
+
+def _command(serializer, **kwargs) -> ApiField:
     """A command line, split like a shell would (no shell runs it) → list of strings."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.validators = []  # the length is checked on the text, not on the word list
-
-    def to_python(self, value):
-        value = super().to_python(value)
-        if not value:
-            return None
-        if len(value) > 4000:
-            raise forms.ValidationError("must be at most 4000 characters")
-        try:
-            parts = shlex.split(value)
-        except ValueError as exc:
-            raise forms.ValidationError(f"cannot be split into words: {exc}") from None
-        if len(parts) > 64:
-            raise forms.ValidationError("at most 64 words")
-        return parts or None
+    return ApiField(serializer, "command", label="Command", to_json=words, **kwargs)
 
 
-class PortsField(forms.CharField):
-    """Container TCP ports to expose, comma- or space-separated ("8888, 6006") → sorted list
-    of distinct ints 1–65535, at most 8; empty → []."""
-
-    def to_python(self, value):
-        value = super().to_python(value) or ""
-        words = [w for w in value.replace(",", " ").split() if w]
-        if len(words) > 8:
-            raise forms.ValidationError("at most 8 ports")
-        ports = []
-        for word in words:
-            if not word.isdigit() or not 1 <= int(word) <= 65535:
-                raise forms.ValidationError(f"{word!r} is not a TCP port (1 to 65535)")
-            ports.append(int(word))
-        if len(set(ports)) != len(ports):
-            raise forms.ValidationError("lists a port twice")
-        return sorted(ports)
-
-
-def _ports() -> PortsField:
-    return PortsField(label="Ports to expose", max_length=100, required=False,
-                      help_text="optional container TCP ports, e.g. 8888 (at most 8); the "
-                                "lease shows where to connect once it runs")
-
-
-def _int(label: str, *, min_value: int = 1, max_value: int = MAX_GPUS, required: bool = True,
-         help_text: str = "", initial=None) -> forms.IntegerField:
-    return forms.IntegerField(label=label, min_value=min_value, max_value=max_value,
-                              required=required, help_text=help_text, initial=initial)
+def _ports(serializer) -> ApiField:
+    """Container TCP ports to expose, comma- or space-separated ("8888, 6006")."""
+    return ApiField(serializer, "ports", label="Ports to expose", to_json=port_list,
+                    widget=forms.TextInput(attrs={"maxlength": "100"}),
+                    help_text="optional container TCP ports, e.g. 8888 (at most 8); the "
+                              "lease shows where to connect once it runs")
 
 
 class SignupForm(UserCreationForm):
+    username = ApiField(SignupIn, "username", label="Username",
+                        help_text="3 to 150 of A–Z a–z 0–9 _ . @ + -")
+
     class Meta(UserCreationForm.Meta):
         fields = ("username",)
 
 
 class DevCreditForm(forms.Form):
-    amount = UsdField(label="Amount (USD)", help_text="development credit, at most 1000000 USD")
-
-    def clean_amount(self):
-        amount = self.cleaned_data["amount"]
-        if amount > 1_000_000 * 1_000_000:
-            raise forms.ValidationError("at most 1000000 USD per credit")
-        return amount
+    amount = _usd(DevCreditIn, "amount", "Amount (USD)",
+                  help_text="development credit, at most 1000000 USD")
 
 
 class TopUpForm(forms.Form):
-    amount = UsdField(label="Amount (USD)", help_text="whole cents, such as 25.00")
-
-    def clean_amount(self):
-        amount = self.cleaned_data["amount"]
-        if amount % 10_000:
-            raise forms.ValidationError('must be whole cents, such as "25.00"')
-        return amount
+    amount = _usd(TopUpIn, "amount", "Amount (USD)", help_text="whole cents, such as 25.00")
 
 
 class BidForm(forms.Form):
-    gpus = _int("GPUs", initial=1)
-    hours = _int("Hours", max_value=MAX_HOURS, initial=1)
-    price = UsdField(label="Limit price (USD per GPU-hour)")
-    gang_size = _int("GPUs per node (gang size)", required=False,
-                     help_text="empty: all GPUs on one node")
-    time_in_force = forms.ChoiceField(label="Time in force",
-                                      choices=[(v, v) for v in Order.TimeInForce.values],
-                                      initial="GTC")
-    image = forms.CharField(label="Container image", max_length=255, required=False,
-                            initial="gpumarket/busybox:local")
-    command = CommandField(label="Command", max_length=4000, required=False,
-                           help_text="optional; empty runs the image's own command")
-    ports = _ports()
+    gpus = _whole(OrderInSerializer, "gpus", "GPUs", initial=1)
+    hours = _whole(OrderInSerializer, "hours", "Hours", required=True, initial=1)
+    price = _usd(OrderInSerializer, "price", "Limit price (USD per GPU-hour)")
+    gang_size = _whole(OrderInSerializer, "gang_size", "GPUs per node (gang size)",
+                       help_text="empty: all GPUs on one node")
+    time_in_force = ApiField(OrderInSerializer, "time_in_force", label="Time in force",
+                             initial="GTC", widget=forms.Select(
+                                 choices=[(v, v) for v in Order.TimeInForce.values]))
+    image = _image(OrderInSerializer)
+    command = _command(OrderInSerializer,
+                       help_text="optional; empty runs the image's own command")
+    ports = _ports(OrderInSerializer)
 
     def clean(self):
         data = super().clean()
         gpus, gang = data.get("gpus"), data.get("gang_size")
         if gpus and gang and gpus % gang:
-            self.add_error("gang_size", f"must divide GPUs ({gpus})")
+            self.add_error("gang_size", "must divide gpus")  # as OrderInSerializer.validate
         return data
 
 
 class SealedBidForm(forms.Form):
-    price = UsdField(label="Your price (USD per GPU-hour)")
-    gpus = _int("GPUs", required=False, help_text="empty: the whole lot")
-    min_gpus = _int("At least (GPUs)", required=False,
-                    help_text="multi-unit rules: the fewest GPUs you accept")
-    image = forms.CharField(label="Container image", max_length=255, required=False,
-                            initial="gpumarket/busybox:local")
-    command = CommandField(label="Command", max_length=4000, required=False)
-    ports = _ports()
+    price = _usd(SealedBidInSerializer, "price", "Your price (USD per GPU-hour)")
+    gpus = _whole(SealedBidInSerializer, "gpus", "GPUs", help_text="empty: the whole lot")
+    min_gpus = _whole(SealedBidInSerializer, "min_gpus", "At least (GPUs)",
+                      help_text="multi-unit rules: the fewest GPUs you accept")
+    image = _image(SealedBidInSerializer)
+    command = _command(SealedBidInSerializer)
+    ports = _ports(SealedBidInSerializer)
 
 
 class ProviderForm(forms.Form):
-    display_name = forms.CharField(label="Provider name", max_length=100)
+    display_name = ApiField(ProviderIn, "display_name", label="Provider name")
 
 
 class PayoutAddressForm(forms.Form):
-    address = forms.RegexField(label="Wallet address for on-chain payouts (0x…)",
-                               regex=r"^0x[0-9a-fA-F]{40}$", max_length=42,
-                               error_messages={"invalid": "must be 0x and 40 hex digits"})
+    # the format is checked by settlement.onchain.address_register, for both
+    address = ApiField(ChainAddressIn, "address",
+                       label="Wallet address for on-chain payouts (0x…)")
 
 
 class NodeForm(forms.Form):
-    name = forms.CharField(label="Node name", max_length=100)
+    name = ApiField(NodeCreateIn, "name", label="Node name")
 
 
 class RotateTokenForm(forms.Form):
@@ -185,17 +134,24 @@ class _NodeChoice(forms.Form):
 
 class AskForm(_NodeChoice):
     node = forms.TypedChoiceField(label="Node", coerce=int)
-    gpus = _int("GPUs offered")
-    price = UsdField(label="Ask price (USD per GPU-hour)")
-    available_hours = _int("Available for (hours from now)", max_value=MAX_HOURS, initial=24)
+    gpus = _whole(OrderInSerializer, "gpus", "GPUs offered")
+    price = _usd(OrderInSerializer, "price", "Ask price (USD per GPU-hour)")
+    # the API takes available_until; the page, hours from now (the API's bounds of hours)
+    available_hours = _whole(OrderInSerializer, "hours", "Available for (hours from now)",
+                             required=True, initial=24)
 
 
 class AuctionForm(_NodeChoice):
     node = forms.TypedChoiceField(label="Node", coerce=int)
-    gpus = _int("GPUs in the lot")
-    reserve_price = UsdField(label="Reserve price (USD per GPU-hour)")
-    hours = _int("Lease length (hours)", max_value=MAX_HOURS, initial=1)
-    rule = forms.ChoiceField(label="Rule",
-                             choices=[(v, v.replace("_", " ")) for v in Auction.Rule.values],
-                             initial="second_price")
-    closes_in_minutes = _int("Closes in (minutes)", max_value=60 * 24 * 30, initial=10)
+    gpus = _whole(AuctionInSerializer, "gpus", "GPUs in the lot")
+    reserve_price = _usd(AuctionInSerializer, "reserve_price",
+                         "Reserve price (USD per GPU-hour)")
+    hours = _whole(AuctionInSerializer, "hours", "Lease length (hours)", required=True,
+                   initial=1)
+    rule = ApiField(AuctionInSerializer, "rule", label="Rule", initial="second_price",
+                    widget=forms.Select(choices=[(v, v.replace("_", " "))
+                                                 for v in Auction.Rule.values]))
+    # the API takes closes_at; the page, minutes from now
+    closes_in_minutes = forms.IntegerField(label="Closes in (minutes)", min_value=1,
+                                           max_value=60 * 24 * 30, initial=10)
+

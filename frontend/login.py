@@ -41,9 +41,15 @@ class AuthenticationForm(auth_forms.AuthenticationForm):
 
 class LoginView(auth_views.LoginView):
     """Django's LoginView, counted per client address (GPUMARKET_LOGIN_RATE, shared with
-    POST /api/v1/auth/token/) and per username."""
+    POST /api/v1/auth/token/) and per username; a refused form answers 400."""
 
     form_class = AuthenticationForm
+
+    def form_invalid(self, form):
+        """A refused form (wrong password, NUL in a field) is a 400, as on every page."""
+        response = super().form_invalid(form)
+        response.status_code = 400
+        return response
 
     def post(self, request, *args, **kwargs):
         try:

@@ -357,3 +357,33 @@ GPUMARKET_CHAIN_MIRROR_SECONDS = env.int("GPUMARKET_CHAIN_MIRROR_SECONDS", defau
 if GPUMARKET_CHAIN_RPC_URL:
     CELERY_BEAT_SCHEDULE["mirror-on-chain"] = {"task": "settlement.tasks.mirror_on_chain",
                                                "schedule": GPUMARKET_CHAIN_MIRROR_SECONDS}
+
+# === HTTP security and request limits (issue 10) =======================================
+# With DEBUG=0 the defaults are the safe ones (`manage.py check --deploy` prints no
+# warning): HTTPS only (plain http is redirected), Secure session and CSRF cookies, HSTS
+# for a year with subdomains and preload, and a Content-Security-Policy on the pages
+# (frontend/csp.py). Behind a proxy that terminates TLS and talks plain http to uvicorn:
+# run uvicorn with `--proxy-headers --forwarded-allow-ips=<the proxy>` (the request is then
+# https to Django), or set GPUMARKET_SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto when the
+# proxy always sets that header itself; GPUMARKET_SSL_REDIRECT=0 turns the redirect off
+# (the proxy redirects, or a local server without TLS, as the benchmarks run).
+# - GPUMARKET_SSL_REDIRECT [on when DEBUG is off]
+# - GPUMARKET_SECURE_PROXY_SSL_HEADER [unset]: a header name; its value "https" marks a
+#   request as secure (SECURE_PROXY_SSL_HEADER)
+# - GPUMARKET_SECURE_COOKIES [on when DEBUG is off]: Secure session and CSRF cookies
+# - GPUMARKET_HSTS_SECONDS [31536000 when DEBUG is off, else 0],
+#   GPUMARKET_HSTS_INCLUDE_SUBDOMAINS [1], GPUMARKET_HSTS_PRELOAD [1]
+# - GPUMARKET_MAX_REQUEST_BYTES [2097152]: the largest request body (DATA_UPLOAD_MAX_MEMORY_SIZE;
+#   the API's JSON parser refuses a larger one with a 400)
+SECURE_SSL_REDIRECT = env.bool("GPUMARKET_SSL_REDIRECT", default=not DEBUG)
+_proxy_header = env.str("GPUMARKET_SECURE_PROXY_SSL_HEADER", default="")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_header.upper().replace("-", "_"), "https") if _proxy_header else None)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("GPUMARKET_SECURE_COOKIES",
+                                                      default=not DEBUG)
+SECURE_HSTS_SECONDS = env.int("GPUMARKET_HSTS_SECONDS", default=0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("GPUMARKET_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("GPUMARKET_HSTS_PRELOAD", default=True)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("GPUMARKET_MAX_REQUEST_BYTES", default=2 * 1024 * 1024)
+MIDDLEWARE.append("frontend.csp.ContentSecurityPolicyMiddleware")
+# === end of HTTP security and request limits ============================================

@@ -3,8 +3,6 @@ inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
 
 from __future__ import annotations
 
-import json
-
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -14,6 +12,7 @@ from providers import benchmarks, services
 from providers.auth import IsRunner, RunnerTokenAuthentication
 from providers.models import Gpu, GpuBenchmark, Node, Provider
 from settlement.fields import (
+    JsonObjectField,
     Pagination,
     StrictCharField,
     StrictInputSerializer,
@@ -246,12 +245,13 @@ class FindingIn(serializers.Serializer):
 
 
 class HeartbeatIn(serializers.Serializer):
-    """Readings (`gpus`) and `findings` of this node's GPUs. An item naming another
-    node's GPU, or none registered, changes nothing and comes back in the answer's
-    `warnings` (services.heartbeat_record)."""
+    """Readings (`gpus`: at most one per GPU of the node) and `findings` of this node's
+    GPUs. An item naming another node's GPU, or none registered, changes nothing and comes
+    back in the answer's `warnings` (services.heartbeat_record)."""
 
     runtime = StrictCharField(max_length=16, allow_blank=True, default="")
-    gpus = HealthIn(many=True, required=False, default=list)
+    gpus = HealthIn(many=True, required=False, default=list,
+                    max_length=services.MAX_GPUS_PER_NODE)
     findings = FindingIn(many=True, required=False, default=list, max_length=512)
 
 
@@ -309,6 +309,10 @@ def _refuse_unknown(serializer, data) -> None:
             raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
 
 
+MAX_RAW_BYTES = 16 * 1024  # a result's `raw`, in compact UTF-8 JSON
+MAX_RAW_DEPTH = 8
+
+
 class BenchmarkResultIn(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
     measured_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
@@ -318,20 +322,17 @@ class BenchmarkResultIn(serializers.Serializer):
     memory_bandwidth_gbps = _Figure()
     host_to_device_gbps = _Figure()
     device_to_host_gbps = _Figure()
-    raw = serializers.DictField(required=False, default=dict)
-
-    MAX_RAW_BYTES = 16 * 1024
+    # what the benchmark timed, free-form (stored as jsonb)
+    raw = JsonObjectField(max_bytes=MAX_RAW_BYTES, max_depth=MAX_RAW_DEPTH, required=False,
+                          default=dict)
 
     def to_internal_value(self, data):
         _refuse_unknown(self, data)
-        value = super().to_internal_value(data)
-        if len(json.dumps(value["raw"], default=str)) > self.MAX_RAW_BYTES:
-            raise serializers.ValidationError({"raw": "must be at most 16 KiB of JSON"})
-        return value
+        return super().to_internal_value(data)
 
 
 class BenchmarksIn(serializers.Serializer):
-    runner_version = serializers.CharField(max_length=32, allow_blank=True, default="")
+    runner_version = StrictCharField(max_length=32, allow_blank=True, default="")
     backend = serializers.ChoiceField(choices=["torch", "cupy"])
     results = BenchmarkResultIn(many=True, max_length=benchmarks.MAX_RESULTS)
 

@@ -18,6 +18,7 @@ from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_toke
 from providers.signals import gpu_health_changed
 
 MAX_GPUS_PER_NODE = 64
+MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
 log = logging.getLogger(__name__)
 
 
@@ -192,7 +193,8 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     Only this node's GPUs are read and written: a reading or finding that names another
     node's GPU, or no registered GPU, changes nothing; it is logged and returned as a
     warning ("findings[2].uuid: GPU-… is not a GPU of this node; ignored") for the
-    runner.
+    runner. At most MAX_WARNINGS are answered, in one log line, the rest counted. Raises
+    ProviderError naming `gpus` when it lists more readings than the node has GPUs.
 
     A GPU with a `fatal` finding becomes unhealthy; one whose heartbeat carries no fatal
     finding any more is healthy again. On a change, `gpu_health_changed` is sent after
@@ -205,11 +207,17 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     last_seen = node.last_heartbeat_at or node.registered_at
     back = last_seen is not None and last_seen < now - timeout
     mine = set(node.gpus.values_list("uuid", flat=True))
+    if len(gpus) > len(mine):
+        raise ProviderError(f"lists {len(gpus)} readings but the node has {len(mine)} GPUs "
+                            "registered: at most one reading per GPU", field="gpus")
     warnings = [f"{name}[{i}].uuid: {item['uuid']} is not a GPU of this node; ignored"
                 for name, items in (("gpus", gpus), ("findings", findings or []))
                 for i, item in enumerate(items) if item["uuid"] not in mine]
-    for warning in warnings:
-        log.warning("heartbeat of node %s: %s", node.pk, warning)
+    if len(warnings) > MAX_WARNINGS:
+        warnings = [*warnings[:MAX_WARNINGS],
+                    f"and {len(warnings) - MAX_WARNINGS} more items ignored"]
+    if warnings:
+        log.warning("heartbeat of node %s: %s", node.pk, "; ".join(warnings))
     found: dict[str, list[dict[str, Any]]] = {}
     for f in findings or []:
         if f["uuid"] in mine:

@@ -4,8 +4,10 @@ the one pagination of every list."""
 
 from __future__ import annotations
 
+import json
 import re
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.pagination import LimitOffsetPagination
 
@@ -72,6 +74,53 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JsonObjectField(serializers.Field):
+    """A free-form JSON object (e.g. a benchmark's `raw` figures) of at most `max_bytes` of
+    compact UTF-8 JSON, nested at most `max_depth` levels (the object itself is level 1),
+    with no NUL or lone surrogate in any key or string (the one naming it: `raw.a.b`).
+    Anything else is a 400 naming the field."""
+
+    default_error_messages = {
+        "not_an_object": "must be a JSON object",
+        "too_large": "must be at most {kib} KiB of JSON",
+        "too_deep": "must nest at most {depth} levels of objects and arrays",
+    }
+
+    def __init__(self, *, max_bytes: int, max_depth: int, **kwargs):
+        self.max_bytes, self.max_depth = max_bytes, max_depth
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("not_an_object")
+        if _depth(data) > self.max_depth:
+            self.fail("too_deep", depth=self.max_depth)
+        found = find_bad_character(data)
+        if found is not None:
+            path, message = found
+            raise serializers.ValidationError({path: [message]})
+        size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > self.max_bytes:
+            self.fail("too_large", kib=f"{self.max_bytes / 1024:g}")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+def _depth(data) -> int:
+    """How deep `data` nests objects and arrays (a scalar: 0; {} or []: 1)."""
+    deepest, level = 0, [(data, 1)]
+    while level:
+        value, depth = level.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth)
+            items = value.values() if isinstance(value, dict) else value
+            level.extend((v, depth + 1) for v in items if isinstance(v, dict | list))
+    return deepest
+
+
 class StrictInputSerializer(serializers.Serializer):
     """An input serializer that refuses fields it does not know, naming them, instead of
     ignoring them silently (a misspelt `gang_sise` must not place a different order)."""
@@ -82,6 +131,53 @@ class StrictInputSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
         return super().validate(attrs)
+
+
+# --- text: NUL and lone surrogates ------------------------------------------------------
+# PostgreSQL text and jsonb cannot hold NUL and UTF-8 cannot encode a lone surrogate: a
+# string with either would fail at the database (a 500). The API's JSON parser refuses them
+# anywhere in a body (marketplace/api/parsers.py), the page forms in every field
+# (frontend/forms_fields.py), each with these messages.
+_BAD_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+NUL_MESSAGE = "must not contain NUL characters (\\u0000)"
+SURROGATE_MESSAGE = "must not contain lone surrogates (\\ud800 to \\udfff)"
+
+
+def bad_character_message(text: str) -> str | None:
+    """NUL_MESSAGE or SURROGATE_MESSAGE when `text` holds such a character, else None."""
+    found = _BAD_CHARACTER.search(text)
+    if found is None:
+        return None
+    return NUL_MESSAGE if found.group() == "\x00" else SURROGATE_MESSAGE
+
+
+def escaped(text: str) -> str:
+    """`text` with NUL and surrogates written as \\uXXXX (for naming a key that holds one)."""
+    return _BAD_CHARACTER.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def find_bad_character(data, path: str = "") -> tuple[str, str] | None:
+    """(path, message) of the first string in `data` (parsed JSON) — key or value, at any
+    depth — holding NUL or a lone surrogate, or None. Paths as errors.py names fields:
+    `a.b`, `a[0].b`; a key holding one is named escaped."""
+    if isinstance(data, str):
+        message = bad_character_message(data)
+        return None if message is None else (path, message)
+    if isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{escaped(key)}" if path else escaped(key)
+            message = bad_character_message(key)
+            if message is not None:
+                return where, message
+            found = find_bad_character(value, where)
+            if found is not None:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found = find_bad_character(value, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 # --- pagination ------------------------------------------------------------------------

@@ -232,14 +232,22 @@ def _token(headers: dict[bytes, bytes]) -> str | None:
 
 
 # What Django's middleware adds to a JSON response of this app (SecurityMiddleware with
-# the default SECURE_CONTENT_TYPE_NOSNIFF, SECURE_REFERRER_POLICY and
-# SECURE_CROSS_ORIGIN_OPENER_POLICY; XFrameOptionsMiddleware with X_FRAME_OPTIONS).
+# SECURE_HSTS_* on a secure request, SECURE_CONTENT_TYPE_NOSNIFF, SECURE_REFERRER_POLICY
+# and SECURE_CROSS_ORIGIN_OPENER_POLICY; XFrameOptionsMiddleware with X_FRAME_OPTIONS).
 # The request id (marketplace/logs.py) is RequestIdMiddleware's.
-def _response_headers(body: bytes, request_id: str) -> list[tuple[bytes, bytes]]:
+def _response_headers(body: bytes, request_id: str, *,
+                      secure: bool = False) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode()),
                (b"x-frame-options", settings.X_FRAME_OPTIONS.encode()),
                (REQUEST_ID_HEADER.lower().encode(), request_id.encode())]
+    if secure and settings.SECURE_HSTS_SECONDS:
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            hsts += "; preload"
+        headers.append((b"strict-transport-security", hsts.encode()))
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
         headers.append((b"x-content-type-options", b"nosniff"))
     if settings.SECURE_REFERRER_POLICY:
@@ -286,10 +294,11 @@ class BidFastPath:
                 token = None  # Django refuses it
                 break
         bid = None
+        secure = _is_secure(scope, headers)
         if (token is not None and not more and self._host_ok(headers)
                 and headers.get(b"content-type", b"").split(b";")[0].strip()
                 == b"application/json"
-                and not (settings.SECURE_SSL_REDIRECT and scope.get("scheme") != "https")):
+                and not (settings.SECURE_SSL_REDIRECT and not secure)):
             bid = parse_bid(body)
         if bid is not None:
             request_id = request_id_from(
@@ -306,7 +315,7 @@ class BidFastPath:
                         send, 503, {"detail": "the service is busy: no database connection "
                                               "is free right now; the bid was not placed, "
                                               f"retry in {RETRY_AFTER_SECONDS} s"},
-                        request_id,
+                        request_id, secure,
                         extra=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
                 log.exception("[request %s] placing a bid through the batcher failed",
                               request_id)
@@ -315,9 +324,9 @@ class BidFastPath:
                                                  "client_order_id makes a retry safe); it is "
                                                  f"logged as request {request_id}",
                                        "request_id": request_id}
-                return await self._respond(send, status, answer, request_id)
+                return await self._respond(send, status, answer, request_id, secure)
             else:
-                return await self._respond(send, status, answer, request_id)
+                return await self._respond(send, status, answer, request_id, secure)
         await self.app(scope, _replay(body, more, receive), send)
 
     @staticmethod
@@ -331,11 +340,23 @@ class BidFastPath:
 
     @staticmethod
     async def _respond(send, status: int, answer: dict[str, Any], request_id: str,
-                       extra: list[tuple[bytes, bytes]] = ()) -> None:
+                       secure: bool = False, extra: list[tuple[bytes, bytes]] = ()) -> None:
         body = JSONRenderer().render(answer)
         await send({"type": "http.response.start", "status": status,
-                    "headers": _response_headers(body, request_id) + list(extra)})
+                    "headers": _response_headers(body, request_id, secure=secure)
+                    + list(extra)})
         await send({"type": "http.response.body", "body": body})
+
+
+def _is_secure(scope, headers: dict[bytes, bytes]) -> bool:
+    """request.is_secure() as Django answers it: SECURE_PROXY_SSL_HEADER's value when the
+    request carries that header, else whether the scheme is https."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        name, value = settings.SECURE_PROXY_SSL_HEADER
+        header = name.removeprefix("HTTP_").replace("_", "-").lower().encode("latin-1")
+        if header in headers:
+            return headers[header].decode("latin-1").split(",", 1)[0].strip() == value
+    return scope.get("scheme") == "https"
 
 
 def _replay(body: bytes, more: bool, receive):

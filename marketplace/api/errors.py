@@ -30,7 +30,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
-from marketplace.api.parsers import DuplicateKey
+from marketplace.api.parsers import FieldParseError
 from marketplace.errors import MarketError
 from marketplace.logs import current_request_id
 from providers.services import ProviderError
@@ -86,7 +86,7 @@ def error_response(message: str, *, field: str | None, status_code: int) -> Resp
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, DuplicateKey):
+    if isinstance(exc, FieldParseError):  # a duplicate key, a NUL in a string
         return error_response(exc.message, field=exc.key, status_code=exc.status_code)
     if isinstance(exc, MarketError):
         return error_response(exc.message, field=exc.field, status_code=exc.status)

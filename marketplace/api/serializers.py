@@ -160,8 +160,9 @@ def ports_field() -> serializers.ListField:
     integers 1–65535 (e.g. [8888]); the runner publishes each on the provider's public
     host and the lease then lists where to connect (`endpoints`)."""
     return serializers.ListField(
-        child=StrictIntegerField(min_value=1, max_value=65535), required=False,
-        max_length=8, default=list)
+        child=StrictIntegerField(min_value=1, max_value=65535, error_messages={
+            "invalid": "is not a TCP port (a whole number from 1 to 65535)"}),
+        required=False, max_length=8, default=list)
 
 
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
