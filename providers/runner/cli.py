@@ -295,8 +295,8 @@ def _uid_range(value: str) -> range:
         raise argparse.ArgumentTypeError(f"{value!r} is not FIRST-LAST (e.g. 60100-61099)") \
             from None
     if not sep or not 1000 <= lo <= hi < 2**32 - 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: FIRST-LAST with 1000 <= FIRST <= LAST "
-                                         f"< {2**32 - 1}")
+        raise argparse.ArgumentTypeError(f"{value!r} must be FIRST-LAST with 1000 <= FIRST "
+                                         f"<= LAST < {2**32 - 1}")
     return range(lo, hi + 1)
 
 
