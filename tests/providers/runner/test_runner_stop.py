@@ -143,6 +143,7 @@ def test_sigterm_leaves_a_running_process_lease_alone(marketplace, tmp_path):
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        ProcessRuntime(tmp_path / "state").stop(31, grace_s=0)  # its user's, its directory
 
 
 def test_startup_outage_is_logged_once_then_the_answer(marketplace, tmp_path):
