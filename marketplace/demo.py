@@ -133,7 +133,8 @@ class Demo:
             client = docker.from_env(timeout=5)
             client.ping()
         except Exception:
-            say("runtime", "no Docker Engine answers: runners use the local process runtime")
+            say("runtime", "no Docker Engine answers: the runners are started with "
+                "--runtime process (local processes; never chosen by `auto`)")
             return "process"
         try:
             client.images.get(IMAGE)
@@ -267,8 +268,11 @@ class Demo:
         for lease_id in sorted(set(lease_ids)):
             lease = self.wait_for(f"lease {lease_id} to run",
                                   lambda i=lease_id: self._lease(i, ("running", "completed")))
+            handle = lease["container_id"]
+            where = f"process {handle}" if handle.startswith("pid-") else \
+                f"container {handle[:12]}"
             say("lease started", f"lease {lease_id}: {lease['gpu_count']} × "
-                f"{lease['gpu_class']} in container {lease['container_id'][:12]}")
+                f"{lease['gpu_class']} in {where}")
         for lease_id in sorted(set(lease_ids)):
             lease = self.wait_for(f"lease {lease_id} to end",
                                   lambda i=lease_id: self._lease(i, ("completed", "failed")),

@@ -64,6 +64,7 @@ from .gpu_processes import GpuProcess, describe_all, source_for
 from .health import Finding, evaluate
 from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
+from .switch import stop_previous
 
 MAX_BACKOFF_S = 30.0
 RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
@@ -154,6 +155,8 @@ class Agent:
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
         self.benchmark_run = run_in_subprocess
+        # runtimes a previous runner may have left workloads in (switch.py); set by `run`
+        self.previous_runtimes: list = []
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -168,10 +171,11 @@ class Agent:
             "gpus": [g.as_protocol() for g in inventory.gpus],
         }
         self.node = self.client.post_inventory(body).get("node") or {}
-        if getattr(self.runtime, "node", "") is None:  # label containers with the node id
-            # the node's uid is unique across marketplace databases; ids are not
-            self.runtime.node = str(self.node.get("uid") or self.node.get("id")
-                                    or self.node.get("name") or "default")
+        label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
+                    or "default")  # the node's uid is unique across marketplace databases
+        for runtime in (self.runtime, *self.previous_runtimes):
+            if getattr(runtime, "node", "") is None:  # label containers with the node id
+                runtime.node = label
         return self.node
 
     def evaluate_health(self, readings: list[dict] | None = None) -> list[Finding]:
@@ -469,8 +473,10 @@ class Agent:
     def reconcile(self, leases: list[dict]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
         self.take_baseline()  # before anything is stopped or started
-        handles = self.runtime.list_leases()
         listed = {int(lease["id"]): lease for lease in leases}
+        if self.previous_runtimes:  # first: a lease never runs in two runtimes
+            stop_previous(self, listed)
+        handles = self.runtime.list_leases()
         for lease_id, lease in listed.items():
             self._lease_gpus[lease_id] = list(lease.get("gpu_uuids") or [])
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse

@@ -3,7 +3,8 @@
     gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
     gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
                          [--heartbeat-interval S] [--logs-interval S] [--network MODE]
-                         [--runtime auto|docker|process] [--grace S]
+                         [--runtime auto|docker|process [--process-uids FIRST-LAST]]
+                         [--grace S]
                          [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
                          [--memory-per-gpu SIZE] [--cpus-per-gpu N] [--pids-limit N]
                          [--shm-size SIZE]
@@ -33,8 +34,17 @@ from the flag, else GPUMARKET_RUNNER_MEMORY_PER_GPU / _CPUS_PER_GPU / _PIDS_LIMI
 _SHM_SIZE, else config.json's "limits": {"memory_per_gpu": "64g", "cpus_per_gpu": 12,
 "pids_limit": 4096, "shm_size": "16g"}, else the default.
 
+Runtimes: `auto` (the default) and `docker` run lease workloads as Docker containers and
+exit 1 when no engine answers: local processes are never chosen automatically, with
+--simulate or without. `--runtime process` (process_runtime.py) runs them as local
+processes, each as a uid of its own (root only; not root: only with --simulate, and the
+workload can read the token), and says at startup what it does not isolate; it refuses a
+`--token` on the command line (readable by every local process). A restarted runner stops
+the workloads a previous one left in the other runtime (switch.py).
+
 Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
-`benchmark` without a GPU; 3 the marketplace refused the runner token; 1 any other error,
+`benchmark` without a GPU; 3 the marketplace refused the runner token (rotated or the node
+deleted: `run` names the `register` command that saves the new one); 1 any other error,
 and `doctor` with a failed check. Errors are one line on stderr.
 
 `run` under a supervisor (systemd): it never exits because the marketplace is unreachable
@@ -70,8 +80,10 @@ from .gpu_processes import load_replay_process_left
 from .limits import ResourcePolicy, parse_size
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
+from .process_runtime import DEFAULT_UIDS
 from .push import PushListener
 from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure, docker_host
+from .switch import pick_runtime, previous_runtimes
 
 EXIT_OK, EXIT_ERROR, EXIT_NO_GPU, EXIT_UNAUTHORIZED = 0, 1, 2, 3
 DEFAULT_STATE_DIR = "~/.gpumarket-runner"
@@ -182,7 +194,9 @@ def _cmd_register(args) -> int:
         node = agent.announce()
     except Unauthorized as exc:
         exc.args = ("the marketplace does not know this runner token (401): use the token "
-                    "shown once when the node was created (POST /api/v1/nodes/)",)
+                    "shown once when the node was created (POST /api/v1/nodes/), or the "
+                    "newest one if it was rotated since (provider portal, or POST "
+                    "/api/v1/nodes/<id>/rotate-token/)",)
         raise
     finally:
         client.close()
@@ -272,18 +286,18 @@ def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
     return ResourcePolicy(**values)
 
 
-def _pick_runtime(args, simulate: bool, node: str | None):
-    if args.runtime in ("auto", "docker"):
-        try:
-            return DockerRuntime(node, network_mode=args.network, simulate=simulate,
-                                 public_host=args.public_host,
-                                 advertise_host=args.advertise_host)
-        except RuntimeFailure as exc:
-            if args.runtime == "docker":
-                raise CliError(str(exc)) from None
-        print_line(f"no Docker Engine answers at {docker_host()}: using the local process "
-                   "runtime (no isolation, images ignored)")
-    return ProcessRuntime(_state_dir(args.state_dir))
+def _uid_range(value: str) -> range:
+    """--process-uids FIRST-LAST → range(FIRST, LAST + 1); argparse error otherwise."""
+    first, sep, last = value.partition("-")
+    try:
+        lo, hi = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not FIRST-LAST (e.g. 60100-61099)") \
+            from None
+    if not sep or not 1000 <= lo <= hi < 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be FIRST-LAST with 1000 <= FIRST "
+                                         f"<= LAST < {2**32 - 1}")
+    return range(lo, hi + 1)
 
 
 def _node_label(node: dict) -> str | None:
@@ -298,7 +312,10 @@ def _lock_state_dir(state_dir: Path):
     open lock file (held until the process exits); raises CliError when taken."""
     import fcntl
 
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if state_dir.stat().st_uid == os.geteuid() and state_dir.stat().st_mode & 0o077:
+        os.chmod(state_dir, 0o700)  # the token lives here: the runner's user only
+        print_line(f"{state_dir}: made readable by this user only (mode 0700)")
     lock = open(state_dir / "run.lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -354,16 +371,23 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     if args.advertise_host and not args.public_host:
         raise CliError("--advertise-host needs --public-host (the address ports are "
                        "published on)")
-    lock = _lock_state_dir(_state_dir(args.state_dir))  # noqa: F841 - held until exit
-    config = load_config(_state_dir(args.state_dir))
+    state_dir = _state_dir(args.state_dir)
+    lock = _lock_state_dir(state_dir)  # noqa: F841 - held until exit
+    config = load_config(state_dir)
     url, token = _url_and_token(args, config)
     simulate = args.simulate or config.get("simulate")
     gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
     node = _node_label(config.get("node") or {})
     policy = resource_policy(args, config)
-    runtime = _pick_runtime(args, simulate=bool(simulate), node=node)
+    runtime = pick_runtime(args.runtime, state_dir, node, simulate=bool(simulate),
+                           token_on_command_line=bool(args.token), uids=args.process_uids,
+                           network_mode=args.network, public_host=args.public_host,
+                           advertise_host=args.advertise_host, log=print_line)
     if isinstance(runtime, DockerRuntime):
         runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
+        if args.token:
+            print_line("note: --token on the command line is readable by every local user "
+                       "(`ps`); `gpumarket-runner register` saves it 0600 instead")
     if stop.is_set():  # signalled during the setup: nothing was started
         print_line("stopped before contacting the marketplace; no lease workload touched")
         return EXIT_OK
@@ -373,6 +397,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     agent = Agent(client, gpus, runtime, poll_interval=args.poll_interval,
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
                   logs_interval=args.logs_interval, push=push)
+    agent.previous_runtimes = previous_runtimes(runtime, state_dir, node)
     if not simulate and args.benchmark_interval > 0:  # simulated GPUs are not measured
         agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
     how = (f"polling {url} every {args.poll_interval:g} s" if push is None else
@@ -381,9 +406,26 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     print_line(f"gpumarket-runner {__version__}: {how} ({gpus.source})")
     try:
         agent.run(stop)
+    except Unauthorized as exc:
+        exc.args = (_token_refused(args, url, state_dir, simulate),)
+        raise
     finally:
         client.close()
     return EXIT_OK
+
+
+def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str:
+    """What `run` says when the marketplace refuses its token (exit status 3): why that
+    happens, and the command that puts the node's current token in place."""
+    source = ("--token" if args.token else "GPUMARKET_RUNNER_TOKEN"
+              if os.environ.get("GPUMARKET_RUNNER_TOKEN") else None)
+    register = (f"gpumarket-runner register --url {url} --token NEW_TOKEN --state-dir "
+                f"{state_dir}" + (f" --simulate {simulate}" if simulate else ""))
+    fix = (f"pass the new token in {source} instead" if source else
+           f"save the new one with `{register}`, then start `run` again")
+    return ("the marketplace refused the runner token (401): it was rotated (provider "
+            "portal, or POST /api/v1/nodes/<id>/rotate-token/) or the node was deleted; "
+            f"{fix} (restarting with the old token does not help)")
 
 
 CLOCK_MAX_OFFSET_S = 5.0
@@ -459,8 +501,9 @@ def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None,
         add(True, "marketplace connectivity and token", f"{url} answers and accepts the token")
     except Unauthorized:
         add(False, "marketplace connectivity and token", f"{url} refused the runner token (401)",
-            "re-register the node: create a new runner token in the provider portal and run "
-            "`gpumarket-runner register --url URL --token TOKEN`")
+            "re-register the node: its token may have been rotated; take the current one "
+            "from the provider portal (or rotate it: POST /api/v1/nodes/<id>/rotate-token/) "
+            "and run `gpumarket-runner register --url URL --token NEW_TOKEN`")
         after = time.time()
         before = None
     except MarketplaceError as exc:
@@ -677,7 +720,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="size of a lease container's shared memory (/dev/shm), e.g. "
                           "8g (default: half its memory limit, at most 16g)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
-                     help="auto: Docker if an engine answers, else local processes")
+                     help="auto (default) and docker: lease containers on the Docker Engine "
+                          "(an error when none answers); process: local processes, each as "
+                          "a user of its own (needs root), isolating nothing else")
+    run.add_argument("--process-uids", metavar="FIRST-LAST", type=_uid_range,
+                     default=DEFAULT_UIDS,
+                     help="uids the process runtime gives lease users, one per running "
+                          f"lease (default {DEFAULT_UIDS.start}-{DEFAULT_UIDS.stop - 1}; no "
+                          "passwd entries needed)")
     run.add_argument("--benchmark-interval", type=_non_negative,
                      default=bench.DEFAULT_INTERVAL_S,
                      metavar="S", help="re-run the benchmark every S seconds while no lease "

@@ -2,7 +2,7 @@
 
 Every call sends `Authorization: Bearer <runner token>`; the token is never logged, printed
 or shown in repr(). Errors:
-- Unauthorized (401): the token is unknown or revoked; re-register the node.
+- Unauthorized (401): the token is unknown, rotated or revoked; re-register the node.
 - Conflict (409): an illegal move; the marketplace already knows.
 - Unreachable: connection refused, DNS failure, timeout; transient.
 - MarketplaceError(status, detail): any other non-2xx answer or a body that is not JSON.
@@ -34,7 +34,8 @@ class Unauthorized(MarketplaceError):
 
     def __init__(self, detail: str = "") -> None:
         super().__init__(401, detail)
-        self.args = ("the marketplace refused the runner token (401): re-register the node",)
+        self.args = ("the marketplace refused the runner token (401): re-register the node "
+                     "with its current token (it may have been rotated)",)
 
     def __str__(self) -> str:
         return self.args[0]

@@ -1,4 +1,5 @@
-"""Where lease workloads run: Docker containers, or local processes when no engine answers.
+"""Where lease workloads run: Docker containers, or local processes when the provider
+chooses them explicitly (`--runtime process`: process_runtime.py says what they isolate).
 
 Both runtimes share one interface, keyed by the marketplace's lease id (int):
 - start(lease) -> handle id: idempotent, a lease never gets two workloads (Docker: with
@@ -20,24 +21,17 @@ gpu_uuids, env (str → str), ports (list of int, may be absent).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 from .limits import Limits, ResourcePolicy
+from .process_runtime import ProcessRuntime
+from .runtime_common import RuntimeFailure, lease_env
+
+__all__ = ["DockerRuntime", "ProcessRuntime", "RuntimeFailure", "docker_host", "lease_env"]
 
 LEASE_LABEL = "gpumarket.lease"
 NODE_LABEL = "gpumarket.node"
-
-
-class RuntimeFailure(RuntimeError):
-    """A workload could not be started or inspected; the message says why."""
 
 
 UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "")
@@ -70,13 +64,6 @@ def endpoints_from_ports(port_map: dict | None, ports: list[int] | None,
                             "host_port": int(host_port)})
                 break
     return out
-
-
-def lease_env(lease: dict) -> dict[str, str]:
-    """The lease's env plus NVIDIA_VISIBLE_DEVICES = comma-joined leased GPU UUIDs."""
-    env = {str(k): str(v) for k, v in (lease.get("env") or {}).items()}
-    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.get("gpu_uuids") or [])
-    return env
 
 
 class DockerRuntime:
@@ -317,168 +304,3 @@ class DockerRuntime:
 def docker_host() -> str:
     """Where the docker SDK looks for the engine: $DOCKER_HOST or the default socket."""
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-
-# The process runtime runs each lease's command under a tiny Python wrapper that records
-# the exit code in a file, so the code survives a runner restart (we are no longer the
-# parent then and cannot wait() for it).
-_WRAPPER = (
-    "import subprocess, sys\n"
-    "code = subprocess.call(sys.argv[2:])\n"
-    "code = 128 - code if code < 0 else code\n"
-    "open(sys.argv[1], 'w').write(str(code))\n"
-)
-
-
-def _proc_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat (start time in clock ticks), to tell pid reuse apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-class ProcessRuntime:
-    """Lease commands as local processes (no isolation, no image): only for hosts where no
-    Docker Engine answers. The image is ignored; the command runs with the lease env.
-
-    state_dir: where processes.json ({lease id: {pid, start, log, status_file, gpus}}) and the
-    per-lease logs and exit-status files live, so a restarted runner re-adopts them.
-    """
-
-    name = "process"
-    node = ""  # processes carry no node label
-    last_check = "not run: processes are not isolated"
-
-    def __init__(self, state_dir: str | Path) -> None:
-        self.dir = Path(state_dir) / "processes"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._db = self.dir / "processes.json"
-        self._children: dict[int, subprocess.Popen] = {}
-
-    def _load(self) -> dict[int, dict]:
-        try:
-            return {int(k): v for k, v in json.loads(self._db.read_text()).items()}
-        except (OSError, ValueError):
-            return {}
-
-    def _save(self, entries: dict[int, dict]) -> None:
-        tmp = self._db.with_suffix(".tmp")
-        tmp.write_text(json.dumps({str(k): v for k, v in entries.items()}))
-        tmp.replace(self._db)
-
-    def _alive(self, entry: dict) -> bool:
-        pid = entry["pid"]
-        child = self._children.get(pid)
-        if child is not None:
-            return child.poll() is None
-        start = _proc_start_time(pid)
-        return start is not None and start == entry.get("start")
-
-    def start(self, lease: dict) -> str:
-        """Start the lease's command (a new session, so stop reaches its whole group);
-        return "pid-<pid>". Idempotent per lease id. Raises RuntimeFailure if it cannot run.
-        """
-        lease_id = int(lease["id"])
-        entries = self._load()
-        if lease_id in entries:
-            return f"pid-{entries[lease_id]['pid']}"
-        command = [str(c) for c in (lease.get("command") or [])]
-        if not command:
-            raise RuntimeFailure("the process runtime needs a command (it cannot run an image)")
-        status_file = self.dir / f"lease-{lease_id}.status"
-        log = self.dir / f"lease-{lease_id}.log"
-        status_file.unlink(missing_ok=True)
-        env = {**os.environ, **lease_env(lease)}
-        try:
-            with open(log, "ab") as out:
-                child = subprocess.Popen(
-                    [sys.executable, "-c", _WRAPPER, str(status_file), *command],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True,
-                )
-        except OSError as exc:
-            raise RuntimeFailure(f"cannot start {command[0]}: {exc.strerror or exc}") from None
-        self._children[child.pid] = child
-        entries[lease_id] = {"pid": child.pid, "start": _proc_start_time(child.pid),
-                             "status_file": str(status_file), "log": str(log),
-                             "gpus": env["NVIDIA_VISIBLE_DEVICES"]}
-        self._save(entries)
-        return f"pid-{child.pid}"
-
-    def stop(self, lease_id: int, grace_s: float = 10) -> None:
-        """SIGTERM the lease's process group, SIGKILL after grace_s seconds, forget it."""
-        entries = self._load()
-        entry = entries.pop(lease_id, None)
-        if entry is None:
-            return
-        pid = entry["pid"]
-        if self._alive(entry):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-                deadline = time.monotonic() + grace_s
-                while self._alive(entry) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                if self._alive(entry):
-                    os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        child = self._children.pop(pid, None)
-        if child is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=5)
-        Path(entry["status_file"]).unlink(missing_ok=True)
-        self._save(entries)
-
-    def list_leases(self) -> dict[int, str]:
-        """{lease id: "pid-<pid>"} for every process started and not yet stopped."""
-        return {lease_id: f"pid-{e['pid']}" for lease_id, e in self._load().items()}
-
-    def describe(self) -> list[dict]:
-        """For `status`: lease, handle ("pid-N"), name (the log file), state ("running" or
-        "exited"), gpus (the NVIDIA_VISIBLE_DEVICES it was started with; "" when started by
-        an older runner that did not record them)."""
-        out = []
-        for lease_id, entry in sorted(self._load().items()):
-            out.append({"lease": lease_id, "handle": f"pid-{entry['pid']}",
-                        "name": entry.get("log", ""),
-                        "state": "running" if self._alive(entry) else "exited",
-                        "gpus": entry.get("gpus", "")})
-        return out
-
-    def logs(self, lease_id: int, lines: int = 200) -> str:
-        """The last `lines` lines of the process's captured output (at most its last
-        256 KiB are read)."""
-        entry = self._load().get(lease_id)
-        if entry is None:
-            raise RuntimeFailure(f"lease {lease_id} has no process")
-        try:
-            with open(entry["log"], "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 256 * 1024))
-                raw = f.read()
-        except OSError:
-            return ""
-        kept = raw.decode("utf-8", "replace").splitlines(keepends=True)[-max(1, int(lines)):]
-        return "".join(kept)
-
-    def verify_gpus(self, lease: dict) -> str | None:
-        """Processes are not isolated: nothing to check from inside."""
-        return None
-
-    def exit_status(self, lease_id: int) -> int | None:
-        """None while it runs; its exit code after (128+N for signal N; 255 if the exit
-        code was lost, e.g. the wrapper itself was killed). RuntimeFailure if unknown lease."""
-        entry = self._load().get(lease_id)
-        if entry is None:
-            raise RuntimeFailure(f"lease {lease_id} has no process")
-        if self._alive(entry):
-            return None
-        child = self._children.get(entry["pid"])
-        if child is not None:
-            child.wait()
-        try:
-            return int(Path(entry["status_file"]).read_text().strip())
-        except (OSError, ValueError):
-            return 255

@@ -91,13 +91,33 @@ def test_refused_token_exits_3(marketplace, tmp_path):
     assert done.returncode == 3
     assert done.stderr.strip() == (
         "gpumarket-runner: the marketplace does not know this runner token (401): use the "
-        "token shown once when the node was created (POST /api/v1/nodes/)"
+        "token shown once when the node was created (POST /api/v1/nodes/), or the newest one "
+        "if it was rotated since (provider portal, or POST /api/v1/nodes/<id>/rotate-token/)"
     )
     assert not (tmp_path / "config.json").exists()
-    run = runner("run", "--url", marketplace.url, "--token", "not-the-token",
-                 "--simulate", str(A10), "--state-dir", str(tmp_path), "--runtime", "process")
+    # the process runtime takes no --token on the command line (any local process reads it)
+    run = runner("run", "--url", marketplace.url, "--simulate", str(A10), "--state-dir",
+                 str(tmp_path), "--runtime", "process",
+                 env={"GPUMARKET_RUNNER_TOKEN": "not-the-token"})
     assert run.returncode == 3
     assert "not-the-token" not in run.stdout + run.stderr
+    assert run.stderr.strip() == (
+        "gpumarket-runner: the marketplace refused the runner token (401): it was rotated "
+        "(provider portal, or POST /api/v1/nodes/<id>/rotate-token/) or the node was deleted; "
+        "pass the new token in GPUMARKET_RUNNER_TOKEN instead (restarting with the old token "
+        "does not help)")
+
+
+def test_the_process_runtime_refuses_a_token_on_the_command_line(marketplace, tmp_path):
+    """`ps` shows every process's command line to every local user: a lease process would
+    read a --token there. Refused before anything is contacted."""
+    run = runner("run", "--url", marketplace.url, "--token", TOKEN, "--simulate", str(A10),
+                 "--state-dir", str(tmp_path), "--runtime", "process")
+    assert run.returncode == 1
+    assert run.stderr.startswith("gpumarket-runner: --token on the command line is readable "
+                                 "by every process of this host"), run.stderr
+    assert "GPUMARKET_RUNNER_TOKEN" in run.stderr and TOKEN not in run.stdout + run.stderr
+    assert marketplace.inventories == []
 
 
 def test_unreachable_marketplace_exits_1(tmp_path):

@@ -35,6 +35,10 @@ def _parse(*flags: str):
     ("--logs-interval", "soon", "is not a number"),
     ("--benchmark-interval", "-1", "must be >= 0"),
     ("--benchmark-interval", "nan", "is not a finite number"),
+    ("--process-uids", "60100", "is not FIRST-LAST"),
+    ("--process-uids", "a-b", "is not FIRST-LAST"),
+    ("--process-uids", "0-10", "must be FIRST-LAST with 1000 <= FIRST"),
+    ("--process-uids", "61000-60000", "must be FIRST-LAST with 1000 <= FIRST"),
 ])
 def test_a_bad_number_is_refused_naming_the_flag(flag, value, why):
     done = subprocess.run([sys.executable, "-m", "providers.runner", "run", f"{flag}={value}"],
@@ -49,6 +53,7 @@ def test_zero_is_meaningful_for_grace_and_benchmark_interval():
     args = _parse("--grace", "0", "--benchmark-interval", "0", "--poll-interval", "0.1")
     assert (args.grace, args.benchmark_interval, args.poll_interval) == (0.0, 0.0, 0.1)
     assert _parse().grace == 10.0
+    assert _parse("--process-uids", "70000-70009").process_uids == range(70000, 70010)
 
 
 @pytest.mark.parametrize(("flags", "config", "env", "named"), [

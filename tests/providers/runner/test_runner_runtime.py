@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+from pathlib import Path
+
 import pytest
 
+from providers.runner.process_runtime import DEFAULT_UIDS, pids_of_uid
 from providers.runner.runtime import DockerRuntime, ProcessRuntime, RuntimeFailure
+from tests.conftest import require_or_skip
 
 from .runner_helpers import LEASE_UUIDS as UUIDS
 from .runner_helpers import lease_for as lease
@@ -91,3 +98,42 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_process_runtime_isolates_the_user_environment_and_files(tmp_path, monkeypatch):
+    """Issue 10, item 1: as root, a lease runs as a uid of its own with a clean environment
+    in a working directory outside the 0700 state dir; stopping it reaches every process of
+    that uid (one that left the process group too) and removes what it left behind."""
+    if os.geteuid() != 0:
+        require_or_skip("the process runtime gives each lease a user of its own only as root")
+    monkeypatch.setenv("GPUMARKET_RUNNER_TOKEN", "gmr_the_runner_must_keep_this")
+    state = tmp_path / "state"
+    runtime = ProcessRuntime(state)
+    script = ("echo uid=$(id -u) groups=$(id -G) pwd=$(pwd); env; echo ---; ls $1 2>&1; "
+              "touch /tmp/gpumarket-leftover-$$; (setsid sleep 300 &); echo READY; "
+              "exec sleep 300")
+    runtime.start(lease(9, "ignored", ["sh", "-c", script, "sh", str(state)]))
+    out = wait_for(lambda: "READY" in runtime.logs(9) and runtime.logs(9))
+    [entry] = json.loads((state / "processes" / "processes.json").read_text()).values()
+    uid = entry["uid"]
+    assert uid in DEFAULT_UIDS and f"uid={uid} groups={uid} " in out, out
+    home = Path(entry["home"])
+    assert f"pwd={home}" in out and not home.is_relative_to(state)
+    env = dict(line.split("=", 1) for line in out.split("---")[0].splitlines()[1:]
+               if "=" in line)
+    assert "GPUMARKET_RUNNER_TOKEN" not in env and "gmr_" not in out
+    assert env["HOME"] == str(home) and env["GPUMARKET_LEASE_ID"] == "9"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS)
+    assert "Permission denied" in out.split("---")[1]
+    for path, mode in ((state, 0o700), (state / "processes", 0o700),
+                       (state / "processes" / "processes.json", 0o600),
+                       (Path(entry["log"]), 0o600), (home, 0o700)):
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
+    assert home.stat().st_uid == uid
+    assert len(pids_of_uid(uid)) >= 2  # the shell's sleep and the one that left the group
+
+    runtime.stop(9, grace_s=1)
+    assert pids_of_uid(uid) == []
+    assert not home.parent.exists()
+    assert not [p for p in Path("/tmp").glob("gpumarket-leftover-*") if p.stat().st_uid == uid]
+    assert runtime.list_leases() == {}

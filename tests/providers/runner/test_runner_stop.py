@@ -38,10 +38,11 @@ class Runner:
         self.out = tmp_path / "runner.out"
         self.err = tmp_path / "runner.err"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+        clean["GPUMARKET_RUNNER_TOKEN"] = TOKEN  # not --token: `ps` shows it to everyone
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "providers.runner", "run", "--url", url, "--token",
-                 TOKEN, "--simulate", str(A10), "--state-dir", str(tmp_path / "state"),
+                [sys.executable, "-m", "providers.runner", "run", "--url", url,
+                 "--simulate", str(A10), "--state-dir", str(tmp_path / "state"),
                  *extra], cwd=ROOT, stdout=out, stderr=err, env=clean)
 
     def output(self) -> str:
@@ -142,6 +143,7 @@ def test_sigterm_leaves_a_running_process_lease_alone(marketplace, tmp_path):
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        ProcessRuntime(tmp_path / "state").stop(31, grace_s=0)  # its user's, its directory
 
 
 def test_startup_outage_is_logged_once_then_the_answer(marketplace, tmp_path):
