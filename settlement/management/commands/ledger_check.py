@@ -9,6 +9,9 @@ def _pending_migrations() -> int:
     """How many migrations the default database still lacks. Raises CommandError when the
     database cannot be reached."""
     connection = connections[DEFAULT_DB_ALIAS]
+    # a one-shot command needs no pool (GPUMARKET_DB_POOL), and without one an unreachable
+    # server is named by its own error, not by the pool's timeout and retry warnings
+    connection.settings_dict.get("OPTIONS", {}).pop("pool", None)
     try:
         connection.ensure_connection()
         executor = MigrationExecutor(connection)
