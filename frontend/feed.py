@@ -733,6 +733,7 @@ class Hub:
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._own_layer = None  # a channel layer of this hub's own, once it resubscribed
+        self._own_base = None  # the default layer when it did
         self._run: str | None = None  # the Redis run id last seen
         # group → (seq, monotonic time read, text) and the read in flight (seq, task)
         self.snapshots: dict[str, tuple[int, float, str]] = {}
@@ -832,7 +833,10 @@ class Hub:
     async def _ensure_reader(self) -> None:
         if self._reader is not None and not self._reader.done():
             return
-        self._layer = self._own_layer or get_channel_layer()
+        base = get_channel_layer()
+        if self._own_layer is not None and base is not self._own_base:
+            self._own_layer = None  # the channel layers were configured again (tests)
+        self._layer = self._own_layer or base
         self._channel = await self._layer.new_channel(prefix="feedhub.")
         self._reader = self.loop.create_task(self._read(self._layer, self._channel))
         if self._watcher is None or self._watcher.done():
@@ -881,6 +885,7 @@ class Hub:
                 if state.subscribed:
                     await layer.group_add(group, channel)
             self._own_layer, self._layer, self._channel = layer, layer, channel
+            self._own_base = get_channel_layer()
             self._reader = self.loop.create_task(self._read(layer, channel))
             if old_reader is not None:
                 old_reader.cancel()

@@ -202,24 +202,27 @@ return 0
 
 
 _counter: _LocalCounter | _RedisCounter | None = None
+_counter_url: str | None = None  # the REDIS_URL _counter was made for
 _counter_lock = threading.Lock()
 
 
 def counter() -> _LocalCounter | _RedisCounter:
-    """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process."""
-    global _counter
+    """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process;
+    made again whenever REDIS_URL changes (a hub's thread never keeps an old server's)."""
+    global _counter, _counter_url
+    url = getattr(settings, "REDIS_URL", "") or ""
     with _counter_lock:
-        if _counter is None:
-            url = getattr(settings, "REDIS_URL", "")
+        if _counter is None or url != _counter_url:
             _counter = _RedisCounter(url) if url else _LocalCounter()
+            _counter_url = url
         return _counter
 
 
 def reset() -> None:
     """Forget the counter, so the next use follows the current REDIS_URL (tests)."""
-    global _counter
+    global _counter, _counter_url
     with _counter_lock:
-        _counter = None
+        _counter, _counter_url = None, None
 
 
 def current_seq(group: str) -> int:
