@@ -22,11 +22,12 @@ from marketplace.book import (
     checked_hold_amount,
     free_gpu_count,
     get_market,
-    lock_market,
 )
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from marketplace.leases import clean_ports, create_lease
+from marketplace.leases import create_lease
+from marketplace.locking import lock_market
 from marketplace.models import Auction, SealedBid
+from marketplace.ports import clean_ports
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
@@ -109,7 +110,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
-    ports: container TCP ports the lease exposes to the buyer (leases.clean_ports).
+    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports).
     """
     now = now or timezone.now()
     ports = clean_ports(ports)

@@ -18,7 +18,7 @@ Variables (default in brackets):
   the runner before ending a lease itself.
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
-  being outbid and being preempted (marketplace/book.py, "Preemption").
+  being outbid and being preempted (docs/MATCHING.md, "Preemption").
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
