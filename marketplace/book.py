@@ -20,7 +20,7 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 from marketplace import locking, matching, preemption
-from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.ports import clean_ports
 from providers.models import Node
@@ -278,6 +278,8 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
             return _write_bids(market_id, [(r, amount) for _, r, amount in items], now)
     except _Regroup:
         return [_place_group(market_id, [item], now)[0] for item in items]
+    except MarketBusy as exc:  # every bid of the group waited: none is placed
+        return [exc] * len(items)
     except Exception as exc:
         if len(items) > 1:
             log.warning("a group of %d bids failed (%r); placing them one by one",

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
-from django.db import transaction
+from django.conf import settings
+from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 
 from marketplace import engine
+from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
 from marketplace.models import GpuClass, Order
 
 
@@ -70,13 +72,21 @@ def lock_market(market_id: int) -> GpuClass:
     lock of an UPDATE of the GPU class row, which bumps its book_version).
 
     Called by anyone but book.py's own writers it also marks the in-process book
-    caches stale (book_rebuild_version): such a caller may change orders directly."""
+    caches stale (book_rebuild_version): such a caller may change orders directly.
+    Waits at most GPUMARKET_MARKET_LOCK_TIMEOUT_MS (PostgreSQL's lock_timeout, for the
+    rest of the transaction), then raises MarketBusy (the API's 503)."""
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("lock_market needs a transaction (atomic block)")
     w = getattr(_local, "writer", None)
     tracked = w is not None and w.market_id == market_id and w.version is None
     sql = _LOCK_SQL.format("" if tracked else ', "book_rebuild_version" = "book_version" + 1')
-    rows = list(GpuClass.objects.raw(sql, [market_id]))
+    _bound_lock_wait()
+    try:
+        rows = list(GpuClass.objects.raw(sql, [market_id]))
+    except OperationalError as exc:
+        if is_lock_timeout(exc):
+            raise MarketBusy(busy_message()) from None
+        raise
     if not rows:
         raise GpuClass.DoesNotExist(f"GpuClass {market_id} does not exist")
     market = rows[0]
@@ -84,6 +94,15 @@ def lock_market(market_id: int) -> GpuClass:
         w.version, w.rebuild_version = market.book_version, market.book_rebuild_version
         w.epoch = market.book_epoch
     return market
+
+
+def _bound_lock_wait() -> None:
+    """SET LOCAL lock_timeout for this transaction (PostgreSQL; 0 in the setting: none)."""
+    ms = settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS
+    connection = transaction.get_connection()
+    if ms and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
 
 
 def touch(order: Order) -> tuple[str, ...]:
