@@ -21,7 +21,7 @@ from marketplace.book import (
     MAX_DURATION_SECONDS,
     checked_hold_amount,
     free_gpu_count,
-    get_market,
+    node_market,
 )
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
@@ -53,12 +53,7 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise NotFound(f"no node {node_id}", field="node")
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
-    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
-    if not classes:
-        raise Conflict("this node has no registered GPUs yet", field="node")
-    market_slug = market_slug or classes[0]
-    if market_slug not in classes:
-        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
+    market = node_market(node, market_slug)
     if rule not in Auction.Rule.values:
         raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
     if reserve_price <= 0:
@@ -75,7 +70,6 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise InvalidInput("must be between 1 second and 366 days", field="hours")
     if closes_at <= now or closes_at <= opens_at:
         raise InvalidInput("must be in the future and after opens_at", field="closes_at")
-    market = get_market(market_slug)
     with transaction.atomic():
         market = lock_market(market.pk)
         free = free_gpu_count(node, market)

@@ -45,6 +45,24 @@ def get_market(slug: str) -> GpuClass:
 
 
 
+def node_market(node: Node, market_slug: str | None) -> GpuClass:
+    """The market of an ask or auction on `node`: `market_slug`, one of the node's GPU
+    classes, or (None) the node's only class. Raises Conflict naming `node` when it has
+    no GPUs registered, InvalidInput naming `gpu_class` for a class it lacks or when a
+    node of several classes names none."""
+    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
+    if not classes:
+        raise Conflict("this node has no registered GPUs yet: run gpumarket-runner register",
+                       field="node")
+    if market_slug is None:
+        if len(classes) > 1:
+            raise InvalidInput("this node has several GPU classes: name one", field="gpu_class")
+        market_slug = classes[0]
+    elif market_slug not in classes:
+        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
+    return get_market(market_slug)
+
+
 def checked_hold_amount(*, price: int, gpus: int, duration_seconds: int) -> int:
     """bid_hold_amount, refused (InvalidInput on `price`) when it floors to zero or
     exceeds the largest amount the ledger accepts."""
@@ -425,17 +443,7 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
         raise NotFound(f"no node {node_id}", field="node") from None
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
-    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
-    if not classes:
-        raise Conflict("this node has no registered GPUs yet: run gpumarket-runner register",
-                       field="node")
-    if market_slug is None:
-        if len(classes) > 1:
-            raise InvalidInput("this node has several GPU classes: name one", field="gpu_class")
-        market_slug = classes[0]
-    elif market_slug not in classes:
-        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
-    market = get_market(market_slug)
+    market = node_market(node, market_slug)
     _check_common(price=price, gpus=gpus)
     if available_until <= now:
         raise InvalidInput("must be in the future", field="available_until")
