@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from celery import current_app
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -33,6 +34,8 @@ from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.auctions")
+
+CLOSE_TASK = "marketplace.tasks.close_auction"  # tasks.close_auction_task
 
 
 def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: int,
@@ -86,10 +89,10 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
 
 
 def _schedule_close(auction_id: int, closes_at: datetime) -> None:
-    from marketplace.tasks import close_auction_task
-
+    """Queue the close task by its name (marketplace/tasks.py imports this module, not the
+    other way round): the worker runs it at closes_at."""
     try:
-        close_auction_task.apply_async((auction_id,), eta=closes_at)
+        current_app.signature(CLOSE_TASK, args=(auction_id,)).apply_async(eta=closes_at)
     except Exception:  # broker down: the beat sweep (close_due_auctions) closes it
         log.warning("could not schedule the close of auction %s; the sweep will", auction_id)
 
