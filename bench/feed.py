@@ -102,7 +102,8 @@ def seed(env) -> dict:
 def _service_change(rng, buyer, n, resting) -> int:
     """One change through the services; returns how many book changes it made."""
     from marketplace import book
-    from marketplace.leases import end_lease, mark_running
+    from marketplace.lease_end import end_lease
+    from marketplace.leases import mark_running
     from marketplace.models import Order
 
     done = 1

@@ -105,7 +105,7 @@ def main() -> None:
     from django.utils import timezone
 
     from marketplace import book
-    from marketplace.leases import end_lease
+    from marketplace.lease_end import end_lease
     from marketplace.models import Lease
     from providers.models import Gpu, Node
 

@@ -265,7 +265,7 @@ def sealed_bid_payload(bid) -> dict[str, Any]:
 
 
 def lease_payload(lease, role: str) -> dict[str, Any]:
-    from marketplace.leases import endpoint_text
+    from marketplace.ports import endpoint_text
 
     return {"id": lease.pk, "market": lease.market.slug, "role": role,
             "status": lease.status, "gpus": lease.gpu_count, "price": _usd(lease.price),

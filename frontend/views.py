@@ -31,8 +31,8 @@ from marketplace import auctions as auction_services
 from marketplace import book
 from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
-from marketplace.leases import endpoint_text
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.ports import endpoint_text
 from providers.benchmarks import class_summary, gpu_score, latest_results
 from providers.models import Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from celery import current_app
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -21,17 +22,20 @@ from marketplace.book import (
     MAX_DURATION_SECONDS,
     checked_hold_amount,
     free_gpu_count,
-    get_market,
-    lock_market,
+    node_market,
 )
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from marketplace.leases import clean_ports, create_lease
+from marketplace.leases import create_lease
+from marketplace.locking import lock_market
 from marketplace.models import Auction, SealedBid
+from marketplace.ports import clean_ports
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.auctions")
+
+CLOSE_TASK = "marketplace.tasks.close_auction"  # tasks.close_auction_task
 
 
 def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: int,
@@ -52,12 +56,7 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise NotFound(f"no node {node_id}", field="node")
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
-    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
-    if not classes:
-        raise Conflict("this node has no registered GPUs yet", field="node")
-    market_slug = market_slug or classes[0]
-    if market_slug not in classes:
-        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
+    market = node_market(node, market_slug)
     if rule not in Auction.Rule.values:
         raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
     if reserve_price <= 0:
@@ -74,7 +73,6 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise InvalidInput("must be between 1 second and 366 days", field="hours")
     if closes_at <= now or closes_at <= opens_at:
         raise InvalidInput("must be in the future and after opens_at", field="closes_at")
-    market = get_market(market_slug)
     with transaction.atomic():
         market = lock_market(market.pk)
         free = free_gpu_count(node, market)
@@ -91,10 +89,10 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
 
 
 def _schedule_close(auction_id: int, closes_at: datetime) -> None:
-    from marketplace.tasks import close_auction_task
-
+    """Queue the close task by its name (marketplace/tasks.py imports this module, not the
+    other way round): the worker runs it at closes_at."""
     try:
-        close_auction_task.apply_async((auction_id,), eta=closes_at)
+        current_app.signature(CLOSE_TASK, args=(auction_id,)).apply_async(eta=closes_at)
     except Exception:  # broker down: the beat sweep (close_due_auctions) closes it
         log.warning("could not schedule the close of auction %s; the sweep will", auction_id)
 
@@ -109,7 +107,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
-    ports: container TCP ports the lease exposes to the buyer (leases.clean_ports).
+    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports).
     """
     now = now or timezone.now()
     ports = clean_ports(ports)

@@ -4,6 +4,8 @@ show a user: they never reveal another party's sealed bid."""
 
 from __future__ import annotations
 
+from django.conf import settings
+
 
 class MarketError(Exception):
     status = 400
@@ -28,3 +30,22 @@ class NotFound(MarketError):
 
 class Conflict(MarketError):
     status = 409
+
+
+class MarketBusy(MarketError):
+    """The market's lock was not had within GPUMARKET_MARKET_LOCK_TIMEOUT_MS: nothing was
+    written; the caller may retry after `retry_after` seconds."""
+
+    status = 503
+    retry_after = 1
+
+
+def busy_message() -> str:
+    return (f"the market is busy: its order book stayed locked for "
+            f"{settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS} ms; nothing was written, retry in "
+            "a second")
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether `exc` is PostgreSQL's lock_timeout firing (SQLSTATE 55P03)."""
+    return getattr(exc.__cause__, "sqlstate", None) == "55P03"

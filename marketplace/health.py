@@ -17,16 +17,16 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from marketplace.book import lock_market, return_gpus_to_ask
 from marketplace.errors import Conflict
-from marketplace.leases import end_lease
+from marketplace.lease_end import end_lease
+from marketplace.locking import lock_market
+from marketplace.matching import return_gpus_to_ask
 from marketplace.models import Auction, Lease, Order
 from providers.models import Gpu, Node
 
@@ -141,9 +141,3 @@ def fail_silent_nodes(*, now: datetime | None = None) -> list[int]:
             log.warning("lease %s failed: %s", lease.pk, cause)
         rebalance_asks(node=node)
     return failed
-
-
-@shared_task(name="marketplace.tasks.fail_silent_nodes")
-def fail_silent_nodes_task() -> list[int]:
-    """Beat sweep (every 15 s): fail the leases of nodes that missed their heartbeats."""
-    return fail_silent_nodes()

@@ -27,7 +27,7 @@ class GpuClass(models.Model):
     reference_price = models.BigIntegerField(
         default=0, help_text="micro-USD per GPU-hour, public reference (data/reference-prices.csv)"
     )
-    # The order book's version (marketplace/book.py, "book cache"): bumped by every
+    # The order book's version (docs/MATCHING.md, "The book cache"): bumped by every
     # transaction that takes the market lock. `book_rebuild_version` is the last version
     # written by a lock holder outside book.py's own writers (leases, health, auctions):
     # an in-process book older than that is rebuilt from the database. `book_epoch`
@@ -307,7 +307,7 @@ class Lease(StateMachine):
     platform_fee = models.BigIntegerField(null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    # Preemption (marketplace/book.py): copied from the bid; an interruptible lease may be
+    # Preemption (docs/MATCHING.md): copied from the bid; an interruptible lease may be
     # scheduled to end at `preempt_at` for the resting bid `preempted_for`.
     interruptible = models.BooleanField(default=False)
     preempt_at = models.DateTimeField(

@@ -18,7 +18,9 @@ Variables (default in brackets):
   the runner before ending a lease itself.
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
 - GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
-  being outbid and being preempted (marketplace/book.py, "Preemption").
+  being outbid and being preempted (docs/MATCHING.md, "Preemption").
+- GPUMARKET_MARKET_LOCK_TIMEOUT_MS [5000]: the longest a writer waits for a market's
+  lock; then a 503 "the market … is busy" and nothing written (0: wait forever).
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
@@ -324,6 +326,9 @@ GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECON
                                               default=120)
 if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:
     raise ImproperlyConfigured("GPUMARKET_PREEMPTION_NOTICE_SECONDS must not be negative")
+GPUMARKET_MARKET_LOCK_TIMEOUT_MS = env.int("GPUMARKET_MARKET_LOCK_TIMEOUT_MS", default=5000)
+if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
+    raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
 GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
 if GPUMARKET_API_TOKEN_TTL_DAYS < 1:

@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, leases
+from marketplace import auctions, book, health, lease_end, leases
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -36,7 +36,7 @@ def close_due_auctions() -> list[int]:
 @shared_task(name="marketplace.tasks.end_overdue_leases")
 def end_overdue_leases() -> list[int]:
     """Beat sweep: end running leases the runner did not end in time."""
-    return leases.end_overdue_leases()
+    return lease_end.end_overdue_leases()
 
 
 @shared_task(name="marketplace.tasks.preempt_due_leases")
@@ -44,7 +44,7 @@ def preempt_due_leases() -> list[int]:
     """Beat sweep (every second): end `preempted` each interruptible lease whose notice
     deadline (preempt_at) has come; its GPUs go back to the ask and fill the waiting bid.
     Idempotent: an ended lease is left alone."""
-    return leases.preempt_due_leases()
+    return lease_end.preempt_due_leases()
 
 
 @shared_task(name="marketplace.tasks.expire_orders")
@@ -59,3 +59,9 @@ def meter_running_leases() -> list[int]:
     """Beat: charge running leases for each whole metering period they ran. Safe to
     retry or to run on several workers: each period is captured once."""
     return leases.meter_running_leases()
+
+
+@shared_task(name="marketplace.tasks.fail_silent_nodes")
+def fail_silent_nodes_task() -> list[int]:
+    """Beat sweep (every 15 s): fail the leases of nodes that missed their heartbeats."""
+    return health.fail_silent_nodes()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from django.http import HttpResponseServerError, JsonResponse
 from django.template.loader import render_to_string
 from django.views import defaults
@@ -31,7 +32,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from marketplace.api.parsers import FieldParseError
-from marketplace.errors import MarketError
+from marketplace.errors import MarketBusy, MarketError, busy_message, is_lock_timeout
 from marketplace.logs import current_request_id
 from providers.services import ProviderError
 from settlement.money import MoneyFormatError
@@ -89,7 +90,12 @@ def exception_handler(exc, context):
     if isinstance(exc, FieldParseError):  # a duplicate key, a NUL in a string
         return error_response(exc.message, field=exc.key, status_code=exc.status_code)
     if isinstance(exc, MarketError):
-        return error_response(exc.message, field=exc.field, status_code=exc.status)
+        response = error_response(exc.message, field=exc.field, status_code=exc.status)
+        if isinstance(exc, MarketBusy):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
+    if isinstance(exc, OperationalError) and is_lock_timeout(exc):  # a later lock, same wait
+        return exception_handler(MarketBusy(busy_message()), context)
     if isinstance(exc, ProviderError):
         return error_response(exc.message, field=exc.field, status_code=exc.status)
     if isinstance(exc, InsufficientFunds):

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace import lease_end
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.models import Lease
@@ -112,7 +113,7 @@ class RunnerLeaseEvent(RunnerView):
                 default = "the container exited by itself before the lease time was over"
             else:
                 default = "lease time is over"
-            lease = lease_services.end_lease(
+            lease = lease_end.end_lease(
                 lease_id=lease.pk, status=v["status"], cause=v["cause"] or default,
                 detail={"runner_usage_seconds": v.get("usage_seconds")},
             )

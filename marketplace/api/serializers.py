@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.ports import endpoint_text
 from settlement.fields import (
     StrictCharField,
     StrictInputSerializer,
@@ -297,8 +298,6 @@ class LeaseSerializer(serializers.ModelSerializer):
         """Where the buyer reaches the exposed ports: [{container_port, host, host_port,
         address: "host:port"}] as the runner published them (empty until `running`, or
         when the provider publishes no ports)."""
-        from marketplace.leases import endpoint_text
-
         return [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]
 
 

@@ -20,7 +20,7 @@ import pytest
 from django.utils import timezone
 
 from marketplace import book
-from marketplace.leases import end_lease
+from marketplace.lease_end import end_lease
 from marketplace.models import Lease
 from providers.models import Node
 from tests.e2e.conftest import wait_until

@@ -10,7 +10,8 @@ from django.test import Client
 from django.utils import timezone
 
 from marketplace import api_tokens, auctions, book
-from marketplace.leases import end_lease, mark_running
+from marketplace.lease_end import end_lease
+from marketplace.leases import mark_running
 from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
 from tests.frontend.conftest import call, connect, drain, recv
 

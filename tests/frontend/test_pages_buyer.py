@@ -213,7 +213,7 @@ def test_cannot_cancel_another_users_order(client, buyer):
 
 
 def test_my_leases_show_status_container_cause_and_split(client, buyer):
-    from marketplace import leases
+    from marketplace import lease_end, leases
 
     user, node, _ = registered_node()
     book.place_ask(provider_id=user.pk, node_id=node.pk, market_slug=MARKET, price=3_600_000,
@@ -222,7 +222,7 @@ def test_my_leases_show_status_container_cause_and_split(client, buyer):
                             duration_seconds=3600)
     lease = placed.leases[0]
     leases.mark_running(lease=lease, container_id="c0ffee1234")
-    leases.end_lease(lease_id=lease.pk, status="failed", cause="GPU fell off the bus (XID 79)")
+    lease_end.end_lease(lease_id=lease.pk, status="failed", cause="GPU fell off the bus (XID 79)")
     lease.refresh_from_db()
     html = client.get(reverse("leases-page")).content.decode()
     assert "c0ffee1234" in html and "XID 79" in html and "failed" in html

@@ -8,7 +8,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from marketplace import book, leases
+from marketplace import book, lease_end, leases
 from marketplace.models import Auction, Order
 from providers.models import Node, Provider, hash_token
 from tests.factories import UserFactory, funded_buyer, in_a_day, registered_node
@@ -154,8 +154,8 @@ def test_leases_on_my_gpus_and_earnings_split(client, provider):
     from datetime import timedelta
 
     from django.utils import timezone
-    leases.end_lease(lease_id=lease.pk, status="completed", cause="time is up",
-                     now=timezone.now() + timedelta(seconds=100))
+    lease_end.end_lease(lease_id=lease.pk, status="completed", cause="time is up",
+                        now=timezone.now() + timedelta(seconds=100))
     lease.refresh_from_db()
     assert lease.cost and lease.provider_amount + lease.platform_fee == lease.cost
     assert lease.platform_fee == lease.cost * 1500 // 10000

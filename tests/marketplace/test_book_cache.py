@@ -22,9 +22,9 @@ from django.db import transaction
 from django.db.models.signals import post_save
 from django.utils import timezone
 
-from marketplace import book, health
+from marketplace import book, health, locking, matching
 from marketplace.errors import Conflict
-from marketplace.leases import end_lease
+from marketplace.lease_end import end_lease
 from marketplace.models import GpuClass, Lease, Order
 from providers.models import Gpu
 from settlement import services as ledger
@@ -50,23 +50,23 @@ class Boom(Exception):
 @pytest.fixture
 def checked_loads(monkeypatch):
     """Wrap _load_book: every book a writer gets must equal a rebuild, there and then."""
-    real_load = book._load_book
+    real_load = locking.load_book
     seen = {"loads": 0}
 
     def load(market, **kw):
         got = real_load(market, **kw)
-        fresh = book._build_book(market, exclude=kw.get("exclude"), now=kw.get("now"))
+        fresh = locking.build_book(market, exclude=kw.get("exclude"), now=kw.get("now"))
         assert snapshot(got) == snapshot(fresh)
         seen["loads"] += 1
         return got
 
-    monkeypatch.setattr(book, "_load_book", load)
+    monkeypatch.setattr(locking, "load_book", load)
     return seen
 
 
 def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, checked_loads):
     rng = random.Random(20261129)
-    caches = [book.BookCache(), book.BookCache()]  # two "processes"
+    caches = [locking.BookCache(), locking.BookCache()]  # two "processes"
     base = timezone.now()
     nodes = [registered_node()]  # (the recorded dumps' GPU UUIDs are unique to one node)
     buyers = []
@@ -89,15 +89,15 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
             # transaction rolls back — after the engine changed the book it loaded
             refusals.append(exc)
 
-    def check_current(cache: book.BookCache) -> None:
+    def check_current(cache: locking.BookCache) -> None:
         entry = cache.peek(market.pk)
         version = GpuClass.objects.values_list("book_version", flat=True).get(pk=market.pk)
         if entry is not None and entry.version == version:
-            assert snapshot(entry.book) == snapshot(book._build_book(market))
+            assert snapshot(entry.book) == snapshot(locking.build_book(market))
 
     for step in range(220):
         cache = rng.choice(caches)
-        monkeypatch.setattr(book, "book_cache", cache)
+        monkeypatch.setattr(locking, "book_cache", cache)
         now = base + timedelta(minutes=step)
         action = rng.choices(
             ["bid", "ask", "cancel", "expire", "end_lease", "health", "rollback"],
@@ -166,8 +166,8 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
 
 def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
     provider, node, _ = registered_node()
-    cache = book.BookCache()
-    monkeypatch.setattr(book, "book_cache", cache)
+    cache = locking.BookCache()
+    monkeypatch.setattr(locking, "book_cache", cache)
     buyer = UserFactory()
     ledger.dev_credit(user_id=buyer.pk, amount=10_000 * 1_000_000)
     ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
@@ -179,7 +179,7 @@ def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
     def failing_apply(*a, **kw):
         raise Boom("rolled back")
 
-    monkeypatch.setattr(book, "_apply", failing_apply)
+    monkeypatch.setattr(matching, "apply_result", failing_apply)
     with pytest.raises(Boom):
         book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=2_100_000, gpus=8,
                        duration_seconds=3600)
@@ -189,8 +189,8 @@ def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
 
 def test_a_writer_nested_in_a_callers_transaction_does_not_publish(monkeypatch):
     provider, node, _ = registered_node()
-    cache = book.BookCache()
-    monkeypatch.setattr(book, "book_cache", cache)
+    cache = locking.BookCache()
+    monkeypatch.setattr(locking, "book_cache", cache)
     with transaction.atomic():
         ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
                              price=2_000_000, gpus=8,

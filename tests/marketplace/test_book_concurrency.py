@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connections
 from django.db.models import Sum
 
-from marketplace import book
+from marketplace import book, locking, matching
 from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
 from settlement import services as ledger
 from settlement.checks import first_violation
@@ -134,8 +134,8 @@ def _expected_held(user_id: int) -> int:
     plus each active lease's full cost at its trade price."""
     bids = Order.objects.filter(owner_id=user_id, side=Order.Side.BID, status__in=Order.ACTIVE)
     leases = Lease.objects.filter(buyer_id=user_id, status__in=Lease.ACTIVE)
-    return (sum(book.bid_hold_amount(price=o.price, gpus=o.remaining_gpus,
-                                     duration_seconds=o.duration_seconds) for o in bids)
+    return (sum(matching.bid_hold_amount(price=o.price, gpus=o.remaining_gpus,
+                                         duration_seconds=o.duration_seconds) for o in bids)
             + sum(lease_cost(x.price, x.gpu_count, x.duration_seconds) for x in leases))
 
 
@@ -178,7 +178,7 @@ def test_control_without_the_lock_the_same_race_breaks(monkeypatch):
     threads = 16
     buyers = _buyers(threads)
     after_load = threading.Barrier(threads)
-    real_load = book._load_book
+    real_load = locking.load_book
 
     def load_then_wait(market, **kw):
         loaded = real_load(market, **kw)
@@ -186,8 +186,8 @@ def test_control_without_the_lock_the_same_race_breaks(monkeypatch):
             after_load.wait(timeout=5)
         return loaded
 
-    monkeypatch.setattr(book, "lock_market", lambda pk: GpuClass.objects.get(pk=pk))
-    monkeypatch.setattr(book, "_load_book", load_then_wait)
+    monkeypatch.setattr(locking, "lock_market", lambda pk: GpuClass.objects.get(pk=pk))
+    monkeypatch.setattr(locking, "load_book", load_then_wait)
 
     outcome = run_at_once(_bid_calls(buyers, seed=3), slots=threads)
 

@@ -4,7 +4,8 @@ import pytest
 
 from marketplace import book
 from marketplace.errors import InvalidInput
-from marketplace.leases import end_lease, mark_running
+from marketplace.lease_end import end_lease
+from marketplace.leases import mark_running
 from marketplace.models import Fill, Lease, LeaseGpu, Order
 from settlement import services as ledger
 from settlement.checks import first_violation

@@ -7,7 +7,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from marketplace import book
-from marketplace.leases import end_lease, mark_running
+from marketplace.lease_end import end_lease
+from marketplace.leases import mark_running
 from marketplace.models import LeaseGpu, Order
 from settlement.checks import first_violation
 from settlement.money import lease_cost

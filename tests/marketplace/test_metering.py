@@ -5,7 +5,8 @@ from datetime import timedelta
 import pytest
 
 from marketplace import book
-from marketplace.leases import end_lease, mark_running, meter_lease, meter_running_leases
+from marketplace.lease_end import end_lease
+from marketplace.leases import mark_running, meter_lease, meter_running_leases
 from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold, JournalEntry

@@ -9,7 +9,7 @@ import random
 import pytest
 from django.db import transaction
 
-from marketplace import book
+from marketplace import book, locking
 from marketplace.errors import InvalidInput
 from marketplace.models import Fill, Lease, Order, OrderEvent
 from settlement import services as ledger
@@ -153,7 +153,7 @@ def test_a_group_ends_exactly_as_the_same_bids_one_by_one(seed):
         one_by_one = [book.place_bids([r])[0] for r in requests]
         expected = _outcome()
         transaction.set_rollback(True)
-    book.book_cache.clear()  # the rolled-back books never reached the cache anyway
+    locking.book_cache.clear()  # the rolled-back books never reached the cache anyway
     grouped = book.place_bids(requests)
 
     assert [type(r) for r in grouped] == [type(r) for r in one_by_one]

@@ -12,8 +12,9 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from marketplace import book, tasks
-from marketplace.leases import end_lease, mark_running, preempt_due_leases, preempt_lease
+from marketplace import book, locking, preemption, tasks
+from marketplace.lease_end import end_lease, preempt_due_leases, preempt_lease
+from marketplace.leases import mark_running
 from marketplace.models import Lease, LeaseEvent, LeaseGpu, Order
 from settlement import services as ledger
 from settlement.checks import first_violation
@@ -492,8 +493,8 @@ def test_a_bid_with_enough_victims_scheduled_gets_no_more():
     events = LeaseEvent.objects.count()
     for later in (10, 100):  # asked again: nothing changes
         with transaction.atomic():
-            book.lock_market(ask.market_id)
-            assert book.reconsider_preemptions(ask.market_id,
+            locking.lock_market(ask.market_id)
+            assert preemption.reconsider_preemptions(ask.market_id,
                                                t0 + timedelta(seconds=later)) == []
     assert LeaseEvent.objects.count() == events
 
@@ -572,7 +573,7 @@ def test_the_bid_path_reconsiders_only_after_a_new_interruptible_lease(monkeypat
     # outbids it waits (so a reconsideration here would schedule it)
     Lease.objects.filter(pk=low_lease.pk).update(preempt_at=None, preempted_for=None)
     calls: list = []
-    real = book.reconsider_preemptions
+    real = preemption.reconsider_preemptions
 
     def spy(*args, **kwargs):
         calls.append(args)
@@ -585,12 +586,12 @@ def test_the_bid_path_reconsiders_only_after_a_new_interruptible_lease(monkeypat
             transaction.set_rollback(True)
         return len(queries)
 
-    monkeypatch.setattr(book, "reconsider_preemptions", spy)
+    monkeypatch.setattr(preemption, "reconsider_preemptions", spy)
     plain = statements(lambda: bid(funded_buyer(100), 2_000_000, now=t0))
     resting_interruptible = statements(
         lambda: bid(funded_buyer(100), 2_000_000, interruptible=True, now=t0))
     assert calls == []
-    monkeypatch.setattr(book, "reconsider_preemptions",
+    monkeypatch.setattr(preemption, "reconsider_preemptions",
                         lambda *a, **k: pytest.fail("reconsidered"))
     assert statements(lambda: bid(funded_buyer(100), 2_000_000, now=t0)) == plain
     assert resting_interruptible == plain
@@ -598,7 +599,7 @@ def test_the_bid_path_reconsiders_only_after_a_new_interruptible_lease(monkeypat
 
     # what it costs where it runs: four reads here, and it finds the lease
     with transaction.atomic():
-        book.lock_market(low_lease.market_id)
+        locking.lock_market(low_lease.market_id)
         with CaptureQueriesContext(connection) as queries:
             assert real(low_lease.market_id, t0) == [low_lease]
     reads = [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]

@@ -5,9 +5,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace import auctions
+from marketplace import auctions, book
 from marketplace.errors import Conflict, InvalidInput, PermissionDenied
-from marketplace.models import Lease
+from marketplace.models import Auction, GpuClass, Lease
+from providers.models import Gpu
 from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold
@@ -74,3 +75,23 @@ def test_refusals():
         auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk, price=2_000_000,
                                   now=auction.closes_at)
     assert Hold.objects.count() == 0
+
+
+def test_a_mixed_node_must_name_its_class_for_an_auction_as_for_an_ask():
+    """open_auction resolves the node's market exactly as place_ask does (book.node_market):
+    a node with GPUs of two classes that names none is refused, naming gpu_class, and
+    nothing is opened (it used to take the first class quietly)."""
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    gpu = Gpu.objects.filter(node=node).order_by("pk").first()
+    other = GpuClass.objects.exclude(pk=gpu.gpu_class_id).order_by("pk").first()
+    Gpu.objects.filter(pk=gpu.pk).update(gpu_class=other)
+    with pytest.raises(InvalidInput, match="several GPU classes") as ask_refusal:
+        book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                       price=1_000_000, gpus=1,
+                       available_until=timezone.now() + timedelta(days=1))
+    with pytest.raises(InvalidInput, match="several GPU classes") as auction_refusal:
+        _auction(provider, node, gpus=1)
+    assert auction_refusal.value.field == ask_refusal.value.field == "gpu_class"
+    assert not Auction.objects.exists()
+    # named, it opens on that class
+    assert _auction(provider, node, gpus=1, market_slug=other.slug).market == other

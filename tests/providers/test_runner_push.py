@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from marketplace import book
-from marketplace.leases import end_lease
+from marketplace.lease_end import end_lease
 from marketplace.models import Lease, LeaseEvent
 from providers import push
 from tests.conftest import ROOT, require_or_skip

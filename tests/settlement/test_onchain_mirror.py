@@ -10,7 +10,8 @@ import pytest
 from web3 import EthereumTesterProvider, Web3
 
 from marketplace import book
-from marketplace.leases import end_lease, mark_running, meter_lease
+from marketplace.lease_end import end_lease
+from marketplace.leases import mark_running, meter_lease
 from settlement import chain, onchain
 from settlement import services as ledger
 from settlement.checks import first_violation

@@ -1,0 +1,127 @@
+"""Ending leases under the market lock: `end_lease` settles a lease once and returns its
+GPUs to the ask, which re-matches; `preempt_lease` ends a due preemption (or calls it
+off); `end_overdue_leases` and `preempt_due_leases` are the worker's sweeps.
+Billing and preemption: docs/MATCHING.md and marketplace/leases.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace import locking, matching, preemption
+from marketplace.errors import Conflict
+from marketplace.leases import move
+from marketplace.models import Lease, Order
+from settlement import services as ledger
+from settlement.models import Hold
+from settlement.money import lease_cost
+
+log = logging.getLogger("gpumarket.leases")
+
+
+def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = None,
+              detail: dict | None = None) -> Lease:
+    """End a lease (completed, failed, preempted or cancelled) and settle it, once.
+
+    Charged seconds: from started_at to `now`, at most the leased duration (0 if it
+    never ran). One journal entry pays provider and platform by the take-rate split and
+    releases the rest of the hold. The GPUs become free and return to the ask they were
+    sold from. Raises Conflict if the lease has already ended.
+    """
+    now = now or timezone.now()
+    market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
+    with transaction.atomic():
+        locking.lock_market(market_id)
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.status in Lease.ENDED:
+            raise Conflict(f"lease {lease_id} has already ended ({lease.status})")
+        seconds = 0
+        if lease.started_at is not None:
+            seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
+            seconds = max(seconds, 0)
+            reported = (detail or {}).get("runner_usage_seconds")
+            if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
+                # a failure: the buyer pays only the healthy seconds the runner saw
+                seconds = reported
+        # never below what periodic settlement already paid out of the hold
+        cost = max(lease_cost(lease.price, lease.gpu_count, seconds),
+                   Hold.objects.values_list("captured", flat=True).get(pk=lease.hold_id))
+        settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
+                                     provider_id=lease.provider_id,
+                                     reference=f"lease:{lease.pk}")
+        lease.ended_at = now
+        lease.cause = cause[:300]
+        lease.cost = cost
+        lease.platform_fee = settled.fee_total  # periodic captures included
+        lease.provider_amount = cost - settled.fee_total
+        lease.settled_at = now
+        move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
+              update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                             "settled_at"))
+        lease.lease_gpus.update(active=False)
+        if lease.ask_id:
+            matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
+    log.info("lease %s: %s after %s s; cost %s = provider %s + platform %s; released %s",
+             lease.pk, status, seconds, cost, lease.provider_amount, lease.platform_fee,
+             settled.released)
+    return lease
+
+
+def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
+    """End running leases whose ends_at passed more than GPUMARKET_LEASE_GRACE_SECONDS ago
+    without the runner reporting the end. Charged up to ends_at only."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.GPUMARKET_LEASE_GRACE_SECONDS)
+    ended = []
+    for lease_id in Lease.objects.filter(status=Lease.Status.RUNNING, ends_at__lt=cutoff) \
+            .values_list("pk", flat=True):
+        try:
+            end_lease(lease_id=lease_id, status="completed",
+                      cause="lease time is over; the runner did not report the end")
+        except Conflict:
+            continue  # ended by the runner meanwhile
+        ended.append(lease_id)
+    return ended
+
+
+def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None:
+    """End lease `lease_id` `preempted` if its preemption is due at `now`, under the market
+    lock; returns it, or None when there is nothing to do (already ended, not scheduled,
+    not yet due) or the preemption was called off because the bid it was for is no
+    longer active. Safe to run twice or concurrently: the second run finds it ended."""
+    now = now or timezone.now()
+    market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
+    with transaction.atomic():
+        locking.lock_market(market_id)
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.status in Lease.ENDED or lease.preempt_at is None or lease.preempt_at > now:
+            return None
+        bid = Order.objects.get(pk=lease.preempted_for_id)
+        if bid.status not in Order.ACTIVE or (bid.expires_at and bid.expires_at <= now):
+            gone = bid.status if bid.status not in Order.ACTIVE else "expired"
+            lease.preempt_at = None
+            lease.save(update_fields=["preempt_at"])
+            lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
+                                cause=f"preemption called off: the bid it was for is {gone}")
+            log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
+            preemption.reconsider_preemptions(market_id, now)  # it may be another resting bid's now
+            return None
+        return end_lease(
+            lease_id=lease.pk, status="preempted", now=now,
+            cause=f"preempted at {now.isoformat()} for a higher bid (notice deadline "
+                  f"{lease.preempt_at.isoformat()})",
+            detail={"preempt_at": lease.preempt_at.isoformat()})
+
+
+def preempt_due_leases(*, now: datetime | None = None) -> list[int]:
+    """End every unended lease whose `preempt_at` has come (one transaction each);
+    returns the ids preempted by this run. Running it again changes nothing."""
+    now = now or timezone.now()
+    due = (Lease.objects.filter(status__in=Lease.ACTIVE, preempt_at__lte=now)
+           .order_by("preempt_at", "pk").values_list("pk", flat=True))
+    return [lease_id for lease_id in list(due) if preempt_lease(lease_id=lease_id, now=now)]

@@ -1,0 +1,258 @@
+"""The market lock and the book cache: one matching writer per order book.
+
+`lock_market` takes the GPU class row lock (an UPDATE that bumps its book_version) for
+the rest of the transaction; `tracked` marks book.py's own writers, whose books come
+from the per-process `book_cache` (`load_book`: hit, catch-up or rebuild). The rules
+(lock order, versions, what a foreign lock holder must do): docs/MATCHING.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+from django.conf import settings
+from django.db import OperationalError, transaction
+from django.db.models import Q
+from django.db.transaction import TransactionManagementError
+
+from marketplace import engine
+from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
+from marketplace.models import GpuClass, Order
+
+
+@dataclass
+class _Writer:
+    """book.py's own write transaction on one market (thread-local, outermost only)."""
+
+    market_id: int
+    version: int | None = None          # the market's book_version in this transaction
+    rebuild_version: int = 0
+    epoch: UUID | None = None
+    touched: dict[int, Order] = field(default_factory=dict)  # orders changed, by pk
+    loaded: bool = False
+
+
+_local = threading.local()
+
+
+def _writer_for(market_id: int) -> _Writer | None:
+    """This thread's tracked transaction on `market_id`, once it holds the lock."""
+    w = getattr(_local, "writer", None)
+    if w is not None and w.market_id == market_id and w.version is not None:
+        return w
+    return None
+
+
+@contextmanager
+def tracked(market_id: int):
+    """Run the body (which opens the transaction and calls lock_market first) as one of
+    book.py's own writers, which may use the book cache. Nested in a caller's
+    transaction it is an ordinary lock holder instead: that caller may change orders
+    afterwards, so the cache must not trust this transaction."""
+    if transaction.get_connection().in_atomic_block or getattr(_local, "writer", None):
+        yield None
+        return
+    _local.writer = _Writer(market_id)
+    try:
+        yield _local.writer
+    finally:
+        _local.writer = None
+
+
+_LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" + 1{} '
+             'WHERE "id" = %s RETURNING *')
+
+
+def lock_market(market_id: int) -> GpuClass:
+    """Take the order book's single-writer lock for the rest of the transaction (the row
+    lock of an UPDATE of the GPU class row, which bumps its book_version).
+
+    Called by anyone but book.py's own writers it also marks the in-process book
+    caches stale (book_rebuild_version): such a caller may change orders directly.
+    Waits at most GPUMARKET_MARKET_LOCK_TIMEOUT_MS (PostgreSQL's lock_timeout, for the
+    rest of the transaction), then raises MarketBusy (the API's 503)."""
+    if not transaction.get_connection().in_atomic_block:
+        raise TransactionManagementError("lock_market needs a transaction (atomic block)")
+    w = getattr(_local, "writer", None)
+    tracked = w is not None and w.market_id == market_id and w.version is None
+    sql = _LOCK_SQL.format("" if tracked else ', "book_rebuild_version" = "book_version" + 1')
+    _bound_lock_wait()
+    try:
+        rows = list(GpuClass.objects.raw(sql, [market_id]))
+    except OperationalError as exc:
+        if is_lock_timeout(exc):
+            raise MarketBusy(busy_message()) from None
+        raise
+    if not rows:
+        raise GpuClass.DoesNotExist(f"GpuClass {market_id} does not exist")
+    market = rows[0]
+    if tracked:
+        w.version, w.rebuild_version = market.book_version, market.book_rebuild_version
+        w.epoch = market.book_epoch
+    return market
+
+
+def _bound_lock_wait() -> None:
+    """SET LOCAL lock_timeout for this transaction (PostgreSQL; 0 in the setting: none)."""
+    ms = settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS
+    connection = transaction.get_connection()
+    if ms and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
+
+
+def touch(order: Order) -> tuple[str, ...]:
+    """Stamp `order` (about to be saved) with this transaction's book version; returns the
+    field to add to update_fields."""
+    w = _writer_for(order.market_id)
+    if w is not None:
+        order.book_version = w.version
+        if not w.loaded and order.pk is not None:  # (a new order is not in the book yet)
+            w.touched[order.pk] = order
+    return ("book_version",)
+
+
+
+def epoch(dt: datetime) -> int:
+    return int(dt.timestamp())
+
+
+def engine_bid(order: Order) -> engine.Bid:
+    return engine.Bid(id=order.pk, owner=order.owner_id, price=order.price,
+                      gpus=order.remaining_gpus, gang=order.gang_size,
+                      duration_s=order.duration_seconds, seq=order.pk,
+                      tif=order.time_in_force)
+
+
+def engine_ask(order: Order) -> engine.Ask:
+    return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
+                      gpus=order.remaining_gpus, node=order.node_id,
+                      available_until=epoch(order.available_until), seq=order.pk)
+
+
+ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
+        "time_in_force", "node_id", "available_until")
+
+
+def build_book(market: GpuClass, *, exclude: int | None = None,
+                now: datetime | None = None) -> engine.OrderBook:
+    """The market's resting orders as an engine book, read from the database."""
+    book = engine.OrderBook()
+    resting = resting_orders(market, now=now).exclude(pk=exclude).order_by("pk")
+    # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
+    rows = resting.values_list(*ROW)
+    rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
+    for pk, side, owner, price, gpus, gang, duration, tif, node, until in rows:
+        if side == Order.Side.BID:
+            rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
+                         duration_s=duration, seq=pk, tif=tif))
+        elif gpus > 0:
+            rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
+                         available_until=epoch(until), seq=pk))
+    return book
+
+
+def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
+             gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
+             until: datetime | None) -> None:
+    """Make `book` hold order `pk` as the database now has it (resting or not)."""
+    book.cancel(pk)
+    if status not in Order.ACTIVE or gpus <= 0:
+        return
+    if side == Order.Side.BID:
+        book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
+                                 duration_s=duration, seq=pk, tif=tif))
+    else:
+        book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
+                                 available_until=epoch(until), seq=pk))
+
+
+@dataclass
+class _Cached:
+    epoch: UUID
+    version: int
+    book: engine.OrderBook
+
+
+class BookCache:
+    """Each market's engine book as of a committed book_version, one per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._books: dict[int, _Cached] = {}
+        self.stats = {"hit": 0, "caught_up": 0, "rebuilt": 0}
+
+    def take(self, market_id: int) -> _Cached | None:
+        with self._lock:
+            return self._books.pop(market_id, None)
+
+    def put(self, market_id: int, entry: _Cached) -> None:
+        with self._lock:
+            old = self._books.get(market_id)
+            if old is None or old.epoch != entry.epoch or old.version < entry.version:
+                self._books[market_id] = entry
+
+    def peek(self, market_id: int) -> _Cached | None:
+        with self._lock:
+            return self._books.get(market_id)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._books.clear()
+
+
+book_cache = BookCache()
+
+
+def load_book(market: GpuClass, *, exclude: int | None = None,
+               now: datetime | None = None) -> engine.OrderBook:
+    """The market's resting orders as an engine book (caller holds the market lock, or
+    only reads it). With `now`, orders past their expiry are left out even if the
+    expiry sweep has not closed them yet.
+
+    In one of book.py's own write transactions the book comes from the process cache
+    (docs/MATCHING.md, "The book cache") and goes back to it when the transaction commits; the
+    caller must apply the engine's result in the same transaction."""
+    w = _writer_for(market.pk)
+    if w is None or w.loaded or now is not None:
+        return build_book(market, exclude=exclude, now=now)
+    w.loaded = True
+    cache = book_cache
+    entry = cache.take(market.pk)
+    base = w.version - 1
+    if (entry is not None and entry.epoch == w.epoch and entry.version == base
+            and w.rebuild_version <= entry.version):
+        book = entry.book  # only this transaction's own changes are missing
+        cache.stats["hit"] += 1
+        for pk, o in w.touched.items():
+            if pk != exclude:
+                _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
+                         o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
+                         o.available_until)
+    elif (entry is not None and entry.epoch == w.epoch
+          and w.rebuild_version <= entry.version < base):
+        book = entry.book  # other processes wrote since: read what they changed
+        cache.stats["caught_up"] += 1
+        changed = (Order.objects.filter(market_id=market.pk, book_version__gt=entry.version)
+                   .exclude(pk=exclude).values_list("status", *ROW))
+        for status, pk, *rest in changed:
+            _restate(book, pk, status, *rest)
+    else:
+        book = build_book(market, exclude=exclude)
+        cache.stats["rebuilt"] += 1
+    entry = _Cached(w.epoch, w.version, book)
+    transaction.on_commit(lambda: cache.put(market.pk, entry))
+    return book
+
+
+def resting_orders(market: GpuClass, *, now: datetime | None = None):
+    """The market's active orders; with `now`, without those past their expiry."""
+    resting = Order.objects.filter(market=market, status__in=Order.ACTIVE)
+    if now is not None:
+        resting = resting.exclude(Q(expires_at__lte=now) | Q(available_until__lte=now))
+    return resting
+
