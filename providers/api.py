@@ -8,16 +8,16 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from providers import benchmarks, services
-from providers.auth import IsRunner, RunnerTokenAuthentication
-from providers.models import Gpu, GpuBenchmark, Node, Provider
-from settlement.fields import (
+from core.fields import (
     JsonObjectField,
-    Pagination,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
 )
+from core.pagination import Pagination
+from providers import benchmarks, services
+from providers.auth import IsRunner, RunnerTokenAuthentication
+from providers.models import Gpu, GpuBenchmark, Node, Provider
 
 
 class StrictNumberField(serializers.FloatField):

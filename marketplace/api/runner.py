@@ -13,13 +13,13 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.fields import StrictCharField, StrictIntegerField
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.models import Lease
 from providers import services as provider_services
 from providers.api import RunnerView
 from providers.models import LeaseLog
-from settlement.fields import StrictCharField, StrictIntegerField
 
 
 def runner_lease(lease: Lease) -> dict:

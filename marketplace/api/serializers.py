@@ -8,14 +8,10 @@ import re
 from django.utils import timezone
 from rest_framework import serializers
 
+from core.fields import StrictCharField, StrictInputSerializer, StrictIntegerField
 from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-from settlement.fields import (
-    StrictCharField,
-    StrictInputSerializer,
-    StrictIntegerField,
-    UsdField,
-)
+from settlement.fields import UsdField
 
 MAX_HOURS = 366 * 24
 

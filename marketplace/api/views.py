@@ -9,12 +9,12 @@ from rest_framework import generics, permissions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.pagination import Pagination, paginated
 from marketplace import auctions, book
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from providers.models import Node
-from settlement.fields import Pagination, paginated
 
 
 def own_node(request, node_id: int) -> None:
