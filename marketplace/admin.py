@@ -1,4 +1,4 @@
-"""Operators' admin for the market (settlement.admin_base: query strings whitelisted,
+"""Operators' admin for the market (core.admin: query strings whitelisted,
 secret columns masked).
 
 A sealed bid's price, quantities and workload show "sealed" for every staff user,
@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from core.admin import ReadOnlyAdmin, StrictAdmin, StrictTabularInline
 from marketplace.auctions import sealed_bid_q
 from marketplace.models import (
     ApiToken,
@@ -33,8 +34,6 @@ from marketplace.models import (
     SealedBid,
     SealedBidAudit,
 )
-from settlement.admin import ReadOnlyAdmin
-from settlement.admin_base import StrictAdmin, StrictTabularInline
 from settlement.models import Hold
 
 

@@ -101,13 +101,13 @@ from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
+from core.bulk import execute_arrays, insert_all
 from marketplace import engine
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import clean_ports
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.models import Node
 from settlement import services as ledger
-from settlement.bulk import execute_arrays, insert_all
 from settlement.money import MAX_USD_MICROS, format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.market")
