@@ -34,6 +34,31 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A boolean that must be a JSON true or false: "true", 1 and "yes" are refused (DRF's
+    BooleanField accepts them)."""
+
+    default_error_messages = {"not_a_bool": "must be true or false"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("not_a_bool")
+        return data
+
+
+class StrictNumberField(serializers.FloatField):
+    """A measurement (a GPU's power in watts) that must be a JSON number: "12.5" and true
+    are refused (DRF's FloatField accepts them); NaN and infinities never reach it (the
+    JSON parser refuses them). Never for money, which is a decimal USD string (UsdField)."""
+
+    default_error_messages = {"not_a_number": "must be a JSON number"}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("not_a_number")
+        return super().to_internal_value(data)
+
+
 @extend_schema_field({"type": "object", "additionalProperties": True})
 class JsonObjectField(serializers.Field):
     """A free-form JSON object (e.g. a benchmark's `raw` figures) of at most `max_bytes` of

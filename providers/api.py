@@ -13,24 +13,12 @@ from core.fields import (
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
+    StrictNumberField,
 )
 from core.pagination import Pagination
 from providers import benchmarks, services
 from providers.auth import IsRunner, RunnerTokenAuthentication
 from providers.models import Gpu, GpuBenchmark, Node, Provider
-
-
-class StrictNumberField(serializers.FloatField):
-    """A measurement (a GPU's power in watts) that must be a JSON number: "12.5" and true
-    are refused (DRF's FloatField accepts them); NaN and infinities never reach it (the
-    JSON parser refuses them). Never for money, which is a decimal USD string (UsdField)."""
-
-    default_error_messages = {"not_a_number": "must be a JSON number"}
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("not_a_number")
-        return super().to_internal_value(data)
 
 
 class ProviderSerializer(serializers.ModelSerializer):

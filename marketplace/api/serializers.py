@@ -8,7 +8,12 @@ import re
 from django.utils import timezone
 from rest_framework import serializers
 
-from core.fields import StrictCharField, StrictInputSerializer, StrictIntegerField
+from core.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictInputSerializer,
+    StrictIntegerField,
+)
 from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from settlement.fields import UsdField
@@ -103,18 +108,6 @@ class DockerImageField(serializers.CharField):
         if len(match.group("name")) > IMAGE_NAME_MAX:
             self.fail("name_length")
         return value
-
-
-class StrictBooleanField(serializers.BooleanField):
-    """A boolean that must be a JSON true or false: "true", 1 and "yes" are refused (DRF's
-    BooleanField accepts them)."""
-
-    default_error_messages = {"not_a_bool": "must be true or false"}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("not_a_bool")
-        return data
 
 
 class GpuClassSerializer(serializers.ModelSerializer):
