@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from core.fields import (
     JsonObjectField,
+    StrictBooleanField,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
@@ -264,17 +265,6 @@ class RunnerHeartbeat(RunnerView):
         return Response(body)
 
 
-class _StrictBool(serializers.BooleanField):
-    """A JSON true or false only ("true", 1 and "yes" are refused)."""
-
-    default_error_messages = {"not_a_bool": "must be true or false"}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("not_a_bool")
-        return data
-
-
 class _Figure(serializers.DecimalField):
     """A measured figure: a JSON number or decimal string, at most one decimal place
     (the runner rounds), or null. NaN, infinities and booleans are refused; the sign and
@@ -304,7 +294,7 @@ MAX_RAW_DEPTH = 8
 class BenchmarkResultIn(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
     measured_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    correct = _StrictBool()
+    correct = StrictBooleanField()
     bf16_tflops = _Figure()
     fp16_tflops = _Figure()
     memory_bandwidth_gbps = _Figure()
