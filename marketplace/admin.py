@@ -19,7 +19,6 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from core.admin import ReadOnlyAdmin, StrictAdmin, StrictTabularInline
-from marketplace.auctions import sealed_bid_q
 from marketplace.models import (
     ApiToken,
     Auction,
@@ -34,6 +33,7 @@ from marketplace.models import (
     SealedBid,
     SealedBidAudit,
 )
+from marketplace.selectors import sealed_bid_q
 from settlement.models import Hold
 
 
@@ -93,7 +93,7 @@ class RevealForm(forms.Form):
 
 @admin.register(SealedBid)
 class SealedBidAdmin(ReadOnlyAdmin):
-    """Read-only; the figures of a sealed bid (auctions.sealed_bid_q) show "sealed"."""
+    """Read-only; the figures of a sealed bid (selectors.sealed_bid_q) show "sealed"."""
 
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]
