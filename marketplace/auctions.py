@@ -1,8 +1,8 @@
 """Sealed-bid auctions: a provider's lot of one node's GPUs for a fixed duration.
 
 Bids are secret until close: every read path outside this module goes through
-`visible_bid_fields`/selectors that show a bid's price and quantity only to its
-bidder before close. Closing runs exactly once: the auction row is locked and a
+marketplace/selectors.py (`visible_bids`), which shows a bid's price and quantity only
+to its bidder before close. Closing runs exactly once: the auction row is locked and a
 closed auction is left alone, whatever the number of workers and retries.
 Clearing rules live in marketplace/engine/sealed.py.
 """

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -15,6 +14,7 @@ from rest_framework.views import APIView
 
 from core.fields import StrictCharField, StrictIntegerField
 from marketplace import leases as lease_services
+from marketplace import selectors
 from marketplace.errors import NotFound
 from marketplace.models import Lease
 from providers import services as provider_services
@@ -158,6 +158,6 @@ class LeaseLogs(APIView):
     @extend_schema(responses=LeaseLogOut)
     def get(self, request, pk: int):
         user = request.user
-        if not Lease.objects.filter(Q(buyer=user) | Q(provider=user), pk=pk).exists():
+        if not selectors.user_leases(user.pk).filter(pk=pk).exists():
             raise NotFound(f"no lease {pk} of yours", field="lease")
         return Response(lease_log_body(pk, LeaseLog.objects.filter(lease_id=pk).first()))

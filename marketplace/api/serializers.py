@@ -14,6 +14,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
+from marketplace import selectors
 from marketplace.book import CLIENT_ORDER_ID
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from settlement.fields import UsdField
@@ -325,9 +326,7 @@ class AuctionSerializer(serializers.ModelSerializer):
                   "clearing_price", "awards", "closed_at"]
 
     def get_bid_count(self, auction) -> int:
-        if auction.status == Auction.Status.OPEN:
-            return auction.bids.filter(status=SealedBid.Status.ACTIVE).count()
-        return auction.bids.exclude(status=SealedBid.Status.WITHDRAWN).count()
+        return selectors.bid_count(auction)
 
     def get_seconds_left(self, auction) -> int:
         if auction.status != Auction.Status.OPEN:
@@ -341,7 +340,7 @@ class AuctionSerializer(serializers.ModelSerializer):
             return []
         return [
             {"gpus": gpus, "price": UsdField().to_representation(price)}
-            for gpus, price in auction.bids.filter(status=SealedBid.Status.WON)
+            for gpus, price in selectors.awards(auction)
             .order_by("-paid_price", "pk").values_list("awarded_gpus", "paid_price")
         ]
 
