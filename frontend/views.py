@@ -34,7 +34,7 @@ from marketplace.errors import MarketError
 from marketplace.leases import endpoint_text
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order
 from providers.benchmarks import class_summary, gpu_score, latest_results
-from providers.models import Node, Provider
+from providers.models import LeaseLog, Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
@@ -254,8 +254,6 @@ def _order_rows(orders):
 
 
 def _lease_rows(leases, *, role: str):
-    from providers.models import LeaseLog
-
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))

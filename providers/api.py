@@ -3,6 +3,7 @@ inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -254,8 +255,6 @@ class HeartbeatOut(serializers.Serializer):
 class RunnerHeartbeat(RunnerView):
     @extend_schema(request=HeartbeatIn, responses=HeartbeatOut)
     def post(self, request):
-        from django.utils import timezone
-
         data = HeartbeatIn(data=request.data)
         data.is_valid(raise_exception=True)
         warnings = services.heartbeat_record(node=request.auth, **data.validated_data)

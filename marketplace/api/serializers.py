@@ -16,7 +16,9 @@ from core.fields import (
 )
 from marketplace import selectors
 from marketplace.book import CLIENT_ORDER_ID
+from marketplace.leases import endpoint_text
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from providers.benchmarks import class_summary
 from settlement.fields import UsdField
 
 MAX_HOURS = 366 * 24
@@ -128,8 +130,6 @@ class GpuClassSerializer(serializers.ModelSerializer):
                   "datasheet_source", "reference_price", "benchmark"]
 
     def get_benchmark(self, gpu_class) -> dict | None:
-        from providers.benchmarks import class_summary
-
         score = class_summary(gpu_class)
         return score.as_api() if score else None
 
@@ -287,8 +287,6 @@ class LeaseSerializer(serializers.ModelSerializer):
         """Where the buyer reaches the exposed ports: [{container_port, host, host_port,
         address: "host:port"}] as the runner published them (empty until `running`, or
         when the provider publishes no ports)."""
-        from marketplace.leases import endpoint_text
-
         return [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]
 
 
