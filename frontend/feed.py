@@ -147,6 +147,7 @@ from django.utils import timezone
 
 from frontend.feed_seq import DEPTH_COVERED, DEPTH_WAIT, counter, current
 from frontend.feed_seq import current_seq as current_seq  # re-exported
+from marketplace import selectors
 from providers.channels import is_local as _is_local
 from providers.channels import namespace
 
@@ -238,7 +239,7 @@ def auction_payload(auction) -> dict[str, Any]:
         data["closed_at"] = _iso(auction.closed_at)
         data["awards"] = [
             {"gpus": gpus, "price": _usd(price)}
-            for gpus, price in auction.bids.filter(status=SealedBid.Status.WON)
+            for gpus, price in selectors.awards(auction)
             .order_by("-paid_price", "pk").values_list("awarded_gpus", "paid_price")
         ]
     return data
@@ -292,15 +293,12 @@ def wallet_payloads(user_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
 
 
 def me_snapshot(user_id: int) -> dict[str, Any]:
-    from django.db.models import Q
-
     from marketplace.models import Lease, Order, SealedBid
 
     orders = Order.objects.filter(owner_id=user_id, status__in=Order.ACTIVE) \
         .select_related("market").order_by("pk")
-    bids = SealedBid.objects.filter(bidder_id=user_id, status=SealedBid.Status.ACTIVE) \
-        .order_by("pk")
-    leases = Lease.objects.filter(Q(buyer_id=user_id) | Q(provider_id=user_id)) \
+    bids = selectors.own_bids(user_id).filter(status=SealedBid.Status.ACTIVE).order_by("pk")
+    leases = selectors.user_leases(user_id) \
         .exclude(status__in=Lease.ENDED).select_related("market", "node").order_by("pk")
     return {
         "type": "snapshot", "feed": "me", "user": user_id, "wallet": wallet_payload(user_id),

@@ -6,7 +6,7 @@ like the serializer, its `validate_<name>` method. The form's text becomes the J
 the API would receive (`to_json`: a whole number, a word list, a port list, or the text
 itself), the API field cleans it, and its messages become the form's: a list item's as the
 API names it (`command[3]: …`). Every field refuses NUL and lone surrogates first, with the
-API parser's message (settlement.fields.bad_character_message): PostgreSQL cannot store
+API parser's message (core.text.bad_character_message): PostgreSQL cannot store
 them.
 """
 
@@ -22,8 +22,8 @@ from rest_framework import serializers
 from rest_framework.exceptions import ValidationError as ApiValidationError
 from rest_framework.fields import SkipField, empty
 
+from core.text import bad_character_message
 from marketplace.api.errors import _flatten
-from settlement.fields import bad_character_message
 
 _WHOLE = re.compile(r"-?[0-9]{1,4000}")  # ASCII digits only, as JSON (int() takes "٣" and "1_0")
 

@@ -28,13 +28,13 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book
+from marketplace import book, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order
 from marketplace.ports import endpoint_text
 from providers.benchmarks import class_summary, gpu_score, latest_results
-from providers.models import Node, Provider
+from providers.models import LeaseLog, Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
@@ -97,7 +97,7 @@ def home(request):
         })
     open_auctions = [
         {"id": a.pk, "market": a.market.slug, "gpus": a.gpus, "rule": a.rule,
-         "reserve": _usd(a.reserve_price), "bids": a.bids.filter(status="active").count(),
+         "reserve": _usd(a.reserve_price), "bids": selectors.bid_count(a),
          "seconds_left": max(0, int((a.closes_at - now).total_seconds()))}
         for a in Auction.objects.filter(status="open").select_related("market")
         .order_by("closes_at")
@@ -254,8 +254,6 @@ def _order_rows(orders):
 
 
 def _lease_rows(leases, *, role: str):
-    from providers.models import LeaseLog
-
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))
@@ -283,7 +281,7 @@ def _lease_rows(leases, *, role: str):
 def my_orders(request):
     orders = (Order.objects.filter(owner=request.user).select_related("market", "node")
               .order_by("-pk")[:200])
-    bids = SealedBid.objects.filter(bidder=request.user).select_related("auction").order_by("-pk")
+    bids = selectors.own_bids(request.user.pk).select_related("auction").order_by("-pk")
     return _page(request, "frontend/orders.html", {
         "orders": _order_rows(orders),
         "sealed_bids": [{"id": b.pk, "auction": b.auction_id, "status": b.status,
@@ -327,8 +325,7 @@ def auction_list(request):
                      "status": a.status, "closes_at": a.closes_at,
                      "seconds_left": max(0, int((a.closes_at - now).total_seconds()))
                      if a.status == "open" else 0,
-                     "bids": a.bids.filter(status="active").count() if a.status == "open"
-                     else a.bids.exclude(status="withdrawn").count(),
+                     "bids": selectors.bid_count(a),
                      "clearing": usd(a.clearing_price) if a.clearing_price else None})
     return _page(request, "frontend/auctions.html", {"auctions": rows})
 
@@ -338,7 +335,7 @@ def _auction_context(request, auction: Auction, form):
     is_open = auction.status == Auction.Status.OPEN
     mine = None
     if request.user.is_authenticated:
-        own = (SealedBid.objects.filter(auction=auction, bidder=request.user)
+        own = (selectors.own_bids(request.user.pk).filter(auction=auction)
                .exclude(status="withdrawn").order_by("-pk").first())
         if own is not None:
             mine = {"id": own.pk, "status": own.status, "price": usd(own.price),
@@ -347,13 +344,12 @@ def _auction_context(request, auction: Auction, form):
     awards = []
     if auction.status == Auction.Status.CLOSED:
         awards = [{"gpus": b.awarded_gpus, "price": usd(b.paid_price)}
-                  for b in auction.bids.filter(status="won").order_by("pk")]
+                  for b in selectors.awards(auction).order_by("pk")]
     return {
         "auction": auction, "form": form, "mine": mine, "awards": awards, "is_open": is_open,
         "reserve": usd(auction.reserve_price), "hours": auction.duration_seconds / 3600,
         "clearing": usd(auction.clearing_price) if auction.clearing_price else None,
-        "bid_count": auction.bids.filter(status="active").count() if is_open
-        else auction.bids.exclude(status="withdrawn").count(),
+        "bid_count": selectors.bid_count(auction),
         "seconds_left": max(0, int((auction.closes_at - now).total_seconds())) if is_open else 0,
         "server_time": now.isoformat(),
         "own_lot": request.user.is_authenticated and auction.provider_id == request.user.pk,
@@ -392,7 +388,7 @@ def sealed_bid_withdraw(request, pk: int):
         bid = auction_services.withdraw_sealed_bid(bidder_id=request.user.pk, bid_id=pk)
     except MarketError as exc:
         messages.error(request, exc.message)
-        auction_id = SealedBid.objects.filter(pk=pk, bidder=request.user).values_list(
+        auction_id = selectors.own_bids(request.user.pk).filter(pk=pk).values_list(
             "auction_id", flat=True).first()
         return redirect("auction", pk=auction_id) if auction_id else redirect("auctions-page")
     messages.success(request, f"Sealed bid #{bid.pk} withdrawn; its hold is released.")
@@ -426,8 +422,7 @@ def _portal_context(request, provider, **forms):
         "asks": _order_rows(asks),
         "lots": [{"id": a.pk, "market": a.market.slug, "gpus": a.gpus, "status": a.status,
                   "rule": a.rule, "reserve": usd(a.reserve_price), "closes_at": a.closes_at,
-                  "bids": a.bids.filter(status="active").count() if a.status == "open"
-                  else a.bids.exclude(status="withdrawn").count(),
+                  "bids": selectors.bid_count(a),
                   "clearing": usd(a.clearing_price) if a.clearing_price else None}
                  for a in lots],
         "leases": _lease_rows(Lease.objects.filter(provider=user)

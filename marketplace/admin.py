@@ -1,4 +1,4 @@
-"""Operators' admin for the market (settlement.admin_base: query strings whitelisted,
+"""Operators' admin for the market (core.admin: query strings whitelisted,
 secret columns masked).
 
 A sealed bid's price, quantities and workload show "sealed" for every staff user,
@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from marketplace.auctions import sealed_bid_q
+from core.admin import ReadOnlyAdmin, StrictAdmin, StrictTabularInline
 from marketplace.models import (
     ApiToken,
     Auction,
@@ -33,8 +33,7 @@ from marketplace.models import (
     SealedBid,
     SealedBidAudit,
 )
-from settlement.admin import ReadOnlyAdmin
-from settlement.admin_base import StrictAdmin, StrictTabularInline
+from marketplace.selectors import sealed_bid_q
 from settlement.models import Hold
 
 
@@ -94,7 +93,7 @@ class RevealForm(forms.Form):
 
 @admin.register(SealedBid)
 class SealedBidAdmin(ReadOnlyAdmin):
-    """Read-only; the figures of a sealed bid (auctions.sealed_bid_q) show "sealed"."""
+    """Read-only; the figures of a sealed bid (selectors.sealed_bid_q) show "sealed"."""
 
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]

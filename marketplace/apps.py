@@ -25,7 +25,7 @@ class MarketplaceConfig(AppConfig):
 
         checks.register(market_checks.holds_match_open_bids_and_leases)
 
-        from marketplace.auctions import sealed_hold_ids
+        from marketplace.selectors import sealed_hold_ids
         from settlement import sealed
 
         sealed.register(sealed_hold_ids)  # the admin masks these holds' amounts

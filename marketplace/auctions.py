@@ -1,8 +1,8 @@
 """Sealed-bid auctions: a provider's lot of one node's GPUs for a fixed duration.
 
 Bids are secret until close: every read path outside this module goes through
-`visible_bid_fields`/selectors that show a bid's price and quantity only to its
-bidder before close. Closing runs exactly once: the auction row is locked and a
+marketplace/selectors.py (`visible_bids`), which shows a bid's price and quantity only
+to its bidder before close. Closing runs exactly once: the auction row is locked and a
 closed auction is left alone, whatever the number of workers and retries.
 Clearing rules live in marketplace/engine/sealed.py.
 """
@@ -14,7 +14,6 @@ from datetime import datetime
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from marketplace import engine
@@ -235,25 +234,10 @@ def _per_gpu_hour(micros: int) -> str:
     return f"{format_usd(micros)} USD/GPU-hour"
 
 
-def sealed_bid_q(prefix: str = "") -> Q:
-    """The sealed bids whose figures stay secret (for `SealedBid`, or through `prefix`,
-    e.g. "sealed_bid__"): every bid but a winning bid of a closed auction — before close
-    all of them; after close the losing, withdrawn and cancelled ones, for good."""
-    return ~Q(**{f"{prefix}status": SealedBid.Status.WON,
-                 f"{prefix}auction__status": Auction.Status.CLOSED})
-
-
-def sealed_hold_ids():
-    """The ids of the holds of sealed bids (settlement.sealed's source): their amounts
-    are price × GPUs × hours."""
-    return SealedBid.objects.filter(sealed_bid_q()).values("hold_id")
-
-
 def due_auction_ids(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     return list(Auction.objects.filter(status=Auction.Status.OPEN, closes_at__lte=now)
                 .values_list("pk", flat=True))
 
 
-__all__ = ["close_auction", "open_auction", "place_sealed_bid", "sealed_bid_q", "sealed_hold_ids",
-           "withdraw_sealed_bid"]
+__all__ = ["close_auction", "open_auction", "place_sealed_bid", "withdraw_sealed_bid"]

@@ -19,13 +19,13 @@ from django.db.models import Q, Sum
 from django.db.models.signals import post_save
 from django.utils import timezone
 
+from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.ports import clean_ports
 from providers.models import Node
 from settlement import services as ledger
-from settlement.bulk import execute_arrays, insert_all
 from settlement.models import Hold
 from settlement.money import MAX_USD_MICROS
 
@@ -198,7 +198,7 @@ def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
     id, unique per buyer — placing it again returns the first order (created=False) and
     writes nothing; placing it again with other terms is a Conflict (see _replay).
     interruptible: the leases it makes may be preempted by a higher bid.
-    ports: container ports (TCP) its leases expose to the buyer (leases.clean_ports).
+    ports: container ports (TCP) its leases expose to the buyer (ports.clean_ports).
     Raises InvalidInput naming the field, and
     settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
     is written.

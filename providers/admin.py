@@ -1,8 +1,7 @@
 from django.contrib import admin
 
+from core.admin import ReadOnlyAdmin, StrictAdmin
 from providers.models import Gpu, GpuBenchmark, Node, Provider
-from settlement.admin import ReadOnlyAdmin
-from settlement.admin_base import StrictAdmin
 
 
 @admin.register(Provider)

@@ -3,34 +3,24 @@ inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from providers import benchmarks, services
-from providers.auth import IsRunner, RunnerTokenAuthentication
-from providers.models import Gpu, GpuBenchmark, Node, Provider
-from settlement.fields import (
+from core.fields import (
     JsonObjectField,
-    Pagination,
+    StrictBooleanField,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
+    StrictNumberField,
 )
-
-
-class StrictNumberField(serializers.FloatField):
-    """A measurement (a GPU's power in watts) that must be a JSON number: "12.5" and true
-    are refused (DRF's FloatField accepts them); NaN and infinities never reach it (the
-    JSON parser refuses them). Never for money, which is a decimal USD string (UsdField)."""
-
-    default_error_messages = {"not_a_number": "must be a JSON number"}
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("not_a_number")
-        return super().to_internal_value(data)
+from core.pagination import Pagination
+from providers import benchmarks, services
+from providers.auth import IsRunner, RunnerTokenAuthentication
+from providers.models import Gpu, GpuBenchmark, Node, Provider
 
 
 class ProviderSerializer(serializers.ModelSerializer):
@@ -265,8 +255,6 @@ class HeartbeatOut(serializers.Serializer):
 class RunnerHeartbeat(RunnerView):
     @extend_schema(request=HeartbeatIn, responses=HeartbeatOut)
     def post(self, request):
-        from django.utils import timezone
-
         data = HeartbeatIn(data=request.data)
         data.is_valid(raise_exception=True)
         warnings = services.heartbeat_record(node=request.auth, **data.validated_data)
@@ -274,17 +262,6 @@ class RunnerHeartbeat(RunnerView):
         if warnings:
             body["warnings"] = warnings
         return Response(body)
-
-
-class _StrictBool(serializers.BooleanField):
-    """A JSON true or false only ("true", 1 and "yes" are refused)."""
-
-    default_error_messages = {"not_a_bool": "must be true or false"}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("not_a_bool")
-        return data
 
 
 class _Figure(serializers.DecimalField):
@@ -316,7 +293,7 @@ MAX_RAW_DEPTH = 8
 class BenchmarkResultIn(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
     measured_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    correct = _StrictBool()
+    correct = StrictBooleanField()
     bf16_tflops = _Figure()
     fp16_tflops = _Figure()
     memory_bandwidth_gbps = _Figure()

@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -262,8 +261,3 @@ def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:
         defaults={"node": node, "tail": data.decode("utf-8"), "updated_at": timezone.now()},
     )
     return log
-
-
-def user_create(*, username: str, password: str | None = None, email: str = ""):
-    return get_user_model().objects.create_user(username=username, password=password,
-                                                email=email)

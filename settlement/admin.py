@@ -8,8 +8,8 @@ of its sealed holds is active.
 from django.contrib import admin
 from django.db.models import Exists, OuterRef, Q
 
+from core.admin import ReadOnlyAdmin, StrictTabularInline
 from settlement import sealed
-from settlement.admin_base import ReadOnlyAdmin, StrictTabularInline
 from settlement.models import (
     Account,
     ChainAddress,
@@ -23,8 +23,6 @@ from settlement.models import (
     StripeEvent,
     TopUp,
 )
-
-__all__ = ["ReadOnlyAdmin"]  # the project's admins import it from here
 
 BUYER_WALLET_KINDS = [Account.Kind.BUYER_AVAILABLE, Account.Kind.BUYER_HELD]
 

@@ -13,14 +13,10 @@ from rest_framework import generics, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.fields import StrictCharField, StrictInputSerializer
+from core.pagination import Pagination, paginated
 from settlement import services
-from settlement.fields import (
-    Pagination,
-    StrictCharField,
-    StrictInputSerializer,
-    UsdField,
-    paginated,
-)
+from settlement.fields import UsdField
 from settlement.models import Hold, JournalEntry, Payout, Posting
 
 

@@ -22,7 +22,7 @@ from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.utils import timezone
 
-from settlement.bulk import execute_arrays, insert_all
+from core.bulk import execute_arrays, insert_all
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
 from settlement.split import Split, split
@@ -107,7 +107,7 @@ class _Entry:
 def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
     """The writes of balanced entries whose accounts the caller has locked and checked:
     one INSERT of the entries, one of all their postings and one UPDATE of the balances,
-    whatever their number (settlement.bulk). That sends no post_save, so it is sent here
+    whatever their number (core.bulk). That sends no post_save, so it is sent here
     for each entry (the live feed listens to it)."""
     if not entries:
         return []

@@ -23,7 +23,7 @@ OUR_APPS = {"marketplace", "settlement", "providers"}
 def test_every_admin_of_ours_takes_only_the_query_parameters_it_declares(client):
     """StrictAdmin everywhere: an unknown or undeclared lookup is a 400 naming it (Django
     alone applies any lookup on a local field: ?price__gte=N, ?token_hash__startswith=a)."""
-    from settlement.admin_base import StrictAdmin
+    from core.admin import StrictAdmin
 
     operator = UserFactory(is_staff=True, is_superuser=True)
     client.force_login(operator)

@@ -12,11 +12,11 @@ from rest_framework import permissions, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.fields import StrictCharField, StrictInputSerializer
 from marketplace import api_tokens
 from marketplace.api.parsers import StrictJSONParser
 from marketplace.api.throttles import LoginAddressThrottle, SignupAddressThrottle, begin_login
 from marketplace.auth_backends import release_connection
-from settlement.fields import StrictCharField, StrictInputSerializer
 
 
 class SignupIn(StrictInputSerializer):

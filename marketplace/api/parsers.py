@@ -19,7 +19,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser, get_encoding
 from rest_framework.utils.json import strict_constant
 
-from settlement.fields import find_bad_character
+from core.text import find_bad_character
 
 MAX_DEPTH = 32
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -63,7 +63,7 @@ class DuplicateKey(FieldParseError):
 class BadCharacter(FieldParseError):
     """A string at `key` (a path such as `results[0].raw.note`) holds NUL or a lone
     surrogate; a key holding one is named with the character escaped (`na\\u0000me`)
-    (settlement.fields.find_bad_character)."""
+    (core.text.find_bad_character)."""
 
 
 def _object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace import lease_end
+from core.fields import StrictCharField, StrictIntegerField
+from marketplace import lease_end, selectors
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.models import Lease
 from providers import services as provider_services
 from providers.api import RunnerView
 from providers.models import LeaseLog
-from settlement.fields import StrictCharField, StrictIntegerField
 
 
 def runner_lease(lease: Lease) -> dict:
@@ -83,7 +82,7 @@ class LeaseEventIn(serializers.Serializer):
                                    default="")
     cause = StrictCharField(max_length=300, required=False, allow_blank=True, default="")
     usage_seconds = StrictIntegerField(min_value=0, required=False, allow_null=True)
-    # with `running`: where each published port is reached (leases.clean_endpoints)
+    # with `running`: where each published port is reached (ports.clean_endpoints)
     endpoints = EndpointIn(many=True, required=False, allow_null=True, default=None,
                            max_length=8)
 
@@ -159,6 +158,6 @@ class LeaseLogs(APIView):
     @extend_schema(responses=LeaseLogOut)
     def get(self, request, pk: int):
         user = request.user
-        if not Lease.objects.filter(Q(buyer=user) | Q(provider=user), pk=pk).exists():
+        if not selectors.user_leases(user.pk).filter(pk=pk).exists():
             raise NotFound(f"no lease {pk} of yours", field="lease")
         return Response(lease_log_body(pk, LeaseLog.objects.filter(lease_id=pk).first()))

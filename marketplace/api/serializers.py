@@ -8,15 +8,18 @@ import re
 from django.utils import timezone
 from rest_framework import serializers
 
-from marketplace.book import CLIENT_ORDER_ID
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-from marketplace.ports import endpoint_text
-from settlement.fields import (
+from core.fields import (
+    StrictBooleanField,
     StrictCharField,
     StrictInputSerializer,
     StrictIntegerField,
-    UsdField,
 )
+from marketplace import selectors
+from marketplace.book import CLIENT_ORDER_ID
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.ports import endpoint_text
+from providers.benchmarks import class_summary
+from settlement.fields import UsdField
 
 MAX_HOURS = 366 * 24
 
@@ -110,18 +113,6 @@ class DockerImageField(serializers.CharField):
         return value
 
 
-class StrictBooleanField(serializers.BooleanField):
-    """A boolean that must be a JSON true or false: "true", 1 and "yes" are refused (DRF's
-    BooleanField accepts them)."""
-
-    default_error_messages = {"not_a_bool": "must be true or false"}
-
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("not_a_bool")
-        return data
-
-
 class GpuClassSerializer(serializers.ModelSerializer):
     """A GPU class with its datasheet figures (and their source) and `benchmark`: what the
     runners measured, the median of the latest passed results of the class's healthy GPUs
@@ -139,8 +130,6 @@ class GpuClassSerializer(serializers.ModelSerializer):
                   "datasheet_source", "reference_price", "benchmark"]
 
     def get_benchmark(self, gpu_class) -> dict | None:
-        from providers.benchmarks import class_summary
-
         score = class_summary(gpu_class)
         return score.as_api() if score else None
 
@@ -335,9 +324,7 @@ class AuctionSerializer(serializers.ModelSerializer):
                   "clearing_price", "awards", "closed_at"]
 
     def get_bid_count(self, auction) -> int:
-        if auction.status == Auction.Status.OPEN:
-            return auction.bids.filter(status=SealedBid.Status.ACTIVE).count()
-        return auction.bids.exclude(status=SealedBid.Status.WITHDRAWN).count()
+        return selectors.bid_count(auction)
 
     def get_seconds_left(self, auction) -> int:
         if auction.status != Auction.Status.OPEN:
@@ -351,7 +338,7 @@ class AuctionSerializer(serializers.ModelSerializer):
             return []
         return [
             {"gpus": gpus, "price": UsdField().to_representation(price)}
-            for gpus, price in auction.bids.filter(status=SealedBid.Status.WON)
+            for gpus, price in selectors.awards(auction)
             .order_by("-paid_price", "pk").values_list("awarded_gpus", "paid_price")
         ]
 

@@ -22,9 +22,9 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.pagination import Pagination
 from marketplace import api_tokens
 from marketplace.models import ApiToken
-from settlement.fields import Pagination
 
 
 class ApiTokenOut(serializers.ModelSerializer):

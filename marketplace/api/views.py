@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace import auctions, book
+from core.pagination import Pagination, paginated
+from marketplace import auctions, book, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.models import Auction, Fill, GpuClass, Order
 from providers.models import Node
-from settlement.fields import Pagination, paginated
 
 
 def own_node(request, node_id: int) -> None:
@@ -200,7 +199,7 @@ class MySealedBids(generics.ListAPIView):
     serializer_class = s.SealedBidSerializer
 
     def get_queryset(self):
-        return SealedBid.objects.filter(bidder=self.request.user).order_by("-pk")
+        return selectors.own_bids(self.request.user.pk).order_by("-pk")
 
 
 class SealedBidWithdraw(APIView):
@@ -211,7 +210,7 @@ class SealedBidWithdraw(APIView):
 
 
 def _my_leases(user):
-    return (Lease.objects.filter(Q(buyer=user) | Q(provider=user))
+    return (selectors.user_leases(user.pk)
             .select_related("market").prefetch_related("events", "lease_gpus__gpu")
             .order_by("-pk"))
 

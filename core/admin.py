@@ -1,14 +1,11 @@
 """The admin's one way to show a model: query strings whitelisted, secret columns masked.
 
-Django's admin filters a changelist by any lookup on a local field named in the query
-string (`?price__gte=N`), sorts by any model-field column (`?o=3`) and searches `q` over
-`search_fields`; `exclude` hides form fields only. `StrictAdmin` answers 400, naming the
-parameter, to anything but paging, the declared list filters' own parameters, `q` where
-search fields are declared and `o` on a sortable column. `secret_fields` are never
-filtered, sorted or searched on (a system check refuses such a declaration), and on the
-rows `sealed_q()` matches they show "sealed" — in the list, on the detail page and in
-inlines — for every staff user, superusers included. Every admin of the project's apps
-derives from these (tests/test_admin_pages.py checks it).
+Django alone takes any lookup on a local field (`?price__gte=N`) and any sort column;
+`StrictAdmin` answers 400, naming the parameter, to anything but paging, its declared list
+filters, `q` where search fields are declared and `o` on a sortable column; `secret_fields`
+are never filtered, sorted or searched on (a system check refuses it) and show "sealed" on
+the rows `sealed_q()` matches, for every staff user. Every admin of the project's apps
+derives from these (tests/test_admin_pages.py checks it); docs/ARCHITECTURE.md, "admin".
 """
 
 from __future__ import annotations

@@ -1,0 +1,69 @@
+"""Reads that pages, the API and the feed share: a user's leases, sealed bids as a viewer
+may see them, an auction's public bid count and awards.
+
+Sealed bids (DESIGN invariant 4): `visible_bids` is the one statement of whose bid figures
+a viewer sees — its own, always; anyone's winning bid of a closed auction (public, shown
+as an anonymous award); nothing else. Every read of bid figures outside
+marketplace/auctions.py goes through it; `sealed_bid_q` is the rest (the admin's masking).
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from marketplace.models import Auction, Lease, SealedBid
+
+
+def user_leases(user_id: int) -> QuerySet[Lease]:
+    """The leases where user `user_id` is the buyer or the provider (unordered; callers
+    add ordering, related loads and status filters)."""
+    return Lease.objects.filter(Q(buyer_id=user_id) | Q(provider_id=user_id))
+
+
+def public_bid_q(prefix: str = "") -> Q:
+    """The sealed bids whose figures are public (for `SealedBid`, or through `prefix`,
+    e.g. "sealed_bid__"): the winning bids of closed auctions."""
+    return Q(**{f"{prefix}status": SealedBid.Status.WON,
+                f"{prefix}auction__status": Auction.Status.CLOSED})
+
+
+def sealed_bid_q(prefix: str = "") -> Q:
+    """The sealed bids whose figures stay secret (for `SealedBid`, or through `prefix`,
+    e.g. "sealed_bid__"): every bid but a winning bid of a closed auction — before close
+    all of them; after close the losing, withdrawn and cancelled ones, for good."""
+    return ~public_bid_q(prefix)
+
+
+def visible_bids(viewer_id: int | None) -> QuerySet[SealedBid]:
+    """The sealed bids whose figures (price, GPUs, awards) user `viewer_id` may see: its
+    own, at any time, and the public ones (public_bid_q). None: an anonymous viewer, who
+    sees the public ones only."""
+    q = public_bid_q()
+    if viewer_id is not None:
+        q |= Q(bidder_id=viewer_id)
+    return SealedBid.objects.filter(q)
+
+
+def own_bids(bidder_id: int) -> QuerySet[SealedBid]:
+    """User `bidder_id`'s own sealed bids, of every status (unordered)."""
+    return visible_bids(bidder_id).filter(bidder_id=bidder_id)
+
+
+def awards(auction: Auction) -> QuerySet[SealedBid]:
+    """The winning bids of `auction` once it closed — none before (unordered). Callers show
+    them anonymously: GPUs awarded and price paid, never the bidder."""
+    return visible_bids(None).filter(auction=auction)
+
+
+def bid_count(auction: Auction) -> int:
+    """The public count of an auction's bids: the active ones while it is open, then every
+    bid but the withdrawn ones."""
+    if auction.status == Auction.Status.OPEN:
+        return auction.bids.filter(status=SealedBid.Status.ACTIVE).count()
+    return auction.bids.exclude(status=SealedBid.Status.WITHDRAWN).count()
+
+
+def sealed_hold_ids():
+    """The ids of the holds of sealed bids (settlement.sealed's source): their amounts
+    are price × GPUs × hours."""
+    return SealedBid.objects.filter(sealed_bid_q()).values("hold_id")
