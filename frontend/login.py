@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import functools
 
+from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import forms as auth_forms
 from django.contrib.auth import views as auth_views
+from django.http import HttpResponse
 from django.shortcuts import render
 from rest_framework.exceptions import Throttled
 
@@ -25,9 +28,9 @@ def throttled_page(request, template: str, form, exc: Throttled):
     return response
 
 
-class AuthenticationForm(auth_forms.AuthenticationForm):
-    """Django's form, with each attempt counted against its username (a success is taken
-    back: only failures lock)."""
+class _CountedLogin:
+    """Each attempt counted against its username (a success is taken back: only failures
+    lock); over the limit, Throttled."""
 
     def clean(self):
         username = self.cleaned_data.get("username")
@@ -37,6 +40,33 @@ class AuthenticationForm(auth_forms.AuthenticationForm):
             attempt.succeeded()
             return cleaned
         return super().clean()
+
+
+class AuthenticationForm(_CountedLogin, auth_forms.AuthenticationForm):
+    """Django's form, counted (the pages' login)."""
+
+
+class AdminLoginForm(_CountedLogin, AdminAuthenticationForm):
+    """The admin's form (staff only), counted alike."""
+
+
+def admin_login(request, extra_context=None):
+    """The admin's login under the same limits as the pages' and the API's: per client
+    address (GPUMARKET_LOGIN_RATE) and per username; a refusal is a plain 429 with
+    Retry-After."""
+    try:
+        if request.method == "POST":
+            throttles.check(request, throttles.LoginAddressThrottle)
+        return admin.site.login(request, extra_context)
+    except Throttled as exc:
+        wait = int(exc.wait or 1)
+        response = HttpResponse(f"Too many attempts. Try again in {wait} seconds.\n",
+                                status=429, content_type="text/plain; charset=utf-8")
+        response["Retry-After"] = str(wait)
+        return response
+
+
+admin.site.login_form = AdminLoginForm
 
 
 class LoginView(auth_views.LoginView):

@@ -12,6 +12,7 @@ urlpatterns = [
                                                 redirect_authenticated_user=True,
                                                 next_page="wallet-page"),
          name="login"),
+    path("admin/login/", login.admin_login, name="admin-login-limited"),
     path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
     path("wallet/", views.wallet, name="wallet-page"),
     path("wallet/dev-credit/", views.wallet_dev_credit, name="wallet-dev-credit"),

@@ -18,7 +18,7 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q
-from django.http import Http404, HttpResponseNotAllowed
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -118,6 +118,16 @@ def home(request):
     })
 
 
+def _redirect_next(request, nxt: str, default: str) -> HttpResponseRedirect:
+    """To `nxt` when it is a path of this site (never a URL name, another host or a
+    scheme of its own), else to the page named `default`."""
+    if (nxt.startswith("/") and "\x00" not in nxt
+            and url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},
+                                                require_https=request.is_secure())):
+        return HttpResponseRedirect(nxt)
+    return redirect(default)
+
+
 def _usd(micros: int | None) -> str:
     # the home page keeps all 6 places (tests/api/test_api_sealed_secrecy.py reads them)
     return "—" if micros is None else f"${format_usd(micros)}"
@@ -133,10 +143,7 @@ def signup(request):
         user = form.save()
         login(request, user, backend="marketplace.auth_backends.ModelBackend")
         messages.success(request, f"Welcome, {user.username}.")
-        nxt = request.GET.get("next", "")
-        safe = url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},
-                                               require_https=request.is_secure())
-        return redirect(nxt if nxt and safe else "wallet-page")
+        return _redirect_next(request, request.GET.get("next", ""), "wallet-page")
     return _page(request, "frontend/signup.html", {"form": form},
                  status=400 if form.errors else 200)
 
@@ -299,10 +306,7 @@ def order_cancel(request, pk: int):
         messages.error(request, exc.message)
     else:
         messages.success(request, f"Order #{order.pk} cancelled.")
-    nxt = request.POST.get("next", "")
-    safe = url_has_allowed_host_and_scheme(nxt, allowed_hosts={request.get_host()},
-                                           require_https=request.is_secure())
-    return redirect(nxt if nxt and safe else "orders-page")
+    return _redirect_next(request, request.POST.get("next", ""), "orders-page")
 
 
 @member

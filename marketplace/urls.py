@@ -59,7 +59,7 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("", include("frontend.urls")),
+    path("", include("frontend.urls")),  # also /admin/login/, rate-limited (frontend/login.py)
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

@@ -199,6 +199,22 @@ def test_my_orders_and_cancel(client, buyer):
     assert ledger.wallet(user_id=buyer.pk).held == 0
 
 
+@pytest.mark.parametrize(("nxt", "lands"), [
+    ("nosuchview", "/orders/"),           # a URL name was reversed: NoReverseMatch, a 500
+    ("market", "/orders/"),
+    ("x\x00y", "/orders/"),
+    ("https://elsewhere.example/", "/orders/"),
+    ("//elsewhere.example/", "/orders/"),
+    ("/markets/h100-sxm-80gb/", "/markets/h100-sxm-80gb/"),
+])
+def test_cancel_goes_back_only_to_a_path_of_this_site(client, buyer, nxt, lands):
+    ensure_catalog()
+    placed = book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=1_000_000, gpus=1,
+                            duration_seconds=3600)
+    r = client.post(reverse("order-cancel-page", args=[placed.order.pk]), {"next": nxt})
+    assert (r.status_code, r["Location"]) == (302, lands)
+
+
 def test_cannot_cancel_another_users_order(client, buyer):
     ensure_catalog()
     other = funded_buyer(10)

@@ -72,3 +72,27 @@ def test_signup_page_is_limited_per_address():
                                    "password2": PASSWORD}, REMOTE_ADDR="10.5.5.5")
     assert_429_page(r)
     assert not get_user_model().objects.filter(username="page-more").exists()
+
+
+def admin_login(username: str, password: str, address: str = "10.6.0.1"):
+    return Client().post("/admin/login/", {"username": username, "password": password,
+                                           "next": "/admin/"}, REMOTE_ADDR=address)
+
+
+def test_the_admin_login_shares_the_address_limit():
+    get_user_model().objects.create_user("staffer", password=PASSWORD, is_staff=True)
+    limit = int(settings.GPUMARKET_LOGIN_RATE.split("/")[0])
+    for i in range(limit):
+        assert admin_login(f"guess{i}", "wrong").status_code == 200  # the form again
+    refused = admin_login("staffer", PASSWORD)
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert page_login("staffer", PASSWORD, address="10.6.0.1").status_code == 429
+    assert admin_login("staffer", PASSWORD, address="10.6.0.2").status_code == 302
+
+
+def test_failed_admin_logins_lock_the_username_everywhere():
+    get_user_model().objects.create_user("staffy", password=PASSWORD, is_staff=True)
+    for i in range(settings.GPUMARKET_LOGIN_LOCKOUT_FAILURES):
+        assert admin_login("staffy", "wrong", address=f"10.5.0.{i}").status_code == 200
+    assert admin_login("staffy", PASSWORD, address="10.4.0.1").status_code == 429
+    assert api_login("staffy", PASSWORD, address="10.4.0.2").status_code == 429
