@@ -273,12 +273,3 @@ class DumpGpus:
         events, self._pending_xids = self._pending_xids, []
         return events
 
-
-def read_inventory() -> Inventory:
-    """The host's inventory through NVML (raises NoDriverError without a driver)."""
-    return NvmlGpus().inventory()
-
-
-def sample_health(uuids: list[str]) -> list[dict]:
-    """Health of `uuids` through NVML (see NvmlGpus.sample_health)."""
-    return NvmlGpus().sample_health(uuids)
