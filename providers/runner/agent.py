@@ -1,52 +1,10 @@
 """The runner's loop: announce the GPUs, heartbeat, and reconcile leases with workloads.
 
-Reconciliation follows docs/RUNNER_PROTOCOL.md, once per poll:
-- a `pending`/`starting` lease without a workload gets one (report `starting` for a
-  pending lease, start it, report `running` with container_id); one that already has a
-  workload (adopted after a restart) is reported `running` with it, never started twice;
-- a `running` lease whose `ends_at` has passed is reported `completed` (usage_seconds),
-  then its workload is stopped and removed;
-- a `running` lease whose workload exited on its own is reported `completed` (exit code 0)
-  or `failed` ("container exited with status N"), then the workload is removed;
-- a `running` lease whose workload is gone is reported `failed`;
-- a workload whose lease is absent from the list is stopped and removed;
-- a lease holding a GPU with a fatal health finding (health.py) is reported `failed` with
-  the cause "GPU <uuid>: <rule>: <evidence>" and its workload stopped and removed; a
-  pending lease on such a GPU is failed at once and never started. Leases on the node's
-  other GPUs are left alone.
-Health is evaluated on every heartbeat: the readings and the XIDs since the last one go
-through health.evaluate; the heartbeat carries the non-ok findings. A fatal XID keeps its
-GPU out of service until the runner restarts (after the GPU reset NVIDIA's catalog asks
-for); a fatal reading holds while the reading stays fatal.
-After a lease's workload is stopped and removed, no process may still hold its GPUs
-(check_released: NVML's compute and graphics processes per GPU UUID; with --simulate the
-dump's "Processes" sections, gpu_processes.py), except those of the startup baseline: the
-processes already on a GPU when the runner started are not the marketplace's (logged once,
-and a `process_foreign` warning on every heartbeat while they run; the GPU stays offered).
-A GPU held by any other process gets a fatal `process_left` finding: logged, sent with the
-next heartbeat (at once), and, like any fatal GPU, no lease is started on it (a pending
-lease on it is failed with that evidence) until a later heartbeat finds it free of them.
-The full rule is in gpu_processes.py. Workloads of ended leases are stopped before new ones
-start, so a GPU is free before it is handed on.
-A newly started container is checked from inside (runtime.verify_gpus: `nvidia-smi -L`, or
-NVIDIA_VISIBLE_DEVICES with --simulate): if it sees other GPUs than the leased ones, the
-lease is reported `failed` with that evidence and the container removed.
-Every logs_interval seconds the last LOG_LINES lines of each lease workload's output (at
-most 64 KiB) are sent to the marketplace when they changed, and once more when the lease
-ends, so the buyer sees the tail; a failure to send logs never stops reconciliation.
-A 409 answer means "the marketplace already knows": logged, and the runner moves on.
-Events are reported before workloads are removed, so a lost report is simply retried on the
-next poll. Stopping the loop (SIGTERM/SIGINT, cli.py) leaves workloads running for
-re-adoption, in any state (even before the marketplace first answered).
-
-Lease list, push and polling: the loop ticks every poll_interval (heartbeat when due, log
-tails, exit codes and ends_at of the workloads). With a push listener (push.py) whose
-websocket is up, the list is fetched (GET /leases/) only when a notice arrives (the tick
-then runs at once, without waiting for the interval), after the runner reported an event
-itself, and every resync_interval seconds as a safety net; otherwise (push down, or the
-marketplace said its notices are partial: an in-memory channel layer, where changes made
-by its worker process are not pushed), every tick fetches it: HTTP polling at the normal
-interval, with back-off while the marketplace fails; notices still wake the tick at once.
+Once per poll the lease list and the workloads are brought in line (start, report, stop,
+remove); health is evaluated on every heartbeat, a GPU with a fatal finding gets no lease,
+and after a lease's workload is removed no process may still hold its GPUs. The rules:
+docs/RUNNER.md ("Reconciliation", "GPUs free after a lease"); the wire protocol, push and
+polling: docs/RUNNER_PROTOCOL.md.
 """
 
 from __future__ import annotations

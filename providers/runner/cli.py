@@ -1,59 +1,9 @@
 """`gpumarket-runner`: register a GPU host with the marketplace and run its leases.
 
-    gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
-    gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
-                         [--heartbeat-interval S] [--logs-interval S] [--network MODE]
-                         [--runtime auto|docker|process [--process-uids FIRST-LAST]]
-                         [--grace S]
-                         [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
-                         [--memory-per-gpu SIZE] [--cpus-per-gpu N] [--pids-limit N]
-                         [--shm-size SIZE]
-                         [--simulate FILE [--replay-xid LOG] [--replay-health JSON]
-                                          [--replay-process-left JSON]]
-    gpumarket-runner inventory [--simulate FILE] [--json]
-    gpumarket-runner status [--state-dir DIR]
-    gpumarket-runner doctor [--state-dir DIR] [--url URL] [--token TOKEN]
-    gpumarket-runner benchmark [--json] [--no-post] [--state-dir DIR] [--url URL] [--token T]
-
-`--replay-xid LOG` feeds the XID lines of a kernel log (as `dmesg` prints them) to the health
-rules on the first heartbeat; `--replay-health JSON` lays readings over the dump's, e.g.
-'{"GPU-…": {"temperature_c": 95, "ecc_uncorrectable": 3}}' (inline or a file);
-`--replay-process-left JSON` makes processes appear on a GPU when the first lease workload on
-it is removed (a leftover: fatal `process_left`), e.g. '{"GPU-…": [{"pid": 4242, "name":
-"python", "used_mib": 1024}]}' (inline or a file; gpu_processes.py). All need --simulate: on
-a real host XIDs come from NVML events, readings and processes from NVML. The processes a
-dump records are the recorded host's baseline, never a leftover (gpu_processes.py).
-
-Environment: GPUMARKET_URL, GPUMARKET_RUNNER_TOKEN, GPUMARKET_RUNNER_STATE_DIR stand in for
---url, --token, --state-dir. `register` saves {url, token, simulate, node} in
-<state dir>/config.json (mode 0600); `run` reads it.
-
-Lease container limits (limits.py; default: the lease's share g/n of the host's memory and
-CPUs for g of the node's n GPUs, 4096 pids, /dev/shm half the memory up to 16 GiB): each
-from the flag, else GPUMARKET_RUNNER_MEMORY_PER_GPU / _CPUS_PER_GPU / _PIDS_LIMIT /
-_SHM_SIZE, else config.json's "limits": {"memory_per_gpu": "64g", "cpus_per_gpu": 12,
-"pids_limit": 4096, "shm_size": "16g"}, else the default.
-
-Runtimes: `auto` (the default) and `docker` run lease workloads as Docker containers and
-exit 1 when no engine answers: local processes are never chosen automatically, with
---simulate or without. `--runtime process` (process_runtime.py) runs them as local
-processes, each as a uid of its own (root only; not root: only with --simulate, and the
-workload can read the token), and says at startup what it does not isolate; it refuses a
-`--token` on the command line (readable by every local process). A restarted runner stops
-the workloads a previous one left in the other runtime (switch.py).
-
-Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
-`benchmark` without a GPU; 3 the marketplace refused the runner token (rotated or the node
-deleted: `run` names the `register` command that saves the new one); 1 any other error,
-and `doctor` with a failed check. Errors are one line on stderr.
-
-`run` under a supervisor (systemd): it never exits because the marketplace is unreachable
-or failing (5xx), at startup or later: it says so once and keeps retrying with back-off
-(2 s doubling to 30 s, a reminder every 5 minutes), so a host that boots before the network
-or the marketplace comes up simply waits. SIGTERM or SIGINT, in any state, stops it with a
-line and exit status 0 once the current step is done (a second signal: at once), and never
-stops a lease workload (a restarted runner re-adopts them). Exit 3 (token refused) and 1
-(e.g. the marketplace refused the inventory) need a person: RestartPreventExitStatus=3.
+Commands: register, run, inventory, status, doctor, benchmark (`--help` lists the flags).
+Flags, environment, config.json, container limits and exit statuses: docs/RUNNER.md
+("Commands"); runtimes, signals and running under systemd: docs/RUNNER_PROTOCOL.md
+("Starting and stopping `gpumarket-runner run`"). Errors are one line on stderr.
 """
 
 from __future__ import annotations
