@@ -26,30 +26,27 @@ from .agent import Agent, print_line
 from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
+from .config import (
+    DEFAULT_STATE_DIR,
+    EXIT_ERROR,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    EXIT_UNAUTHORIZED,
+    CliError,
+    _node_label,
+    _state_dir,
+    _url_and_token,
+    load_config,
+    resource_policy,
+    save_config,
+)
 from .gpu_processes import load_replay_process_left
-from .limits import ResourcePolicy, parse_size
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
 from .push import PushListener
 from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure, docker_host
 from .switch import pick_runtime, previous_runtimes
-
-EXIT_OK, EXIT_ERROR, EXIT_NO_GPU, EXIT_UNAUTHORIZED = 0, 1, 2, 3
-DEFAULT_STATE_DIR = "~/.gpumarket-runner"
-
-
-class CliError(Exception):
-    """A failure to show as one line on stderr; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _state_dir(value: str | None) -> Path:
-    raw = value or os.environ.get("GPUMARKET_RUNNER_STATE_DIR") or DEFAULT_STATE_DIR
-    return Path(raw).expanduser()
 
 
 def load_gpus(simulate: str | None, replay_xid: str | None = None,
@@ -80,30 +77,6 @@ def load_gpus(simulate: str | None, replay_xid: str | None = None,
         ) from None
 
 
-def save_config(state_dir: Path, config: dict) -> Path:
-    """Write config.json readable by the owner only (0600); return its path."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state_dir / "config.json"
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(config, out, indent=2)
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
-    return path
-
-
-def load_config(state_dir: Path) -> dict:
-    """Read config.json; {} when absent. CliError when unreadable."""
-    path = state_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read {path}: {exc}") from None
-
-
 def _cmd_inventory(args) -> int:
     inventory = load_gpus(args.simulate).inventory()
     if args.json:
@@ -116,20 +89,6 @@ def _cmd_inventory(args) -> int:
         print(f"  {gpu.pci_bus_id}  {gpu.uuid}  {gpu.product_name}  {gpu.gpu_class}  "
               f"{gpu.memory_mib} MiB  MIG {gpu.mig_mode}")
     return EXIT_OK
-
-
-def _url_and_token(args, config: dict) -> tuple[str, str]:
-    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
-    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
-    if not url or not token:
-        missing = [n for n, v in (("--url", url), ("--token", token)) if not v]
-        them = "them" if len(missing) == 2 else "it"
-        raise CliError(f"missing {' and '.join(missing)}: pass {them} on the command line, set "
-                       "GPUMARKET_URL / GPUMARKET_RUNNER_TOKEN, or run "
-                       "`gpumarket-runner register` first")
-    if not url.startswith(("http://", "https://")):
-        raise CliError(f"invalid --url {url!r}: it must start with http:// or https://")
-    return url, token
 
 
 def _cmd_register(args) -> int:
@@ -187,55 +146,6 @@ class _NoRuntime:
     node = None
 
 
-MAX_PIDS_LIMIT = 4_194_304  # PID_MAX_LIMIT of 64-bit Linux: more pids cannot exist
-LIMIT_SOURCES = (  # (ResourcePolicy field, --flag / args attribute, environment variable)
-    ("memory_per_gpu", "memory_per_gpu", "GPUMARKET_RUNNER_MEMORY_PER_GPU"),
-    ("cpus_per_gpu", "cpus_per_gpu", "GPUMARKET_RUNNER_CPUS_PER_GPU"),
-    ("pids_limit", "pids_limit", "GPUMARKET_RUNNER_PIDS_LIMIT"),
-    ("shm_size", "shm_size", "GPUMARKET_RUNNER_SHM_SIZE"),
-)
-
-
-def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
-    """The lease container limits from flags, else environment, else config.json's
-    "limits", else the default rule (limits.py). CliError naming the flag, variable or key
-    of a value that is not a positive size or number."""
-    from_config = config.get("limits") or {}
-    if not isinstance(from_config, dict):
-        raise CliError('config.json: "limits" must be an object')
-    values = {}
-    for field, attr, variable in LIMIT_SOURCES:
-        flag = "--" + attr.replace("_", "-")
-        for source, raw in ((flag, getattr(args, attr, None)), (variable, environ.get(variable)),
-                            (f'config.json "limits.{field}"', from_config.get(field))):
-            if raw is None or raw == "":
-                continue
-            try:
-                if isinstance(raw, bool):  # JSON true/false is not 1/0
-                    raise ValueError(f"{raw!r} is not a number")
-                if field in ("memory_per_gpu", "shm_size"):
-                    values[field] = parse_size(raw)
-                elif field == "cpus_per_gpu":
-                    values[field] = float(raw)
-                    if not math.isfinite(values[field]):
-                        raise ValueError(f"{raw!r} is not a finite number")
-                else:
-                    values[field] = int(raw)
-                    if str(raw).strip() != str(values[field]):
-                        raise ValueError(f"{raw!r} is not a whole number")
-                    if values[field] > MAX_PIDS_LIMIT:
-                        raise ValueError(f"{raw!r} must be at most {MAX_PIDS_LIMIT} (the "
-                                         "kernel's largest pid_max)")
-                if values[field] <= 0:
-                    raise ValueError(f"{raw!r} must be more than 0")
-            except (TypeError, ValueError, OverflowError) as exc:
-                ours = str(exc).startswith(repr(raw))  # not float()'s or int()'s wording
-                reason = str(exc) if ours else f"{raw!r} is not a number"
-                raise CliError(f"{source}: {reason}") from None
-            break
-    return ResourcePolicy(**values)
-
-
 def _uid_range(value: str) -> range:
     """--process-uids FIRST-LAST → range(FIRST, LAST + 1); argparse error otherwise."""
     first, sep, last = value.partition("-")
@@ -248,13 +158,6 @@ def _uid_range(value: str) -> range:
         raise argparse.ArgumentTypeError(f"{value!r} must be FIRST-LAST with 1000 <= FIRST "
                                          f"<= LAST < {2**32 - 1}")
     return range(lo, hi + 1)
-
-
-def _node_label(node: dict) -> str | None:
-    """The `gpumarket.node` container label: the node's uid (unique across marketplace
-    databases), else its id from an older registration."""
-    value = node.get("uid") or node.get("id")
-    return None if value is None else str(value)
 
 
 def _lock_state_dir(state_dir: Path):
