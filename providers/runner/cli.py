@@ -30,12 +30,14 @@ from .config import (
     EXIT_OK,
     EXIT_UNAUTHORIZED,
     CliError,
-    _node_label,
-    _state_dir,
-    _url_and_token,
     load_config,
+    marketplace_from,
+    node_label,
+    require_marketplace,
     resource_policy,
     save_config,
+    state_dir_from,
+    token_source,
 )
 from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
@@ -90,8 +92,8 @@ def _cmd_inventory(args) -> int:
 
 
 def _cmd_register(args) -> int:
-    state_dir = _state_dir(args.state_dir)
-    url, token = _url_and_token(args, {})
+    state_dir = state_dir_from(args.state_dir)
+    url, token = require_marketplace(args.url, args.token, {})
     simulate = str(Path(args.simulate).resolve()) if args.simulate else None
     gpus = load_gpus(simulate)
     inventory = gpus.inventory()
@@ -222,13 +224,13 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     if args.advertise_host and not args.public_host:
         raise CliError("--advertise-host needs --public-host (the address ports are "
                        "published on)")
-    state_dir = _state_dir(args.state_dir)
+    state_dir = state_dir_from(args.state_dir)
     lock = _lock_state_dir(state_dir)  # noqa: F841 - held until exit
     config = load_config(state_dir)
-    url, token = _url_and_token(args, config)
+    url, token = require_marketplace(args.url, args.token, config)
     simulate = args.simulate or config.get("simulate")
     gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
-    node = _node_label(config.get("node") or {})
+    node = node_label(config.get("node") or {})
     policy = resource_policy(args, config)
     runtime = pick_runtime(args.runtime, state_dir, node, simulate=bool(simulate),
                            token_on_command_line=bool(args.token), uids=args.process_uids,
@@ -268,8 +270,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
 def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str:
     """What `run` says when the marketplace refuses its token (exit status 3): why that
     happens, and the command that puts the node's current token in place."""
-    source = ("--token" if args.token else "GPUMARKET_RUNNER_TOKEN"
-              if os.environ.get("GPUMARKET_RUNNER_TOKEN") else None)
+    source = token_source(args.token)
     register = (f"gpumarket-runner register --url {url} --token NEW_TOKEN --state-dir "
                 f"{state_dir}" + (f" --simulate {simulate}" if simulate else ""))
     fix = (f"pass the new token in {source} instead" if source else
@@ -280,9 +281,8 @@ def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str
 
 
 def _cmd_doctor(args) -> int:
-    config = load_config(_state_dir(args.state_dir))
-    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
-    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    config = load_config(state_dir_from(args.state_dir))
+    url, token = marketplace_from(args.url, args.token, config)
     results = doctor_checks(url, token)
     for _ok, line in results:
         print(line, flush=True)
@@ -292,19 +292,19 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    state_dir = _state_dir(args.state_dir)
+    state_dir = state_dir_from(args.state_dir)
     exists = state_dir.is_dir()
     config = load_config(state_dir) if exists else {}
     node = config.get("node") or {}
-    token = os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    url, token = marketplace_from(None, None, config)  # `status` has no --url/--token
     print(f"state dir:   {state_dir}" + ("" if exists else " (does not exist)"))
-    print(f"marketplace: {os.environ.get('GPUMARKET_URL') or config.get('url') or 'not set'}")
+    print(f"marketplace: {url or 'not set'}")
     print(f"token:       {'set (not shown)' if token else 'not set'}")
     print(f"node:        {node.get('name') or '?'} (id {node.get('id') or '?'})"
           if node else "node:        not registered")
     simulated = config.get("simulate")
     print(f"GPUs:        {'simulated from ' + simulated if simulated else 'NVML'}")
-    for line in _status_leases(state_dir, exists, _node_label(node)):
+    for line in _status_leases(state_dir, exists, node_label(node)):
         print(line)
     return EXIT_OK
 
@@ -358,12 +358,11 @@ def _cmd_benchmark(args) -> int:
             print(line)
     if not result.ran:
         return EXIT_NO_GPU
-    config = load_config(_state_dir(args.state_dir))
-    if args.no_post or not ((args.url or os.environ.get("GPUMARKET_URL") or config.get("url"))
-                            and (args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN")
-                                 or config.get("token"))):
+    config = load_config(state_dir_from(args.state_dir))
+    url, token = marketplace_from(args.url, args.token, config)
+    if args.no_post or not (url and token):
         return EXIT_OK
-    url, token = _url_and_token(args, config)
+    url, token = require_marketplace(url, token, config)
     simulate = config.get("simulate")
     uuids = None if simulate else [g.uuid for g in load_gpus(None).inventory().gpus]
     client = MarketplaceClient(url, token)

@@ -26,7 +26,9 @@ class CliError(Exception):
         self.code = code
 
 
-def _state_dir(value: str | None) -> Path:
+def state_dir_from(value: str | None) -> Path:
+    """The state dir: `value` (--state-dir), else GPUMARKET_RUNNER_STATE_DIR, else
+    DEFAULT_STATE_DIR; `~` expanded."""
     raw = value or os.environ.get("GPUMARKET_RUNNER_STATE_DIR") or DEFAULT_STATE_DIR
     return Path(raw).expanduser()
 
@@ -55,9 +57,25 @@ def load_config(state_dir: Path) -> dict:
         raise CliError(f"cannot read {path}: {exc}") from None
 
 
-def _url_and_token(args, config: dict) -> tuple[str, str]:
-    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
-    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+def marketplace_from(url: str | None, token: str | None, config: dict
+                     ) -> tuple[str | None, str | None]:
+    """(url, token) of the marketplace: each from its flag value (None: not given), else
+    GPUMARKET_URL / GPUMARKET_RUNNER_TOKEN, else config.json; None where nothing sets it."""
+    return (url or os.environ.get("GPUMARKET_URL") or config.get("url"),
+            token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token"))
+
+
+def token_source(token: str | None) -> str | None:
+    """Where marketplace_from took the token from when not config.json: "--token" (the
+    flag value `token` is set) or "GPUMARKET_RUNNER_TOKEN"; None otherwise."""
+    return ("--token" if token else "GPUMARKET_RUNNER_TOKEN"
+            if os.environ.get("GPUMARKET_RUNNER_TOKEN") else None)
+
+
+def require_marketplace(url: str | None, token: str | None, config: dict) -> tuple[str, str]:
+    """marketplace_from, both required: CliError naming what is missing, or a URL that is
+    not http(s)."""
+    url, token = marketplace_from(url, token, config)
     if not url or not token:
         missing = [n for n, v in (("--url", url), ("--token", token)) if not v]
         them = "them" if len(missing) == 2 else "it"
@@ -118,7 +136,7 @@ def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
     return ResourcePolicy(**values)
 
 
-def _node_label(node: dict) -> str | None:
+def node_label(node: dict) -> str | None:
     """The `gpumarket.node` container label: the node's uid (unique across marketplace
     databases), else its id from an older registration."""
     value = node.get("uid") or node.get("id")
