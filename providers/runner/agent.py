@@ -18,14 +18,14 @@ from datetime import UTC, datetime, timedelta
 from . import __version__
 from .benchmark import post_result, run_in_subprocess
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
-from .gpu_processes import GpuProcess, describe_all, source_for
+from .gpu_guard import ReleaseGuard
+from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
 from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 from .switch import stop_previous
 
 MAX_BACKOFF_S = 30.0
-RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 UNREACHABLE_REMIND_S = 300.0  # at startup, "still retrying" at least this often
 LOG_LINES = 200  # lines of a workload's output sent as its tail
@@ -103,12 +103,8 @@ class Agent:
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
-        # which processes hold a GPU (gpu_processes.py): None where it cannot be asked
-        self.gpu_processes = source_for(gpus)
-        self.release_settle_s = RELEASE_SETTLE_S
-        self._busy: dict[str, Finding] = {}  # GPU uuid → process_left finding, until free
-        # GPU uuid → the processes on it when the runner started (not the marketplace's)
-        self.baseline: dict[str, list[GpuProcess]] | None = None
+        # no process may hold a lease's GPUs after its workload (source None: no check)
+        self.guard = ReleaseGuard(self._uuids, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
@@ -148,7 +144,7 @@ class Agent:
         if note and not self._xid_note_logged:
             self.log(note)
             self._xid_note_logged = True
-        self.findings = evaluate(readings, xids) + self._foreign_findings()
+        self.findings = evaluate(readings, xids) + self.guard.foreign_findings()
         fatal: dict[str, Finding] = {}
         for finding in self.findings:
             if finding.severity != "fatal":
@@ -158,8 +154,8 @@ class Agent:
             fatal.setdefault(finding.uuid, finding)
         for uuid, finding in self._xid_fatal.items():
             fatal.setdefault(uuid, finding)
-        self._recheck_busy()
-        for uuid, finding in self._busy.items():
+        self.guard.recheck_busy()
+        for uuid, finding in self.guard.busy.items():
             fatal.setdefault(uuid, finding)
         for uuid, finding in fatal.items():
             if uuid not in self.fatal:
@@ -167,119 +163,48 @@ class Agent:
         self.fatal = fatal
         sent = [f for f in self.findings if f.severity != "ok"]
         sent += [f for u, f in self._xid_fatal.items() if f not in sent]
-        sent += [f for u, f in self._busy.items() if f not in sent]
+        sent += [f for u, f in self.guard.busy.items() if f not in sent]
         return sent
 
-    # -- GPUs free after a lease -----------------------------------------------------------
+    # -- GPUs free after a lease (gpu_guard.py) -------------------------------------------
+    @property
+    def gpu_processes(self):
+        """The guard's process source (gpu_processes.py); None: no release check."""
+        return self.guard.source
+
+    @gpu_processes.setter
+    def gpu_processes(self, source) -> None:
+        self.guard.source = source
+
+    @property
+    def release_settle_s(self) -> float:
+        """Seconds a GPU may stay held after its workload is removed."""
+        return self.guard.settle_s
+
+    @release_settle_s.setter
+    def release_settle_s(self, seconds: float) -> None:
+        self.guard.settle_s = seconds
+
+    @property
+    def baseline(self) -> dict[str, list[GpuProcess]] | None:
+        """{uuid: processes already there at startup}, None until taken."""
+        return self.guard.baseline
+
     def take_baseline(self) -> None:
-        """Once, at startup (the first heartbeat or reconciliation): record the processes
-        on each GPU as not the marketplace's, and log them. On a live source (NVML) a GPU
-        that a lease workload already holds gets none (its processes are the lease's); a
-        workload whose GPUs are unknown leaves every GPU without a baseline."""
-        if self.baseline is not None:
-            return
-        self.baseline = {}
-        if self.gpu_processes is None:
-            return
-        leased: set[str] = set()
-        unknown = False
-        if getattr(self.gpu_processes, "live", True):
-            for workload in self._describe():
-                gpus = [u for u in (workload.get("gpus") or "").split(",") if u]
-                leased.update(gpus)
-                unknown = unknown or not gpus
-        for uuid, processes in self.gpu_processes(list(self._uuids)).items():
-            if not processes:
-                continue
-            if unknown or uuid in leased:
-                whose = "a lease workload's GPU" if uuid in leased else \
-                    "a lease workload with unrecorded GPUs runs"
-                self.log(f"GPU {uuid}: {describe_all(processes)} at startup ({whose}): not "
-                         "taken as the baseline; checked when the lease ends")
-                continue
-            self.baseline[uuid] = list(processes)
-            self.log(f"GPU {uuid}: {describe_all(processes)} already running at startup: not "
-                     "a marketplace workload; the GPU stays offered (a lease on it shares it) "
-                     "and the release check leaves it alone")
-
-    def _foreign_findings(self) -> list[Finding]:
-        """A `process_foreign` warning per GPU on which a baseline process still runs;
-        baseline processes that exited are dropped from the baseline (logged)."""
-        if not self.baseline or self.gpu_processes is None:
-            return []
-        current = self.gpu_processes(list(self.baseline))
-        found = []
-        for uuid in list(self.baseline):
-            if uuid not in current:  # cannot ask now: judged on a later heartbeat
-                continue
-            now = {p.key: p for p in current[uuid]}
-            still = [now[p.key] for p in self.baseline[uuid] if p.key in now]
-            for gone in (p for p in self.baseline[uuid] if p.key not in now):
-                self.log(f"GPU {uuid}: {gone.describe()} (running at startup) has exited")
-            if still:
-                self.baseline[uuid] = still
-                found.append(Finding(uuid, "process_foreign", "warn",
-                                     f"{describe_all(still)} already running when the runner "
-                                     "started: not a marketplace workload; a lease on this GPU "
-                                     "shares it"))
-            else:
-                del self.baseline[uuid]
-        return found
-
-    def _not_baseline(self, uuid: str, processes: list[GpuProcess]) -> list[GpuProcess]:
-        """`processes` of GPU `uuid` less those of its startup baseline."""
-        known = {p.key for p in (self.baseline or {}).get(uuid, [])}
-        return [p for p in processes if p.key not in known]
-
-    def _held(self, uuids: list[str], settle_s: float = 0.0) -> dict:
-        """{uuid: processes} of the GPUs in `uuids` that some process outside the startup
-        baseline holds; a GPU still held is asked again every 0.5 s for up to `settle_s`
-        seconds. {} when no source."""
-        if self.gpu_processes is None or not uuids:
-            return {}
-        self.take_baseline()
-        deadline = time.monotonic() + settle_s
-        while True:
-            held = {u: p for u, p in ((u, self._not_baseline(u, p)) for u, p in
-                                      self.gpu_processes(list(uuids)).items()) if p}
-            if not held or time.monotonic() >= deadline:
-                return held
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            uuids = list(held)
+        """Once, at startup (the first heartbeat or reconciliation): ReleaseGuard.take_baseline."""
+        self.guard.take_baseline()
 
     def check_released(self, lease_id: int, uuids: list[str]) -> list[Finding]:
-        """After lease `lease_id`'s workload was removed: the GPUs of `uuids` that a
-        process still holds (after release_settle_s seconds of grace) each get a fatal
-        `process_left` finding (evidence: the processes), logged once; no lease starts on
-        them until a heartbeat finds them free, and the next heartbeat goes out at once.
-        Processes of the startup baseline do not count (gpu_processes.py). Returns the new
-        findings."""
-        removed = getattr(self.gpu_processes, "workload_removed", None)
-        if removed is not None:  # --simulate: replayed leftovers appear now
-            removed(list(uuids))
-        found = []
-        for uuid, processes in self._held(uuids, self.release_settle_s).items():
-            finding = Finding(uuid, "process_left", "fatal",
-                              f"{describe_all(processes)} still holds the GPU after lease "
-                              f"{lease_id}'s workload was removed")
-            if uuid not in self._busy:
-                self.log(f"GPU {uuid}: {finding.evidence}; no lease starts on it until it "
-                         "is free")
-            self._busy[uuid] = self.fatal[uuid] = finding
-            found.append(finding)
+        """After lease `lease_id`'s workload was removed: ReleaseGuard.check_released; a GPU
+        still held is fatal (no lease starts on it) and the next heartbeat goes out at
+        once. Returns the new findings."""
+        found = self.guard.check_released(lease_id, uuids)
+        for finding in found:
+            self.fatal[finding.uuid] = finding
         if found:
             self._next_heartbeat = 0.0  # the marketplace takes the GPU out of the asks now
         return found
 
-    def _recheck_busy(self) -> None:
-        """Drop the GPUs no process holds any more from `_busy` (logged)."""
-        if not self._busy:
-            return
-        held = self._held(list(self._busy))
-        for uuid in list(self._busy):
-            if uuid not in held:
-                del self._busy[uuid]
-                self.log(f"GPU {uuid}: no process holds it any more; back in service")
 
     def heartbeat(self) -> None:
         """Evaluate health, POST the readings and non-ok findings now, and learn the
