@@ -21,6 +21,7 @@ from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
+from .logtail import LOG_LINES, trim_tail
 from .nvml import PROTOCOL_KEYS
 from .runtime import RuntimeFailure
 from .switch import stop_previous
@@ -28,21 +29,6 @@ from .switch import stop_previous
 MAX_BACKOFF_S = 30.0
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 UNREACHABLE_REMIND_S = 300.0  # at startup, "still retrying" at least this often
-LOG_LINES = 200  # lines of a workload's output sent as its tail
-LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
-
-
-def trim_tail(text: str, max_bytes: int = LOG_MAX_BYTES) -> str:
-    """`text` without NUL characters, cut to its last `max_bytes` bytes of UTF-8 at a line
-    start (or a character start when one line alone is longer)."""
-    data = text.replace("\x00", "").encode("utf-8", "replace")
-    if len(data) <= max_bytes:
-        return data.decode("utf-8")
-    data = data[-max_bytes:]
-    newline = data.find(b"\n")
-    if 0 <= newline < len(data) - 1:
-        data = data[newline + 1:]
-    return data.decode("utf-8", "ignore")
 
 
 def _parse_time(value: str | None) -> datetime | None:

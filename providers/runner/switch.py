@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .client import MarketplaceError, Unauthorized
+from .logtail import LOG_LINES, trim_tail
 from .runtime import DockerRuntime, ProcessRuntime
 from .runtime_common import RuntimeFailure
 
@@ -88,8 +89,6 @@ def stop_previous(agent, listed: dict[int, dict]) -> None:
     each is done) against `listed` ({lease id: lease} from GET /leases/). A runtime that
     cannot be read now is tried again on the next reconciliation; marketplace outages and
     401 propagate (the loop retries or exits)."""
-    from .agent import LOG_LINES, trim_tail  # agent.py imports this module
-
     for old in list(agent.previous_runtimes):
         try:
             handles = old.list_leases()

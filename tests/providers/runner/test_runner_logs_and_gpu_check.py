@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from providers.runner.agent import LOG_MAX_BYTES, Agent, trim_tail
+from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
+from providers.runner.logtail import LOG_MAX_BYTES, trim_tail
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime, ProcessRuntime
 
