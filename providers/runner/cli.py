@@ -9,6 +9,7 @@ Flags, environment, config.json, container limits and exit statuses: docs/RUNNER
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
@@ -163,8 +164,6 @@ def _uid_range(value: str) -> range:
 def _lock_state_dir(state_dir: Path):
     """One `run` per state dir: a second one would start every lease twice. Returns the
     open lock file (held until the process exits); raises CliError when taken."""
-    import fcntl
-
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if state_dir.stat().st_uid == os.geteuid() and state_dir.stat().st_mode & 0o077:
         os.chmod(state_dir, 0o700)  # the token lives here: the runner's user only
