@@ -21,9 +21,10 @@ from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
+from .lease import RunnerLease
 from .logtail import LOG_LINES, trim_tail
-from .nvml import PROTOCOL_KEYS
-from .runtime import RuntimeFailure
+from .nvml import PROTOCOL_KEYS, GpuSource
+from .runtime_common import Runtime, RuntimeFailure
 from .switch import stop_previous
 
 MAX_BACKOFF_S = 30.0
@@ -53,8 +54,8 @@ def print_line(message: str) -> None:
 
 
 class Agent:
-    """One runner. client: MarketplaceClient; gpus: nvml.NvmlGpus or nvml.DumpGpus;
-    runtime: runtime.DockerRuntime or runtime.ProcessRuntime. Intervals in seconds;
+    """One runner. client: MarketplaceClient; gpus: an nvml.GpuSource (NvmlGpus, DumpGpus);
+    runtime: a runtime_common.Runtime (DockerRuntime, ProcessRuntime). Intervals in seconds;
     grace_s: seconds between SIGTERM and SIGKILL when stopping a workload; push:
     push.PushListener (started and stopped by run()) or None to poll only; resync_interval:
     seconds between lease-list fetches while push is connected and quiet. Attributes a
@@ -62,7 +63,8 @@ class Agent:
     release_settle_s (seconds a GPU may stay held after its workload is removed). baseline:
     {uuid: processes already there at startup}, None until taken (take_baseline)."""
 
-    def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
+    def __init__(self, client: MarketplaceClient, gpus: GpuSource, runtime: Runtime, *,
+                 poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
                  logs_interval: float = 5.0, push=None, resync_interval: float = RESYNC_S,
                  log: Callable[[str], None] = print_line) -> None:
@@ -73,7 +75,7 @@ class Agent:
         self._wake = threading.Event()  # set by a notice: tick now
         self._stopping: threading.Event | None = None  # run()'s stop event
         self._stale = True  # the cached lease list must be fetched again
-        self._leases: list[dict] | None = None  # the last list fetched
+        self._leases: list[RunnerLease] | None = None  # the last list fetched
         self._next_resync = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.grace_s = grace_s
@@ -114,7 +116,7 @@ class Agent:
         label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
                     or "default")  # the node's uid is unique across marketplace databases
         for runtime in (self.runtime, *self.previous_runtimes):
-            if getattr(runtime, "node", "") is None:  # label containers with the node id
+            if runtime.node is None:  # label containers with the node id
                 runtime.node = label
         return self.node
 
@@ -125,8 +127,8 @@ class Agent:
         if readings is None:
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
-        xids = self.gpus.xid_events() if hasattr(self.gpus, "xid_events") else []
-        note = getattr(self.gpus, "xid_note", None)
+        xids = self.gpus.xid_events()
+        note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
             self._xid_note_logged = True
@@ -239,7 +241,7 @@ class Agent:
         complete (then the list is fetched on notices, and every resync_interval). With
         partial notices (hello `"notices": "partial"`, push.py) every tick fetches it too."""
         return (self.push is not None and self.push.connected
-                and not getattr(self.push, "partial", False))
+                and not self.push.partial)
 
     def fetch_due(self) -> bool:
         """Whether this tick fetches the lease list (module docstring)."""
@@ -267,7 +269,7 @@ class Agent:
             self._next_logs = time.monotonic() + self.logs_interval
 
     # -- benchmark -----------------------------------------------------------------------
-    def maybe_benchmark(self, leases: list[dict]) -> bool:
+    def maybe_benchmark(self, leases: list[RunnerLease]) -> bool:
         """Benchmark and report when the schedule says so and the node is idle (no lease
         listed, no workload left). True if it ran. A host without a GPU stack logs why once
         and stops trying; a refused report is logged; an outage propagates (retried)."""
@@ -310,13 +312,12 @@ class Agent:
         self._sent_tails[lease_id] = tail
         return True
 
-    def send_logs(self, leases: list[dict]) -> None:
+    def send_logs(self, leases: list[RunnerLease]) -> None:
         """Send the changed tails of the listed leases that have a workload."""
         handles = self.runtime.list_leases()
         for lease in leases:
-            lease_id = int(lease["id"])
-            if lease_id in handles:
-                self.send_log(lease_id)
+            if lease.id in handles:
+                self.send_log(lease.id)
         for lease_id in list(self._sent_tails):
             if lease_id not in handles:
                 del self._sent_tails[lease_id]
@@ -335,19 +336,19 @@ class Agent:
 
     def _describe(self) -> list[dict]:
         try:
-            return self.runtime.describe() if hasattr(self.runtime, "describe") else []
+            return self.runtime.describe()
         except RuntimeFailure:
             return []
 
-    def reconcile(self, leases: list[dict]) -> None:
+    def reconcile(self, leases: list[RunnerLease]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
         self.take_baseline()  # before anything is stopped or started
-        listed = {int(lease["id"]): lease for lease in leases}
+        listed = {lease.id: lease for lease in leases}
         if self.previous_runtimes:  # first: a lease never runs in two runtimes
             stop_previous(self, listed)
         handles = self.runtime.list_leases()
         for lease_id, lease in listed.items():
-            self._lease_gpus[lease_id] = list(lease.get("gpu_uuids") or [])
+            self._lease_gpus[lease_id] = list(lease.gpu_uuids)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
@@ -366,16 +367,17 @@ class Agent:
                     raise
                 self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
 
-    def _unhealthy(self, lease: dict) -> Finding | None:
+    def _unhealthy(self, lease: RunnerLease) -> Finding | None:
         """The fatal finding of the first leased GPU that has one, else None."""
-        for uuid in lease.get("gpu_uuids") or []:
+        for uuid in lease.gpu_uuids:
             if uuid in self.fatal:
                 return self.fatal[uuid]
         return None
 
-    def _fail_unhealthy(self, lease: dict, handle: str | None, finding: Finding) -> None:
+    def _fail_unhealthy(self, lease: RunnerLease, handle: str | None, finding: Finding
+                        ) -> None:
         """Report the lease `failed` with the finding as cause, then stop its workload."""
-        lease_id, status = int(lease["id"]), lease.get("status")
+        lease_id, status = lease.id, lease.status
         usage = self._usage(lease) if status == "running" else None
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
@@ -384,8 +386,8 @@ class Agent:
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
-    def _reconcile_lease(self, lease: dict, handle: str | None) -> None:
-        lease_id, status = int(lease["id"]), lease.get("status")
+    def _reconcile_lease(self, lease: RunnerLease, handle: str | None) -> None:
+        lease_id, status = lease.id, lease.status
         unhealthy = self._unhealthy(lease)
         if unhealthy is not None and status in ("pending", "starting", "running"):
             self._fail_unhealthy(lease, handle, unhealthy)
@@ -401,7 +403,7 @@ class Agent:
                     self.log(f"lease {lease_id}: failed to start: {exc}")
                     return
                 self.log(f"lease {lease_id}: started container {_short(handle)} "
-                         f"on {_gpus(lease.get('gpu_uuids') or [])}")
+                         f"on {_gpus(lease.gpu_uuids)}")
                 mismatch = self.runtime.verify_gpus(lease)
                 if mismatch is not None:
                     cause = f"GPU check failed: {mismatch}"[:300]
@@ -409,7 +411,7 @@ class Agent:
                     self._stop(lease_id)
                     self.log(f"lease {lease_id}: failed: {cause} (container removed)")
                     return
-                check = getattr(self.runtime, "last_check", "")
+                check = self.runtime.last_check
                 if self.runtime.name == "docker" and " sees " not in check:
                     self.log(f"lease {lease_id}: GPUs not verified from inside: {check}")
             else:
@@ -425,7 +427,7 @@ class Agent:
             self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
             self.log(f"lease {lease_id}: failed: {cause}")
             return
-        ends_at = _parse_time(lease.get("ends_at"))
+        ends_at = _parse_time(lease.ends_at)
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
@@ -447,26 +449,26 @@ class Agent:
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
         self._stop(lease_id)
 
-    def _endpoints(self, lease: dict) -> list[dict] | None:
+    def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
         """Where the buyer reaches the lease's ports (runtime.endpoints), sent with
         `running`; None (not sent) when the lease exposes none or the runtime cannot
         publish. An engine error is logged and leaves the endpoints out."""
-        if not lease.get("ports") or not hasattr(self.runtime, "endpoints"):
+        if not lease.ports:
             return None
         try:
             return self.runtime.endpoints(lease)
         except Exception as exc:  # a Docker hiccup must not keep the lease from running
-            self.log(f"lease {lease['id']}: endpoints not read: {exc.__class__.__name__}")
+            self.log(f"lease {lease.id}: endpoints not read: {exc.__class__.__name__}")
             return None
 
-    def _usage(self, lease: dict) -> int:
+    def _usage(self, lease: RunnerLease) -> int:
         """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if
         the lease never started."""
-        started = _parse_time(lease.get("started_at"))
+        started = _parse_time(lease.started_at)
         if started is None:
             return 0
         end = self._now()
-        ends_at = _parse_time(lease.get("ends_at"))
+        ends_at = _parse_time(lease.ends_at)
         if ends_at is not None:
             end = min(end, ends_at)
         return max(0, int((end - started).total_seconds()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .gpu_processes import GpuProcess, describe_all
+from .gpu_processes import DumpProcesses, GpuProcess, ProcessSource, describe_all
 from .health import Finding
 
 RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
@@ -24,7 +24,8 @@ class ReleaseGuard:
     may stay held after its workload is removed. baseline: {uuid: processes already there
     at startup}, None until taken; busy: {uuid: process_left finding} until free."""
 
-    def __init__(self, uuids: list[str], source, describe: Callable[[], list[dict]],
+    def __init__(self, uuids: list[str], source: ProcessSource | None,
+                 describe: Callable[[], list[dict]],
                  log: Callable[[str], None], *, settle_s: float = RELEASE_SETTLE_S) -> None:
         self.uuids = list(uuids)
         self.source = source
@@ -46,7 +47,7 @@ class ReleaseGuard:
             return
         leased: set[str] = set()
         unknown = False
-        if getattr(self.source, "live", True):
+        if self.source.live:
             for workload in self._describe():
                 gpus = [u for u in (workload.get("gpus") or "").split(",") if u]
                 leased.update(gpus)
@@ -116,9 +117,8 @@ class ReleaseGuard:
         `process_left` finding (evidence: the processes), logged once, and stay in `busy`
         until recheck_busy finds them free. Processes of the startup baseline do not count.
         Returns the new findings."""
-        removed = getattr(self.source, "workload_removed", None)
-        if removed is not None:  # --simulate: replayed leftovers appear now
-            removed(list(uuids))
+        if isinstance(self.source, DumpProcesses):  # --simulate: replayed leftovers appear now
+            self.source.workload_removed(list(uuids))
         found = []
         for uuid, processes in self.held(uuids, self.settle_s).items():
             finding = Finding(uuid, "process_left", "fatal",

@@ -3,7 +3,7 @@
 Sources with one interface, `__call__(uuids) -> {uuid: [GpuProcess, …]}` (a GPU absent
 from the answer could not be asked) and `live`: NvmlProcesses (NVML's compute and graphics
 processes) and DumpProcesses (`--simulate`: the dump's "Processes" sections plus the
-replayed leftovers of `--replay-process-left`). The baseline and leftover rule (agent.py
+replayed leftovers of `--replay-process-left`). The baseline and leftover rule (gpu_guard.py
 applies it): docs/RUNNER.md, "GPUs free after a lease".
 """
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
-from .nvml import ReplayError
+from .nvml import DumpGpus, NvmlGpus, ReplayError
 from .nvsmi import _GPU_HEADER, _parse_tree, read_text
 
 KINDS = ("C", "G", "C+G")
@@ -44,6 +45,17 @@ class GpuProcess:
         short = self.name if len(self.name) <= NAME_MAX else self.name[:NAME_MAX - 1] + "…"
         name = f" {short}" if short else ""
         return f"pid {self.pid}{name} ({what}{memory})"
+
+
+@runtime_checkable
+class ProcessSource(Protocol):
+    """Which processes hold which GPU (NvmlProcesses, DumpProcesses): `source(uuids)` →
+    {uuid: processes}, a GPU absent from the answer could not be asked; live: whether lease
+    workloads' processes show up in it (NVML yes, a dump no)."""
+
+    live: bool
+
+    def __call__(self, uuids: list[str]) -> dict[str, list[GpuProcess]]: ...
 
 
 def describe_all(processes: list[GpuProcess], limit: int = 3) -> str:
@@ -198,7 +210,8 @@ def source_for(gpus) -> DumpProcesses | NvmlProcesses | None:
     """The process source matching a GPU source: DumpProcesses for nvml.DumpGpus (its
     `path` and `replay_process_left`), NvmlProcesses for nvml.NvmlGpus (its pynvml module);
     None for anything else."""
-    if getattr(gpus, "simulate", False) and getattr(gpus, "path", None) is not None:
-        return DumpProcesses(gpus.path, getattr(gpus, "replay_process_left", None))
-    nv = getattr(gpus, "_nvml", None)
-    return NvmlProcesses(nv) if nv is not None else None
+    if isinstance(gpus, DumpGpus):
+        return DumpProcesses(gpus.path, gpus.replay_process_left)
+    if isinstance(gpus, NvmlGpus):
+        return NvmlProcesses(gpus._nvml)
+    return None
