@@ -113,7 +113,7 @@ class ReleaseGuard:
 
     def check_released(self, lease_id: int, uuids: list[str]) -> list[Finding]:
         """After lease `lease_id`'s workload was removed: the GPUs of `uuids` that a
-        process still holds (after release_settle_s seconds of grace) each get a fatal
+        process still holds (after settle_s seconds of grace) each get a fatal
         `process_left` finding (evidence: the processes), logged once, and stay in `busy`
         until recheck_busy finds them free. Processes of the startup baseline do not count.
         Returns the new findings."""
@@ -132,7 +132,7 @@ class ReleaseGuard:
         return found
 
     def recheck_busy(self) -> None:
-        """Drop the GPUs no process holds any more from `_busy` (logged)."""
+        """Drop the GPUs no process holds any more from `busy` (logged)."""
         if not self.busy:
             return
         held = self.held(list(self.busy))
