@@ -1,52 +1,10 @@
 """The runner's loop: announce the GPUs, heartbeat, and reconcile leases with workloads.
 
-Reconciliation follows docs/RUNNER_PROTOCOL.md, once per poll:
-- a `pending`/`starting` lease without a workload gets one (report `starting` for a
-  pending lease, start it, report `running` with container_id); one that already has a
-  workload (adopted after a restart) is reported `running` with it, never started twice;
-- a `running` lease whose `ends_at` has passed is reported `completed` (usage_seconds),
-  then its workload is stopped and removed;
-- a `running` lease whose workload exited on its own is reported `completed` (exit code 0)
-  or `failed` ("container exited with status N"), then the workload is removed;
-- a `running` lease whose workload is gone is reported `failed`;
-- a workload whose lease is absent from the list is stopped and removed;
-- a lease holding a GPU with a fatal health finding (health.py) is reported `failed` with
-  the cause "GPU <uuid>: <rule>: <evidence>" and its workload stopped and removed; a
-  pending lease on such a GPU is failed at once and never started. Leases on the node's
-  other GPUs are left alone.
-Health is evaluated on every heartbeat: the readings and the XIDs since the last one go
-through health.evaluate; the heartbeat carries the non-ok findings. A fatal XID keeps its
-GPU out of service until the runner restarts (after the GPU reset NVIDIA's catalog asks
-for); a fatal reading holds while the reading stays fatal.
-After a lease's workload is stopped and removed, no process may still hold its GPUs
-(check_released: NVML's compute and graphics processes per GPU UUID; with --simulate the
-dump's "Processes" sections, gpu_processes.py), except those of the startup baseline: the
-processes already on a GPU when the runner started are not the marketplace's (logged once,
-and a `process_foreign` warning on every heartbeat while they run; the GPU stays offered).
-A GPU held by any other process gets a fatal `process_left` finding: logged, sent with the
-next heartbeat (at once), and, like any fatal GPU, no lease is started on it (a pending
-lease on it is failed with that evidence) until a later heartbeat finds it free of them.
-The full rule is in gpu_processes.py. Workloads of ended leases are stopped before new ones
-start, so a GPU is free before it is handed on.
-A newly started container is checked from inside (runtime.verify_gpus: `nvidia-smi -L`, or
-NVIDIA_VISIBLE_DEVICES with --simulate): if it sees other GPUs than the leased ones, the
-lease is reported `failed` with that evidence and the container removed.
-Every logs_interval seconds the last LOG_LINES lines of each lease workload's output (at
-most 64 KiB) are sent to the marketplace when they changed, and once more when the lease
-ends, so the buyer sees the tail; a failure to send logs never stops reconciliation.
-A 409 answer means "the marketplace already knows": logged, and the runner moves on.
-Events are reported before workloads are removed, so a lost report is simply retried on the
-next poll. Stopping the loop (SIGTERM/SIGINT, cli.py) leaves workloads running for
-re-adoption, in any state (even before the marketplace first answered).
-
-Lease list, push and polling: the loop ticks every poll_interval (heartbeat when due, log
-tails, exit codes and ends_at of the workloads). With a push listener (push.py) whose
-websocket is up, the list is fetched (GET /leases/) only when a notice arrives (the tick
-then runs at once, without waiting for the interval), after the runner reported an event
-itself, and every resync_interval seconds as a safety net; otherwise (push down, or the
-marketplace said its notices are partial: an in-memory channel layer, where changes made
-by its worker process are not pushed), every tick fetches it: HTTP polling at the normal
-interval, with back-off while the marketplace fails; notices still wake the tick at once.
+Once per poll the lease list and the workloads are brought in line (start, report, stop,
+remove); health is evaluated on every heartbeat, a GPU with a fatal finding gets no lease,
+and after a lease's workload is removed no process may still hold its GPUs. The rules:
+docs/RUNNER.md ("Reconciliation", "GPUs free after a lease"); the wire protocol, push and
+polling: docs/RUNNER_PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -60,31 +18,18 @@ from datetime import UTC, datetime, timedelta
 from . import __version__
 from .benchmark import post_result, run_in_subprocess
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
-from .gpu_processes import GpuProcess, describe_all, source_for
+from .gpu_guard import ReleaseGuard
+from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
-from .nvml import PROTOCOL_KEYS
-from .runtime import RuntimeFailure
+from .lease import RunnerLease
+from .logtail import LOG_LINES, trim_tail
+from .nvml import PROTOCOL_KEYS, GpuSource
+from .runtime_common import Runtime, RuntimeFailure
 from .switch import stop_previous
 
 MAX_BACKOFF_S = 30.0
-RELEASE_SETTLE_S = 2.0  # how long a process may take to let go of a GPU after its container
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 UNREACHABLE_REMIND_S = 300.0  # at startup, "still retrying" at least this often
-LOG_LINES = 200  # lines of a workload's output sent as its tail
-LOG_MAX_BYTES = 64 * 1024  # the marketplace's limit for one tail
-
-
-def trim_tail(text: str, max_bytes: int = LOG_MAX_BYTES) -> str:
-    """`text` without NUL characters, cut to its last `max_bytes` bytes of UTF-8 at a line
-    start (or a character start when one line alone is longer)."""
-    data = text.replace("\x00", "").encode("utf-8", "replace")
-    if len(data) <= max_bytes:
-        return data.decode("utf-8")
-    data = data[-max_bytes:]
-    newline = data.find(b"\n")
-    if 0 <= newline < len(data) - 1:
-        data = data[newline + 1:]
-    return data.decode("utf-8", "ignore")
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -109,8 +54,8 @@ def print_line(message: str) -> None:
 
 
 class Agent:
-    """One runner. client: MarketplaceClient; gpus: nvml.NvmlGpus or nvml.DumpGpus;
-    runtime: runtime.DockerRuntime or runtime.ProcessRuntime. Intervals in seconds;
+    """One runner. client: MarketplaceClient; gpus: an nvml.GpuSource (NvmlGpus, DumpGpus);
+    runtime: a runtime_common.Runtime (DockerRuntime, ProcessRuntime). Intervals in seconds;
     grace_s: seconds between SIGTERM and SIGKILL when stopping a workload; push:
     push.PushListener (started and stopped by run()) or None to poll only; resync_interval:
     seconds between lease-list fetches while push is connected and quiet. Attributes a
@@ -118,7 +63,8 @@ class Agent:
     release_settle_s (seconds a GPU may stay held after its workload is removed). baseline:
     {uuid: processes already there at startup}, None until taken (take_baseline)."""
 
-    def __init__(self, client: MarketplaceClient, gpus, runtime, *, poll_interval: float = 2.0,
+    def __init__(self, client: MarketplaceClient, gpus: GpuSource, runtime: Runtime, *,
+                 poll_interval: float = 2.0,
                  heartbeat_interval: float = 10.0, grace_s: float = 10.0,
                  logs_interval: float = 5.0, push=None, resync_interval: float = RESYNC_S,
                  log: Callable[[str], None] = print_line) -> None:
@@ -129,7 +75,7 @@ class Agent:
         self._wake = threading.Event()  # set by a notice: tick now
         self._stopping: threading.Event | None = None  # run()'s stop event
         self._stale = True  # the cached lease list must be fetched again
-        self._leases: list[dict] | None = None  # the last list fetched
+        self._leases: list[RunnerLease] | None = None  # the last list fetched
         self._next_resync = 0.0
         self.heartbeat_interval = heartbeat_interval
         self.grace_s = grace_s
@@ -145,12 +91,8 @@ class Agent:
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
-        # which processes hold a GPU (gpu_processes.py): None where it cannot be asked
-        self.gpu_processes = source_for(gpus)
-        self.release_settle_s = RELEASE_SETTLE_S
-        self._busy: dict[str, Finding] = {}  # GPU uuid → process_left finding, until free
-        # GPU uuid → the processes on it when the runner started (not the marketplace's)
-        self.baseline: dict[str, list[GpuProcess]] | None = None
+        # no process may hold a lease's GPUs after its workload (source None: no check)
+        self.guard = ReleaseGuard(self._uuids, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
@@ -174,7 +116,7 @@ class Agent:
         label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
                     or "default")  # the node's uid is unique across marketplace databases
         for runtime in (self.runtime, *self.previous_runtimes):
-            if getattr(runtime, "node", "") is None:  # label containers with the node id
+            if runtime.node is None:  # label containers with the node id
                 runtime.node = label
         return self.node
 
@@ -185,12 +127,12 @@ class Agent:
         if readings is None:
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
-        xids = self.gpus.xid_events() if hasattr(self.gpus, "xid_events") else []
-        note = getattr(self.gpus, "xid_note", None)
+        xids = self.gpus.xid_events()
+        note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
             self._xid_note_logged = True
-        self.findings = evaluate(readings, xids) + self._foreign_findings()
+        self.findings = evaluate(readings, xids) + self.guard.foreign_findings()
         fatal: dict[str, Finding] = {}
         for finding in self.findings:
             if finding.severity != "fatal":
@@ -200,8 +142,8 @@ class Agent:
             fatal.setdefault(finding.uuid, finding)
         for uuid, finding in self._xid_fatal.items():
             fatal.setdefault(uuid, finding)
-        self._recheck_busy()
-        for uuid, finding in self._busy.items():
+        self.guard.recheck_busy()
+        for uuid, finding in self.guard.busy.items():
             fatal.setdefault(uuid, finding)
         for uuid, finding in fatal.items():
             if uuid not in self.fatal:
@@ -209,119 +151,48 @@ class Agent:
         self.fatal = fatal
         sent = [f for f in self.findings if f.severity != "ok"]
         sent += [f for u, f in self._xid_fatal.items() if f not in sent]
-        sent += [f for u, f in self._busy.items() if f not in sent]
+        sent += [f for u, f in self.guard.busy.items() if f not in sent]
         return sent
 
-    # -- GPUs free after a lease -----------------------------------------------------------
+    # -- GPUs free after a lease (gpu_guard.py) -------------------------------------------
+    @property
+    def gpu_processes(self):
+        """The guard's process source (gpu_processes.py); None: no release check."""
+        return self.guard.source
+
+    @gpu_processes.setter
+    def gpu_processes(self, source) -> None:
+        self.guard.source = source
+
+    @property
+    def release_settle_s(self) -> float:
+        """Seconds a GPU may stay held after its workload is removed."""
+        return self.guard.settle_s
+
+    @release_settle_s.setter
+    def release_settle_s(self, seconds: float) -> None:
+        self.guard.settle_s = seconds
+
+    @property
+    def baseline(self) -> dict[str, list[GpuProcess]] | None:
+        """{uuid: processes already there at startup}, None until taken."""
+        return self.guard.baseline
+
     def take_baseline(self) -> None:
-        """Once, at startup (the first heartbeat or reconciliation): record the processes
-        on each GPU as not the marketplace's, and log them. On a live source (NVML) a GPU
-        that a lease workload already holds gets none (its processes are the lease's); a
-        workload whose GPUs are unknown leaves every GPU without a baseline."""
-        if self.baseline is not None:
-            return
-        self.baseline = {}
-        if self.gpu_processes is None:
-            return
-        leased: set[str] = set()
-        unknown = False
-        if getattr(self.gpu_processes, "live", True):
-            for workload in self._describe():
-                gpus = [u for u in (workload.get("gpus") or "").split(",") if u]
-                leased.update(gpus)
-                unknown = unknown or not gpus
-        for uuid, processes in self.gpu_processes(list(self._uuids)).items():
-            if not processes:
-                continue
-            if unknown or uuid in leased:
-                whose = "a lease workload's GPU" if uuid in leased else \
-                    "a lease workload with unrecorded GPUs runs"
-                self.log(f"GPU {uuid}: {describe_all(processes)} at startup ({whose}): not "
-                         "taken as the baseline; checked when the lease ends")
-                continue
-            self.baseline[uuid] = list(processes)
-            self.log(f"GPU {uuid}: {describe_all(processes)} already running at startup: not "
-                     "a marketplace workload; the GPU stays offered (a lease on it shares it) "
-                     "and the release check leaves it alone")
-
-    def _foreign_findings(self) -> list[Finding]:
-        """A `process_foreign` warning per GPU on which a baseline process still runs;
-        baseline processes that exited are dropped from the baseline (logged)."""
-        if not self.baseline or self.gpu_processes is None:
-            return []
-        current = self.gpu_processes(list(self.baseline))
-        found = []
-        for uuid in list(self.baseline):
-            if uuid not in current:  # cannot ask now: judged on a later heartbeat
-                continue
-            now = {p.key: p for p in current[uuid]}
-            still = [now[p.key] for p in self.baseline[uuid] if p.key in now]
-            for gone in (p for p in self.baseline[uuid] if p.key not in now):
-                self.log(f"GPU {uuid}: {gone.describe()} (running at startup) has exited")
-            if still:
-                self.baseline[uuid] = still
-                found.append(Finding(uuid, "process_foreign", "warn",
-                                     f"{describe_all(still)} already running when the runner "
-                                     "started: not a marketplace workload; a lease on this GPU "
-                                     "shares it"))
-            else:
-                del self.baseline[uuid]
-        return found
-
-    def _not_baseline(self, uuid: str, processes: list[GpuProcess]) -> list[GpuProcess]:
-        """`processes` of GPU `uuid` less those of its startup baseline."""
-        known = {p.key for p in (self.baseline or {}).get(uuid, [])}
-        return [p for p in processes if p.key not in known]
-
-    def _held(self, uuids: list[str], settle_s: float = 0.0) -> dict:
-        """{uuid: processes} of the GPUs in `uuids` that some process outside the startup
-        baseline holds; a GPU still held is asked again every 0.5 s for up to `settle_s`
-        seconds. {} when no source."""
-        if self.gpu_processes is None or not uuids:
-            return {}
-        self.take_baseline()
-        deadline = time.monotonic() + settle_s
-        while True:
-            held = {u: p for u, p in ((u, self._not_baseline(u, p)) for u, p in
-                                      self.gpu_processes(list(uuids)).items()) if p}
-            if not held or time.monotonic() >= deadline:
-                return held
-            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-            uuids = list(held)
+        """Once, at startup (the first heartbeat or reconciliation): ReleaseGuard.take_baseline."""
+        self.guard.take_baseline()
 
     def check_released(self, lease_id: int, uuids: list[str]) -> list[Finding]:
-        """After lease `lease_id`'s workload was removed: the GPUs of `uuids` that a
-        process still holds (after release_settle_s seconds of grace) each get a fatal
-        `process_left` finding (evidence: the processes), logged once; no lease starts on
-        them until a heartbeat finds them free, and the next heartbeat goes out at once.
-        Processes of the startup baseline do not count (gpu_processes.py). Returns the new
-        findings."""
-        removed = getattr(self.gpu_processes, "workload_removed", None)
-        if removed is not None:  # --simulate: replayed leftovers appear now
-            removed(list(uuids))
-        found = []
-        for uuid, processes in self._held(uuids, self.release_settle_s).items():
-            finding = Finding(uuid, "process_left", "fatal",
-                              f"{describe_all(processes)} still holds the GPU after lease "
-                              f"{lease_id}'s workload was removed")
-            if uuid not in self._busy:
-                self.log(f"GPU {uuid}: {finding.evidence}; no lease starts on it until it "
-                         "is free")
-            self._busy[uuid] = self.fatal[uuid] = finding
-            found.append(finding)
+        """After lease `lease_id`'s workload was removed: ReleaseGuard.check_released; a GPU
+        still held is fatal (no lease starts on it) and the next heartbeat goes out at
+        once. Returns the new findings."""
+        found = self.guard.check_released(lease_id, uuids)
+        for finding in found:
+            self.fatal[finding.uuid] = finding
         if found:
             self._next_heartbeat = 0.0  # the marketplace takes the GPU out of the asks now
         return found
 
-    def _recheck_busy(self) -> None:
-        """Drop the GPUs no process holds any more from `_busy` (logged)."""
-        if not self._busy:
-            return
-        held = self._held(list(self._busy))
-        for uuid in list(self._busy):
-            if uuid not in held:
-                del self._busy[uuid]
-                self.log(f"GPU {uuid}: no process holds it any more; back in service")
 
     def heartbeat(self) -> None:
         """Evaluate health, POST the readings and non-ok findings now, and learn the
@@ -370,7 +241,7 @@ class Agent:
         complete (then the list is fetched on notices, and every resync_interval). With
         partial notices (hello `"notices": "partial"`, push.py) every tick fetches it too."""
         return (self.push is not None and self.push.connected
-                and not getattr(self.push, "partial", False))
+                and not self.push.partial)
 
     def fetch_due(self) -> bool:
         """Whether this tick fetches the lease list (module docstring)."""
@@ -398,7 +269,7 @@ class Agent:
             self._next_logs = time.monotonic() + self.logs_interval
 
     # -- benchmark -----------------------------------------------------------------------
-    def maybe_benchmark(self, leases: list[dict]) -> bool:
+    def maybe_benchmark(self, leases: list[RunnerLease]) -> bool:
         """Benchmark and report when the schedule says so and the node is idle (no lease
         listed, no workload left). True if it ran. A host without a GPU stack logs why once
         and stops trying; a refused report is logged; an outage propagates (retried)."""
@@ -441,13 +312,12 @@ class Agent:
         self._sent_tails[lease_id] = tail
         return True
 
-    def send_logs(self, leases: list[dict]) -> None:
+    def send_logs(self, leases: list[RunnerLease]) -> None:
         """Send the changed tails of the listed leases that have a workload."""
         handles = self.runtime.list_leases()
         for lease in leases:
-            lease_id = int(lease["id"])
-            if lease_id in handles:
-                self.send_log(lease_id)
+            if lease.id in handles:
+                self.send_log(lease.id)
         for lease_id in list(self._sent_tails):
             if lease_id not in handles:
                 del self._sent_tails[lease_id]
@@ -466,19 +336,19 @@ class Agent:
 
     def _describe(self) -> list[dict]:
         try:
-            return self.runtime.describe() if hasattr(self.runtime, "describe") else []
+            return self.runtime.describe()
         except RuntimeFailure:
             return []
 
-    def reconcile(self, leases: list[dict]) -> None:
+    def reconcile(self, leases: list[RunnerLease]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
         self.take_baseline()  # before anything is stopped or started
-        listed = {int(lease["id"]): lease for lease in leases}
+        listed = {lease.id: lease for lease in leases}
         if self.previous_runtimes:  # first: a lease never runs in two runtimes
             stop_previous(self, listed)
         handles = self.runtime.list_leases()
         for lease_id, lease in listed.items():
-            self._lease_gpus[lease_id] = list(lease.get("gpu_uuids") or [])
+            self._lease_gpus[lease_id] = list(lease.gpu_uuids)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
@@ -497,16 +367,17 @@ class Agent:
                     raise
                 self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
 
-    def _unhealthy(self, lease: dict) -> Finding | None:
+    def _unhealthy(self, lease: RunnerLease) -> Finding | None:
         """The fatal finding of the first leased GPU that has one, else None."""
-        for uuid in lease.get("gpu_uuids") or []:
+        for uuid in lease.gpu_uuids:
             if uuid in self.fatal:
                 return self.fatal[uuid]
         return None
 
-    def _fail_unhealthy(self, lease: dict, handle: str | None, finding: Finding) -> None:
+    def _fail_unhealthy(self, lease: RunnerLease, handle: str | None, finding: Finding
+                        ) -> None:
         """Report the lease `failed` with the finding as cause, then stop its workload."""
-        lease_id, status = int(lease["id"]), lease.get("status")
+        lease_id, status = lease.id, lease.status
         usage = self._usage(lease) if status == "running" else None
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
@@ -515,8 +386,8 @@ class Agent:
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
-    def _reconcile_lease(self, lease: dict, handle: str | None) -> None:
-        lease_id, status = int(lease["id"]), lease.get("status")
+    def _reconcile_lease(self, lease: RunnerLease, handle: str | None) -> None:
+        lease_id, status = lease.id, lease.status
         unhealthy = self._unhealthy(lease)
         if unhealthy is not None and status in ("pending", "starting", "running"):
             self._fail_unhealthy(lease, handle, unhealthy)
@@ -532,7 +403,7 @@ class Agent:
                     self.log(f"lease {lease_id}: failed to start: {exc}")
                     return
                 self.log(f"lease {lease_id}: started container {_short(handle)} "
-                         f"on {_gpus(lease.get('gpu_uuids') or [])}")
+                         f"on {_gpus(lease.gpu_uuids)}")
                 mismatch = self.runtime.verify_gpus(lease)
                 if mismatch is not None:
                     cause = f"GPU check failed: {mismatch}"[:300]
@@ -540,7 +411,7 @@ class Agent:
                     self._stop(lease_id)
                     self.log(f"lease {lease_id}: failed: {cause} (container removed)")
                     return
-                check = getattr(self.runtime, "last_check", "")
+                check = self.runtime.last_check
                 if self.runtime.name == "docker" and " sees " not in check:
                     self.log(f"lease {lease_id}: GPUs not verified from inside: {check}")
             else:
@@ -556,7 +427,7 @@ class Agent:
             self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
             self.log(f"lease {lease_id}: failed: {cause}")
             return
-        ends_at = _parse_time(lease.get("ends_at"))
+        ends_at = _parse_time(lease.ends_at)
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
@@ -578,26 +449,26 @@ class Agent:
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
         self._stop(lease_id)
 
-    def _endpoints(self, lease: dict) -> list[dict] | None:
+    def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
         """Where the buyer reaches the lease's ports (runtime.endpoints), sent with
         `running`; None (not sent) when the lease exposes none or the runtime cannot
         publish. An engine error is logged and leaves the endpoints out."""
-        if not lease.get("ports") or not hasattr(self.runtime, "endpoints"):
+        if not lease.ports:
             return None
         try:
             return self.runtime.endpoints(lease)
         except Exception as exc:  # a Docker hiccup must not keep the lease from running
-            self.log(f"lease {lease['id']}: endpoints not read: {exc.__class__.__name__}")
+            self.log(f"lease {lease.id}: endpoints not read: {exc.__class__.__name__}")
             return None
 
-    def _usage(self, lease: dict) -> int:
+    def _usage(self, lease: RunnerLease) -> int:
         """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if
         the lease never started."""
-        started = _parse_time(lease.get("started_at"))
+        started = _parse_time(lease.started_at)
         if started is None:
             return 0
         end = self._now()
-        ends_at = _parse_time(lease.get("ends_at"))
+        ends_at = _parse_time(lease.ends_at)
         if ends_at is not None:
             end = min(end, ends_at)
         return max(0, int((end - started).total_seconds()))

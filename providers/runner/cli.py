@@ -1,73 +1,21 @@
 """`gpumarket-runner`: register a GPU host with the marketplace and run its leases.
 
-    gpumarket-runner register --url URL --token TOKEN [--simulate FILE] [--state-dir DIR]
-    gpumarket-runner run [--state-dir DIR] [--poll-interval S] [--no-push]
-                         [--heartbeat-interval S] [--logs-interval S] [--network MODE]
-                         [--runtime auto|docker|process [--process-uids FIRST-LAST]]
-                         [--grace S]
-                         [--benchmark-interval S] [--public-host ADDR [--advertise-host NAME]]
-                         [--memory-per-gpu SIZE] [--cpus-per-gpu N] [--pids-limit N]
-                         [--shm-size SIZE]
-                         [--simulate FILE [--replay-xid LOG] [--replay-health JSON]
-                                          [--replay-process-left JSON]]
-    gpumarket-runner inventory [--simulate FILE] [--json]
-    gpumarket-runner status [--state-dir DIR]
-    gpumarket-runner doctor [--state-dir DIR] [--url URL] [--token TOKEN]
-    gpumarket-runner benchmark [--json] [--no-post] [--state-dir DIR] [--url URL] [--token T]
-
-`--replay-xid LOG` feeds the XID lines of a kernel log (as `dmesg` prints them) to the health
-rules on the first heartbeat; `--replay-health JSON` lays readings over the dump's, e.g.
-'{"GPU-…": {"temperature_c": 95, "ecc_uncorrectable": 3}}' (inline or a file);
-`--replay-process-left JSON` makes processes appear on a GPU when the first lease workload on
-it is removed (a leftover: fatal `process_left`), e.g. '{"GPU-…": [{"pid": 4242, "name":
-"python", "used_mib": 1024}]}' (inline or a file; gpu_processes.py). All need --simulate: on
-a real host XIDs come from NVML events, readings and processes from NVML. The processes a
-dump records are the recorded host's baseline, never a leftover (gpu_processes.py).
-
-Environment: GPUMARKET_URL, GPUMARKET_RUNNER_TOKEN, GPUMARKET_RUNNER_STATE_DIR stand in for
---url, --token, --state-dir. `register` saves {url, token, simulate, node} in
-<state dir>/config.json (mode 0600); `run` reads it.
-
-Lease container limits (limits.py; default: the lease's share g/n of the host's memory and
-CPUs for g of the node's n GPUs, 4096 pids, /dev/shm half the memory up to 16 GiB): each
-from the flag, else GPUMARKET_RUNNER_MEMORY_PER_GPU / _CPUS_PER_GPU / _PIDS_LIMIT /
-_SHM_SIZE, else config.json's "limits": {"memory_per_gpu": "64g", "cpus_per_gpu": 12,
-"pids_limit": 4096, "shm_size": "16g"}, else the default.
-
-Runtimes: `auto` (the default) and `docker` run lease workloads as Docker containers and
-exit 1 when no engine answers: local processes are never chosen automatically, with
---simulate or without. `--runtime process` (process_runtime.py) runs them as local
-processes, each as a uid of its own (root only; not root: only with --simulate, and the
-workload can read the token), and says at startup what it does not isolate; it refuses a
-`--token` on the command line (readable by every local process). A restarted runner stops
-the workloads a previous one left in the other runtime (switch.py).
-
-Exit status: 0 ok; 2 no NVIDIA driver (and no --simulate) or a malformed dump, and
-`benchmark` without a GPU; 3 the marketplace refused the runner token (rotated or the node
-deleted: `run` names the `register` command that saves the new one); 1 any other error,
-and `doctor` with a failed check. Errors are one line on stderr.
-
-`run` under a supervisor (systemd): it never exits because the marketplace is unreachable
-or failing (5xx), at startup or later: it says so once and keeps retrying with back-off
-(2 s doubling to 30 s, a reminder every 5 minutes), so a host that boots before the network
-or the marketplace comes up simply waits. SIGTERM or SIGINT, in any state, stops it with a
-line and exit status 0 once the current step is done (a second signal: at once), and never
-stops a lease workload (a restarted runner re-adopts them). Exit 3 (token refused) and 1
-(e.g. the marketplace refused the inventory) need a person: RestartPreventExitStatus=3.
+Commands: register, run, inventory, status, doctor, benchmark (`--help` lists the flags).
+Flags, environment, config.json, container limits and exit statuses: docs/RUNNER.md
+("Commands"); runtimes, signals and running under systemd: docs/RUNNER_PROTOCOL.md
+("Starting and stopping `gpumarket-runner run`"). Errors are one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
 import signal
 import sys
 import threading
-import time
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 
 from . import __version__
@@ -76,30 +24,30 @@ from .agent import Agent, print_line
 from .benchmark import run_benchmark
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
+from .config import (
+    DEFAULT_STATE_DIR,
+    EXIT_ERROR,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    EXIT_UNAUTHORIZED,
+    CliError,
+    load_config,
+    marketplace_from,
+    node_label,
+    require_marketplace,
+    resource_policy,
+    save_config,
+    state_dir_from,
+    token_source,
+)
+from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
-from .limits import ResourcePolicy, parse_size
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
 from .push import PushListener
-from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure, docker_host
+from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure
 from .switch import pick_runtime, previous_runtimes
-
-EXIT_OK, EXIT_ERROR, EXIT_NO_GPU, EXIT_UNAUTHORIZED = 0, 1, 2, 3
-DEFAULT_STATE_DIR = "~/.gpumarket-runner"
-
-
-class CliError(Exception):
-    """A failure to show as one line on stderr; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _state_dir(value: str | None) -> Path:
-    raw = value or os.environ.get("GPUMARKET_RUNNER_STATE_DIR") or DEFAULT_STATE_DIR
-    return Path(raw).expanduser()
 
 
 def load_gpus(simulate: str | None, replay_xid: str | None = None,
@@ -130,30 +78,6 @@ def load_gpus(simulate: str | None, replay_xid: str | None = None,
         ) from None
 
 
-def save_config(state_dir: Path, config: dict) -> Path:
-    """Write config.json readable by the owner only (0600); return its path."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state_dir / "config.json"
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(config, out, indent=2)
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
-    return path
-
-
-def load_config(state_dir: Path) -> dict:
-    """Read config.json; {} when absent. CliError when unreadable."""
-    path = state_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read {path}: {exc}") from None
-
-
 def _cmd_inventory(args) -> int:
     inventory = load_gpus(args.simulate).inventory()
     if args.json:
@@ -168,23 +92,9 @@ def _cmd_inventory(args) -> int:
     return EXIT_OK
 
 
-def _url_and_token(args, config: dict) -> tuple[str, str]:
-    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
-    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
-    if not url or not token:
-        missing = [n for n, v in (("--url", url), ("--token", token)) if not v]
-        them = "them" if len(missing) == 2 else "it"
-        raise CliError(f"missing {' and '.join(missing)}: pass {them} on the command line, set "
-                       "GPUMARKET_URL / GPUMARKET_RUNNER_TOKEN, or run "
-                       "`gpumarket-runner register` first")
-    if not url.startswith(("http://", "https://")):
-        raise CliError(f"invalid --url {url!r}: it must start with http:// or https://")
-    return url, token
-
-
 def _cmd_register(args) -> int:
-    state_dir = _state_dir(args.state_dir)
-    url, token = _url_and_token(args, {})
+    state_dir = state_dir_from(args.state_dir)
+    url, token = require_marketplace(args.url, args.token, {})
     simulate = str(Path(args.simulate).resolve()) if args.simulate else None
     gpus = load_gpus(simulate)
     inventory = gpus.inventory()
@@ -237,55 +147,6 @@ class _NoRuntime:
     node = None
 
 
-MAX_PIDS_LIMIT = 4_194_304  # PID_MAX_LIMIT of 64-bit Linux: more pids cannot exist
-LIMIT_SOURCES = (  # (ResourcePolicy field, --flag / args attribute, environment variable)
-    ("memory_per_gpu", "memory_per_gpu", "GPUMARKET_RUNNER_MEMORY_PER_GPU"),
-    ("cpus_per_gpu", "cpus_per_gpu", "GPUMARKET_RUNNER_CPUS_PER_GPU"),
-    ("pids_limit", "pids_limit", "GPUMARKET_RUNNER_PIDS_LIMIT"),
-    ("shm_size", "shm_size", "GPUMARKET_RUNNER_SHM_SIZE"),
-)
-
-
-def resource_policy(args, config: dict, environ=os.environ) -> ResourcePolicy:
-    """The lease container limits from flags, else environment, else config.json's
-    "limits", else the default rule (limits.py). CliError naming the flag, variable or key
-    of a value that is not a positive size or number."""
-    from_config = config.get("limits") or {}
-    if not isinstance(from_config, dict):
-        raise CliError('config.json: "limits" must be an object')
-    values = {}
-    for field, attr, variable in LIMIT_SOURCES:
-        flag = "--" + attr.replace("_", "-")
-        for source, raw in ((flag, getattr(args, attr, None)), (variable, environ.get(variable)),
-                            (f'config.json "limits.{field}"', from_config.get(field))):
-            if raw is None or raw == "":
-                continue
-            try:
-                if isinstance(raw, bool):  # JSON true/false is not 1/0
-                    raise ValueError(f"{raw!r} is not a number")
-                if field in ("memory_per_gpu", "shm_size"):
-                    values[field] = parse_size(raw)
-                elif field == "cpus_per_gpu":
-                    values[field] = float(raw)
-                    if not math.isfinite(values[field]):
-                        raise ValueError(f"{raw!r} is not a finite number")
-                else:
-                    values[field] = int(raw)
-                    if str(raw).strip() != str(values[field]):
-                        raise ValueError(f"{raw!r} is not a whole number")
-                    if values[field] > MAX_PIDS_LIMIT:
-                        raise ValueError(f"{raw!r} must be at most {MAX_PIDS_LIMIT} (the "
-                                         "kernel's largest pid_max)")
-                if values[field] <= 0:
-                    raise ValueError(f"{raw!r} must be more than 0")
-            except (TypeError, ValueError, OverflowError) as exc:
-                ours = str(exc).startswith(repr(raw))  # not float()'s or int()'s wording
-                reason = str(exc) if ours else f"{raw!r} is not a number"
-                raise CliError(f"{source}: {reason}") from None
-            break
-    return ResourcePolicy(**values)
-
-
 def _uid_range(value: str) -> range:
     """--process-uids FIRST-LAST → range(FIRST, LAST + 1); argparse error otherwise."""
     first, sep, last = value.partition("-")
@@ -300,18 +161,9 @@ def _uid_range(value: str) -> range:
     return range(lo, hi + 1)
 
 
-def _node_label(node: dict) -> str | None:
-    """The `gpumarket.node` container label: the node's uid (unique across marketplace
-    databases), else its id from an older registration."""
-    value = node.get("uid") or node.get("id")
-    return None if value is None else str(value)
-
-
 def _lock_state_dir(state_dir: Path):
     """One `run` per state dir: a second one would start every lease twice. Returns the
     open lock file (held until the process exits); raises CliError when taken."""
-    import fcntl
-
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if state_dir.stat().st_uid == os.geteuid() and state_dir.stat().st_mode & 0o077:
         os.chmod(state_dir, 0o700)  # the token lives here: the runner's user only
@@ -371,13 +223,13 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     if args.advertise_host and not args.public_host:
         raise CliError("--advertise-host needs --public-host (the address ports are "
                        "published on)")
-    state_dir = _state_dir(args.state_dir)
+    state_dir = state_dir_from(args.state_dir)
     lock = _lock_state_dir(state_dir)  # noqa: F841 - held until exit
     config = load_config(state_dir)
-    url, token = _url_and_token(args, config)
+    url, token = require_marketplace(args.url, args.token, config)
     simulate = args.simulate or config.get("simulate")
     gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
-    node = _node_label(config.get("node") or {})
+    node = node_label(config.get("node") or {})
     policy = resource_policy(args, config)
     runtime = pick_runtime(args.runtime, state_dir, node, simulate=bool(simulate),
                            token_on_command_line=bool(args.token), uids=args.process_uids,
@@ -417,8 +269,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
 def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str:
     """What `run` says when the marketplace refuses its token (exit status 3): why that
     happens, and the command that puts the node's current token in place."""
-    source = ("--token" if args.token else "GPUMARKET_RUNNER_TOKEN"
-              if os.environ.get("GPUMARKET_RUNNER_TOKEN") else None)
+    source = token_source(args.token)
     register = (f"gpumarket-runner register --url {url} --token NEW_TOKEN --state-dir "
                 f"{state_dir}" + (f" --simulate {simulate}" if simulate else ""))
     fix = (f"pass the new token in {source} instead" if source else
@@ -428,112 +279,9 @@ def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str
             f"{fix} (restarting with the old token does not help)")
 
 
-CLOCK_MAX_OFFSET_S = 5.0
-
-
-def _check_line(ok: bool | None, name: str, detail: str, fix: str = "") -> str:
-    mark = {True: "PASS", False: "FAIL", None: "SKIP"}[ok]
-    line = f"{mark}  {name}: {detail}"
-    return f"{line} — fix: {fix}" if fix and ok is not True else line
-
-
-def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None, str]]:
-    """Run every check; return (passed: True/False, or None when skipped, line) pairs."""
-    out: list[tuple[bool | None, str]] = []
-
-    def add(ok, name, detail, fix=""):
-        out.append((ok, _check_line(ok, name, detail, fix)))
-
-    try:
-        inventory = NvmlGpus().inventory()
-        add(True, "NVIDIA driver / NVML",
-            f"driver {inventory.driver_version}, CUDA {inventory.cuda_version}, "
-            f"{len(inventory.gpus)} GPU(s)")
-    except (NoDriverError, UnknownGpuProduct) as exc:
-        fix = ("install the NVIDIA datacenter driver for this GPU (e.g. `apt install "
-               "nvidia-driver-550-server`), reboot or `modprobe nvidia`, and check that "
-               "`nvidia-smi` lists the GPUs")
-        if isinstance(exc, UnknownGpuProduct):
-            fix = "this GPU model has no marketplace class; ask the marketplace to add it"
-        add(False, "NVIDIA driver / NVML", str(exc), fix)
-
-    engine = None
-    try:
-        import docker
-
-        engine = docker.from_env(timeout=10)
-        version = engine.version().get("Version", "?")
-        add(True, "Docker Engine", f"version {version} at {docker_host()}")
-    except Exception as exc:  # DockerException, socket errors
-        add(False, "Docker Engine", f"no engine answers at {docker_host()} "
-            f"({exc.__class__.__name__})",
-            "install Docker Engine (docs.docker.com/engine/install), start it "
-            "(`systemctl enable --now docker`) and add this user to the `docker` group")
-        engine = None
-    runtime_fix = ("install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime "
-                   "configure --runtime=docker && sudo systemctl restart docker`")
-    if engine is None:
-        add(False, "NVIDIA container runtime", "cannot ask: no Docker Engine", runtime_fix)
-    else:
-        try:
-            runtimes = sorted((engine.info().get("Runtimes") or {}).keys())
-            if "nvidia" in runtimes:
-                add(True, "NVIDIA container runtime", "Docker lists the `nvidia` runtime")
-            else:
-                add(False, "NVIDIA container runtime",
-                    f"Docker's runtimes are {', '.join(runtimes) or 'none'}, no `nvidia`",
-                    runtime_fix)
-        except Exception as exc:
-            add(False, "NVIDIA container runtime", f"`docker info` failed: {exc}", runtime_fix)
-        finally:
-            engine.close()
-
-    if not url or not token:
-        why = "no marketplace configured (run `gpumarket-runner register` or pass --url/--token)"
-        add(None, "marketplace connectivity and token", why)
-        add(None, "clock offset", why)
-        return out
-    client = MarketplaceClient(url, token, timeout=10)
-    try:
-        before = time.time()
-        client.leases()
-        after = time.time()
-        add(True, "marketplace connectivity and token", f"{url} answers and accepts the token")
-    except Unauthorized:
-        add(False, "marketplace connectivity and token", f"{url} refused the runner token (401)",
-            "re-register the node: its token may have been rotated; take the current one "
-            "from the provider portal (or rotate it: POST /api/v1/nodes/<id>/rotate-token/) "
-            "and run `gpumarket-runner register --url URL --token NEW_TOKEN`")
-        after = time.time()
-        before = None
-    except MarketplaceError as exc:
-        add(False, "marketplace connectivity and token", str(exc),
-            "check the URL, DNS, proxy and firewall (outbound HTTPS to the marketplace)")
-        before = after = None
-    finally:
-        client.close()
-    date = client.last_date
-    if date is None or after is None:
-        add(None, "clock offset", "the marketplace gave no Date header to compare with")
-        return out
-    server = parsedate_to_datetime(date).astimezone(UTC).timestamp()
-    local = ((before if before is not None else after) + after) / 2
-    offset = server - local
-    # The Date header has 1 s resolution: an offset under a second cannot be seen.
-    if abs(offset) <= CLOCK_MAX_OFFSET_S:
-        add(True, "clock offset", f"{offset:+.1f} s against the marketplace (limit "
-            f"±{CLOCK_MAX_OFFSET_S:g} s)")
-    else:
-        add(False, "clock offset", f"{offset:+.1f} s against the marketplace (limit "
-            f"±{CLOCK_MAX_OFFSET_S:g} s)",
-            "enable time synchronisation (`timedatectl set-ntp true`, or chrony/ntpd)")
-    return out
-
-
 def _cmd_doctor(args) -> int:
-    config = load_config(_state_dir(args.state_dir))
-    url = args.url or os.environ.get("GPUMARKET_URL") or config.get("url")
-    token = args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    config = load_config(state_dir_from(args.state_dir))
+    url, token = marketplace_from(args.url, args.token, config)
     results = doctor_checks(url, token)
     for _ok, line in results:
         print(line, flush=True)
@@ -543,19 +291,19 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    state_dir = _state_dir(args.state_dir)
+    state_dir = state_dir_from(args.state_dir)
     exists = state_dir.is_dir()
     config = load_config(state_dir) if exists else {}
     node = config.get("node") or {}
-    token = os.environ.get("GPUMARKET_RUNNER_TOKEN") or config.get("token")
+    url, token = marketplace_from(None, None, config)  # `status` has no --url/--token
     print(f"state dir:   {state_dir}" + ("" if exists else " (does not exist)"))
-    print(f"marketplace: {os.environ.get('GPUMARKET_URL') or config.get('url') or 'not set'}")
+    print(f"marketplace: {url or 'not set'}")
     print(f"token:       {'set (not shown)' if token else 'not set'}")
     print(f"node:        {node.get('name') or '?'} (id {node.get('id') or '?'})"
           if node else "node:        not registered")
     simulated = config.get("simulate")
     print(f"GPUs:        {'simulated from ' + simulated if simulated else 'NVML'}")
-    for line in _status_leases(state_dir, exists, _node_label(node)):
+    for line in _status_leases(state_dir, exists, node_label(node)):
         print(line)
     return EXIT_OK
 
@@ -609,12 +357,11 @@ def _cmd_benchmark(args) -> int:
             print(line)
     if not result.ran:
         return EXIT_NO_GPU
-    config = load_config(_state_dir(args.state_dir))
-    if args.no_post or not ((args.url or os.environ.get("GPUMARKET_URL") or config.get("url"))
-                            and (args.token or os.environ.get("GPUMARKET_RUNNER_TOKEN")
-                                 or config.get("token"))):
+    config = load_config(state_dir_from(args.state_dir))
+    url, token = marketplace_from(args.url, args.token, config)
+    if args.no_post or not (url and token):
         return EXIT_OK
-    url, token = _url_and_token(args, config)
+    url, token = require_marketplace(url, token, config)
     simulate = config.get("simulate")
     uuids = None if simulate else [g.uuid for g in load_gpus(None).inventory().gpus]
     client = MarketplaceClient(url, token)

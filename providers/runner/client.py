@@ -13,6 +13,7 @@ from __future__ import annotations
 import httpx
 
 from . import __version__
+from .lease import RunnerLease
 
 
 class MarketplaceError(RuntimeError):
@@ -111,13 +112,15 @@ class MarketplaceClient:
             body["findings"] = findings
         return self._call("POST", "/api/v1/runner/heartbeat/", body)
 
-    def leases(self) -> list[dict]:
-        """GET /api/v1/runner/leases/ → the node's pending/starting/running leases."""
+    def leases(self) -> list[RunnerLease]:
+        """GET /api/v1/runner/leases/ → the node's pending/starting/running leases, each
+        parsed once (RunnerLease.parse: KeyError/ValueError for an item without a usable
+        id, as the runner always failed on one)."""
         data = self._call("GET", "/api/v1/runner/leases/")
         leases = data.get("leases")
         if not isinstance(leases, list):
             raise MarketplaceError(200, "GET /api/v1/runner/leases/ answered without 'leases'")
-        return leases
+        return [RunnerLease.parse(item) for item in leases]
 
     def post_event(self, lease_id: int, status: str, **fields) -> dict:
         """POST /api/v1/runner/leases/<id>/events/ with status and any of container_id,

@@ -1,48 +1,10 @@
 """Which processes hold a GPU: the check after a lease's container is removed.
 
-A workload that outlives its container (a process that escaped the container's cgroup, a
-hung CUDA context the driver has not torn down, or a host process someone started on a
-leased GPU) would share the GPU with the next buyer. So after the runner stops and removes
-a lease's workload it asks, per leased GPU UUID, which processes still hold it (agent.py,
-`check_released`).
-
-The rule (agent.py applies it):
-- Baseline. When the runner starts (its first heartbeat or reconciliation), it records the
-  processes on each GPU by (pid, name): they were there before this runner ran any lease,
-  so they are not the marketplace's (the provider's own job, a display server, a monitoring
-  agent; with `--simulate`, the processes the recorded host ran). Each is logged once at
-  startup and, while it runs, sent with every heartbeat as a `warn` finding
-  `process_foreign` ("pid … already running when the runner started: not a marketplace
-  workload; a lease on this GPU shares it"). The GPU stays offered: health already treats
-  "works, but shared or slowed" as a warning (utilization is reported, never judged;
-  power brake, PCIe link and thermal slowdown are warnings), the provider registered the
-  GPU knowingly, and the runner cannot tell a permanent system process from a job. It is a
-  heartbeat finding, not part of the inventory: processes come and go, so it is judged on
-  every heartbeat from the first one (right after the inventory is sent). A
-  baseline process that exits is dropped from the baseline (a later process with the same
-  pid and name counts as new). Exception: on a live source (NVML), a GPU that a lease
-  workload already holds at startup (a restarted runner re-adopting it) gets an empty
-  baseline, since its processes are that lease's; a workload whose GPUs are unknown empties
-  the baseline of every GPU. The dump's recorded processes are never a workload's.
-- After a lease. Once the workload is removed, a process on one of its GPUs that is not in
-  the baseline is left behind: after RELEASE_SETTLE_S of grace the GPU gets a fatal
-  `process_left` finding, sent at once and on every heartbeat, and no lease starts on it
-  until no such process holds it. Baseline processes never count. (A process started on
-  an idle GPU while the runner runs is judged when a lease on that GPU ends.)
-- Replay (`--simulate` only): `--replay-process-left JSON` names processes that appear on a
-  GPU when the first lease workload on it is removed, e.g. '{"GPU-…": [{"pid": 4242,
-  "name": "/opt/conda/bin/python", "type": "C", "used_mib": 1024}]}' (inline or a file);
-  they stay until the runner restarts, like a replayed XID. Tests may also change the
-  table with `DumpProcesses.set`.
-
-Sources, one interface — `__call__(uuids) -> {uuid: [GpuProcess, …]}` (a GPU absent from
-the answer could not be asked and is not judged) and `live` (whether lease workloads'
-processes show up in it):
-- NvmlProcesses: NVML's nvmlDeviceGetComputeRunningProcesses and
-  nvmlDeviceGetGraphicsRunningProcesses for the handle of each UUID (GPU or MIG device),
-  names from nvmlSystemGetProcessName;
-- DumpProcesses (`--simulate`): the "Processes" section of each GPU in the recorded
-  `nvidia-smi -q` report ("Processes : None" when none), plus the replayed leftovers.
+Sources with one interface, `__call__(uuids) -> {uuid: [GpuProcess, …]}` (a GPU absent
+from the answer could not be asked) and `live`: NvmlProcesses (NVML's compute and graphics
+processes) and DumpProcesses (`--simulate`: the dump's "Processes" sections plus the
+replayed leftovers of `--replay-process-left`). The baseline and leftover rule (gpu_guard.py
+applies it): docs/RUNNER.md, "GPUs free after a lease".
 """
 
 from __future__ import annotations
@@ -50,8 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
-from .nvml import ReplayError
+from .nvml import DumpGpus, NvmlGpus, ReplayError
 from .nvsmi import _GPU_HEADER, _parse_tree, read_text
 
 KINDS = ("C", "G", "C+G")
@@ -82,6 +45,17 @@ class GpuProcess:
         short = self.name if len(self.name) <= NAME_MAX else self.name[:NAME_MAX - 1] + "…"
         name = f" {short}" if short else ""
         return f"pid {self.pid}{name} ({what}{memory})"
+
+
+@runtime_checkable
+class ProcessSource(Protocol):
+    """Which processes hold which GPU (NvmlProcesses, DumpProcesses): `source(uuids)` →
+    {uuid: processes}, a GPU absent from the answer could not be asked; live: whether lease
+    workloads' processes show up in it (NVML yes, a dump no)."""
+
+    live: bool
+
+    def __call__(self, uuids: list[str]) -> dict[str, list[GpuProcess]]: ...
 
 
 def describe_all(processes: list[GpuProcess], limit: int = 3) -> str:
@@ -236,7 +210,8 @@ def source_for(gpus) -> DumpProcesses | NvmlProcesses | None:
     """The process source matching a GPU source: DumpProcesses for nvml.DumpGpus (its
     `path` and `replay_process_left`), NvmlProcesses for nvml.NvmlGpus (its pynvml module);
     None for anything else."""
-    if getattr(gpus, "simulate", False) and getattr(gpus, "path", None) is not None:
-        return DumpProcesses(gpus.path, getattr(gpus, "replay_process_left", None))
-    nv = getattr(gpus, "_nvml", None)
-    return NvmlProcesses(nv) if nv is not None else None
+    if isinstance(gpus, DumpGpus):
+        return DumpProcesses(gpus.path, gpus.replay_process_left)
+    if isinstance(gpus, NvmlGpus):
+        return NvmlProcesses(gpus._nvml)
+    return None

@@ -1,7 +1,7 @@
 """GPU inventory and health, read through NVML (pynvml) or, when simulating, from a dump.
 
-Two sources with one interface (`inventory()`, `sample_health(uuids)`, `xid_events()`,
-`source`, `simulate`):
+Two sources with one interface (GpuSource: `inventory()`, `sample_health(uuids)`,
+`xid_events()`, `xid_note`, `source`, `simulate`):
 - NvmlGpus: the real driver, via the NVIDIA Management Library (package nvidia-ml-py).
 - DumpGpus: a recorded `nvidia-smi -q` report (`--simulate FILE`), for hosts without a GPU.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from .catalog import gpu_class_for
 from .nvsmi import GpuInfo, Inventory, health_from_text, parse_text, read_text
@@ -24,6 +25,21 @@ READING_KEYS = (
     "remapping_failure", "hw_thermal_slowdown", "hw_power_brake", "pcie_gen_current",
     "pcie_gen_max", "pcie_width_current", "pcie_width_max", "lost", "lost_reason",
 )
+
+
+@runtime_checkable
+class GpuSource(Protocol):
+    """The host's GPUs as the agent reads them (NvmlGpus, DumpGpus). simulate: read from a
+    dump; source: the inventory's `source` field; xid_note: why XIDs are not watched (for
+    the log, once), None while they are."""
+
+    simulate: bool
+    source: str
+    xid_note: str | None
+
+    def inventory(self) -> Inventory: ...
+    def sample_health(self, uuids: list[str]) -> list[dict]: ...
+    def xid_events(self) -> list[XidEvent]: ...
 
 
 class NoDriverError(RuntimeError):
@@ -273,12 +289,3 @@ class DumpGpus:
         events, self._pending_xids = self._pending_xids, []
         return events
 
-
-def read_inventory() -> Inventory:
-    """The host's inventory through NVML (raises NoDriverError without a driver)."""
-    return NvmlGpus().inventory()
-
-
-def sample_health(uuids: list[str]) -> list[dict]:
-    """Health of `uuids` through NVML (see NvmlGpus.sample_health)."""
-    return NvmlGpus().sample_health(uuids)

@@ -41,8 +41,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from .lease import RunnerLease
 from .runtime_common import RuntimeFailure, lease_env
 
 DEFAULT_UIDS = range(60100, 61100)  # Debian's 60000-64999: never a regular or system user
@@ -201,14 +203,15 @@ class ProcessRuntime:
         return home
 
     # -- the interface (runtime.py) --------------------------------------------------------
-    def start(self, lease: dict) -> str:
+    def start(self, lease: RunnerLease | Mapping) -> str:
         """Start the lease's command (a new session); return "pid-<pid>" (the wrapper's
         pid). Idempotent per lease id. RuntimeFailure if it cannot run."""
-        lease_id = int(lease["id"])
+        lease = RunnerLease.of(lease)
+        lease_id = lease.id
         entries = self._load()
         if lease_id in entries:
             return f"pid-{entries[lease_id]['pid']}"
-        command = [str(c) for c in (lease.get("command") or [])]
+        command = [str(c) for c in (lease.command or [])]
         if not command:
             raise RuntimeFailure("the process runtime needs a command (it cannot run an image)")
         uid = self._free_uid(lease_id, entries) if self.isolated else None
@@ -320,8 +323,12 @@ class ProcessRuntime:
         kept = raw.decode("utf-8", "replace").splitlines(keepends=True)[-max(1, int(lines)):]
         return "".join(kept)
 
-    def verify_gpus(self, lease: dict) -> str | None:
+    def verify_gpus(self, lease: RunnerLease | Mapping) -> str | None:
         """Processes are not isolated: nothing to check from inside."""
+        return None
+
+    def endpoints(self, lease: RunnerLease | Mapping) -> None:
+        """None: a process binds where it binds; nothing is published (nor reported)."""
         return None
 
     def exit_status(self, lease_id: int) -> int | None:

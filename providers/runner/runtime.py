@@ -12,18 +12,20 @@ Both runtimes share one interface, keyed by the marketplace's lease id (int):
 - verify_gpus(lease) -> None if the workload sees exactly the leased GPUs (or the check
   cannot tell), else the evidence of a mismatch (Docker only; processes are not isolated);
 - endpoints(lease) -> [{container_port, host, host_port}] where the buyer reaches the
-  lease's `ports` (Docker only, with a public host; the process runtime has no such
-  method: a process binds where it binds and is not published).
+  lease's `ports` (Docker, with a public host); None from the process runtime: a process
+  binds where it binds and is not published.
 
-`lease` is a dict as in GET /api/v1/runner/leases/: id, image, command (list of str),
-gpu_uuids, env (str → str), ports (list of int, may be absent).
+`lease` is a lease.RunnerLease, or its wire form as in GET /api/v1/runner/leases/ (parsed
+by RunnerLease.of); the interface is runtime_common.Runtime.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
+from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
 from .runtime_common import RuntimeFailure, lease_env
@@ -119,32 +121,38 @@ class DockerRuntime:
         safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in self.node)
         return f"gpumarket-{safe}-lease-{lease_id}"
 
-    def start(self, lease: dict) -> str:
+    def start(self, lease: RunnerLease | Mapping) -> str:
         """Start the lease's container (detached, init, labelled) and return its id.
 
         If a container labelled for this lease exists (even stopped), return its id
-        instead. Raises RuntimeFailure when the engine refuses (image missing, bad command).
+        instead. Raises RuntimeFailure when the engine refuses (image missing, bad command)
+        or the lease names no image (or, with real GPUs, no GPU).
         """
-        lease_id = int(lease["id"])
+        lease = RunnerLease.of(lease)
+        lease_id = lease.id
         existing = self._containers(lease_id)
         if existing:
             return existing[0].id
         kwargs = {}
-        bindings = port_bindings(lease.get("ports"), self.public_host, self.network_mode)
+        if lease.image is None:
+            raise RuntimeFailure("the lease names no image")
+        if not lease.gpu_uuids and not self.simulate:  # never a container of unknown GPUs
+            raise RuntimeFailure("the lease names no GPU")
+        bindings = port_bindings(lease.ports, self.public_host, self.network_mode)
         if bindings:
             kwargs["ports"] = bindings
         if not self.simulate:
             kwargs["device_requests"] = [
                 self._docker.types.DeviceRequest(
-                    driver="nvidia", device_ids=list(lease["gpu_uuids"]),
+                    driver="nvidia", device_ids=list(lease.gpu_uuids),
                     capabilities=[["gpu"]],
                 )
             ]
         kwargs.update(self.resource_limits(lease).docker_kwargs())
         try:
             container = self.client.containers.run(
-                lease["image"],
-                command=lease.get("command") or None,
+                lease.image,
+                command=lease.command or None,
                 environment=lease_env(lease),
                 labels={LEASE_LABEL: str(lease_id), NODE_LABEL: self.node},
                 name=self._container_name(lease_id),
@@ -158,24 +166,25 @@ class DockerRuntime:
                 existing = self._containers(lease_id)
                 if existing:
                     return existing[0].id
-            raise RuntimeFailure(f"Docker refused to start {lease['image']}: "
+            raise RuntimeFailure(f"Docker refused to start {lease.image}: "
                                  f"{exc.explanation or exc}") from None
         except self._docker.errors.DockerException as exc:
-            raise RuntimeFailure(f"Docker failed to start {lease['image']}: {exc}") from None
+            raise RuntimeFailure(f"Docker failed to start {lease.image}: {exc}") from None
         return container.id
 
-    def endpoints(self, lease: dict) -> list[dict]:
+    def endpoints(self, lease: RunnerLease | Mapping) -> list[dict]:
         """Where buyers reach the lease's `ports`: [{container_port, host, host_port}]
         (endpoints_from_ports) as the engine published them; with network mode "host", the
         container ports themselves on the advertised host. [] when nothing is published (no
         public host, no ports, network "none", or the engine bound none)."""
-        ports = lease.get("ports") or []
+        lease = RunnerLease.of(lease)
+        ports = lease.ports
         if not ports or not self.advertise_host or self.network_mode == "none":
             return []
         if self.network_mode == "host":
             return [{"container_port": int(p), "host": self.advertise_host,
                      "host_port": int(p)} for p in sorted(set(ports))]
-        found = self._containers(int(lease["id"]))
+        found = self._containers(lease.id)
         if not found:
             return []
         network = found[0].attrs.get("NetworkSettings") or {}
@@ -195,11 +204,11 @@ class DockerRuntime:
             self._host = (memory, cpus)
         return self._host
 
-    def resource_limits(self, lease: dict) -> Limits:
+    def resource_limits(self, lease: RunnerLease | Mapping) -> Limits:
         """The container limits of `lease`: `policy.limits` for its GPU count on a node of
         `node_gpus` GPUs and this engine's memory and CPUs (limits.py states the rule)."""
         memory, cpus = self.host_resources()
-        return self.policy.limits(len(lease.get("gpu_uuids") or []) or 1, self.node_gpus,
+        return self.policy.limits(len(RunnerLease.of(lease).gpu_uuids) or 1, self.node_gpus,
                                   memory, cpus)
 
     def stop(self, lease_id: int, grace_s: float = 10) -> None:
@@ -262,7 +271,7 @@ class DockerRuntime:
             raise RuntimeFailure(f"cannot read the logs of lease {lease_id}: {exc}") from None
         return raw.decode("utf-8", "replace")
 
-    def verify_gpus(self, lease: dict) -> str | None:
+    def verify_gpus(self, lease: RunnerLease | Mapping) -> str | None:
         """Check from inside the running container that it sees exactly the leased GPUs.
 
         Real GPUs: `nvidia-smi -L` in the container (the NVIDIA container toolkit mounts
@@ -272,9 +281,10 @@ class DockerRuntime:
         exited, or lacks the tool; `last_check` then says why, for the log); otherwise the
         evidence, e.g. "container sees GPU-a,GPU-b; leased GPU-a (`nvidia-smi -L`)".
         """
-        leased = sorted(lease.get("gpu_uuids") or [])
+        lease = RunnerLease.of(lease)
+        leased = sorted(lease.gpu_uuids)
         self.last_check = "not run"
-        found = self._containers(int(lease["id"]))
+        found = self._containers(lease.id)
         if not found:
             return None
         command = ["env"] if self.simulate else ["nvidia-smi", "-L"]

@@ -1,14 +1,40 @@
-"""What both lease runtimes (runtime.DockerRuntime, process_runtime.ProcessRuntime) share."""
+"""What both lease runtimes (runtime.DockerRuntime, process_runtime.ProcessRuntime) share:
+the Runtime interface the agent drives, RuntimeFailure, and the workload's environment.
+runtime.py's docstring says what each method does in each runtime."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from .lease import RunnerLease
 
 
 class RuntimeFailure(RuntimeError):
     """A workload could not be started or inspected; the message says why."""
 
 
-def lease_env(lease: dict) -> dict[str, str]:
+@runtime_checkable
+class Runtime(Protocol):
+    """Where lease workloads run, keyed by the marketplace's lease id. A method taking a
+    lease accepts a RunnerLease or its wire form (RunnerLease.of)."""
+
+    name: str  # "docker" | "process": the heartbeat's `runtime`
+    node: str | None  # the node label of workloads; None until Agent.announce sets it
+    last_check: str  # what the last verify_gpus saw, for the log
+
+    def start(self, lease: RunnerLease | Mapping) -> str: ...
+    def stop(self, lease_id: int, grace_s: float = 10) -> None: ...
+    def list_leases(self) -> dict[int, str]: ...
+    def describe(self) -> list[dict]: ...
+    def exit_status(self, lease_id: int) -> int | None: ...
+    def logs(self, lease_id: int, lines: int = 200) -> str: ...
+    def verify_gpus(self, lease: RunnerLease | Mapping) -> str | None: ...
+    def endpoints(self, lease: RunnerLease | Mapping) -> list[dict] | None: ...
+
+
+def lease_env(lease: RunnerLease) -> dict[str, str]:
     """The lease's env plus NVIDIA_VISIBLE_DEVICES = comma-joined leased GPU UUIDs."""
-    env = {str(k): str(v) for k, v in (lease.get("env") or {}).items()}
-    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.get("gpu_uuids") or [])
+    env = {str(k): str(v) for k, v in lease.env.items()}
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.gpu_uuids)
     return env

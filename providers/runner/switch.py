@@ -24,6 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .client import MarketplaceError, Unauthorized
+from .lease import RunnerLease
+from .logtail import LOG_LINES, trim_tail
 from .runtime import DockerRuntime, ProcessRuntime
 from .runtime_common import RuntimeFailure
 
@@ -83,13 +85,11 @@ def _handle(handle: str) -> str:
     return handle if handle.startswith("pid-") else handle[:12]
 
 
-def stop_previous(agent, listed: dict[int, dict]) -> None:
+def stop_previous(agent, listed: dict[int, RunnerLease]) -> None:
     """Stop the workloads of `agent.previous_runtimes` (a list of runtimes, emptied once
     each is done) against `listed` ({lease id: lease} from GET /leases/). A runtime that
     cannot be read now is tried again on the next reconciliation; marketplace outages and
     401 propagate (the loop retries or exits)."""
-    from .agent import LOG_LINES, trim_tail  # agent.py imports this module
-
     for old in list(agent.previous_runtimes):
         try:
             handles = old.list_leases()
@@ -102,7 +102,7 @@ def stop_previous(agent, listed: dict[int, dict]) -> None:
                          if w["lease"] == lease_id and w.get("gpus")), [])
             what = f"{old.name} workload {_handle(handle)}"
             reported = ""
-            if lease is not None and lease.get("status") == "running":
+            if lease is not None and lease.status == "running":
                 try:
                     agent.client.post_logs(lease_id, trim_tail(old.logs(lease_id, LOG_LINES)))
                 except (MarketplaceError, RuntimeFailure) as exc:

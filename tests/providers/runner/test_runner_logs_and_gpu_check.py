@@ -3,10 +3,13 @@ real local processes and the stand-in marketplace."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from providers.runner.agent import LOG_MAX_BYTES, Agent, trim_tail
+from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
+from providers.runner.logtail import LOG_MAX_BYTES, trim_tail
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime, ProcessRuntime
 
@@ -163,7 +166,7 @@ def test_agent_fails_a_lease_whose_container_sees_other_gpus(agent_for, marketpl
                                                             test_image):
     class WrongGpus(DockerRuntime):
         def start(self, lease):  # a broken device mapping: one GPU too many
-            return super().start({**lease, "gpu_uuids": [*lease["gpu_uuids"], OTHER]})
+            return super().start(replace(lease, gpu_uuids=[*lease.gpu_uuids, OTHER]))
 
     agent, lines = agent_for(WrongGpus)
     marketplace.add_lease(62, [UUIDS[0]], image=test_image, command=["sleep", "30"])

@@ -1,0 +1,57 @@
+"""A lease as the runner sees it: one item of GET /api/v1/runner/leases/, parsed once.
+
+The client (client.py) parses each item into a RunnerLease; the agent and the runtimes
+read its attributes. Fields as docs/RUNNER_PROTOCOL.md lists them; unknown fields are
+ignored (the protocol is additive), a missing one takes the value the runner always
+assumed for it (below). Only `id` is required.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RunnerLease:
+    """id: the marketplace's lease id; status: "pending" | "starting" | "running" (None if
+    absent); image: the container image (None if absent: the Docker runtime refuses it);
+    command: argv (None: the image's own); gpu_uuids: the leased GPUs (NVML UUIDs); env:
+    str → str for the workload; duration_seconds; started_at, ends_at, preempt_at: ISO 8601
+    strings as sent, or None; ports: container TCP ports to publish."""
+
+    id: int
+    status: str | None = None
+    image: str | None = None
+    command: list[str] | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    duration_seconds: int | None = None
+    started_at: str | None = None
+    ends_at: str | None = None
+    preempt_at: str | None = None
+    ports: list[int] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, item: Mapping) -> RunnerLease:
+        """One list item (a JSON object) → RunnerLease. KeyError without `id`; ValueError
+        or TypeError when `id` is not a whole number."""
+        return cls(
+            id=int(item["id"]),
+            status=item.get("status"),
+            image=item.get("image"),
+            command=item.get("command"),
+            gpu_uuids=list(item.get("gpu_uuids") or []),
+            env=dict(item.get("env") or {}),
+            duration_seconds=item.get("duration_seconds"),
+            started_at=item.get("started_at"),
+            ends_at=item.get("ends_at"),
+            preempt_at=item.get("preempt_at"),
+            ports=list(item.get("ports") or []),
+        )
+
+    @classmethod
+    def of(cls, lease: RunnerLease | Mapping) -> RunnerLease:
+        """`lease` itself, or a list item as the marketplace sends it, parsed (callers that
+        hold the wire form: tests, the marketplace's own runner_lease)."""
+        return lease if isinstance(lease, RunnerLease) else cls.parse(lease)
