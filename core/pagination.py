@@ -10,6 +10,7 @@ from rest_framework.pagination import LimitOffsetPagination
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
+MAX_OFFSET = 10**18 - 1  # what 18 digits hold; beyond any list
 _DIGITS = re.compile(r"[0-9]{1,18}")
 
 
@@ -25,7 +26,7 @@ def _query_whole(request, name: str, *, low: int, high: int | None, says: str) -
 
 class Pagination(LimitOffsetPagination):
     """The one pagination of every API list: `{count, next, previous, results}`,
-    `?limit=` (1 to MAX_LIMIT, default DEFAULT_LIMIT) and `?offset=` (0 or more). A limit
+    `?limit=` (1 to MAX_LIMIT, default DEFAULT_LIMIT) and `?offset=` (0 to MAX_OFFSET). A limit
     or offset that is not such a whole number is a 400 naming the parameter (DRF's
     LimitOffsetPagination would silently use its default instead)."""
 
@@ -36,8 +37,8 @@ class Pagination(LimitOffsetPagination):
         # both checked before anything is read
         self._limit = _query_whole(request, self.limit_query_param, low=1, high=MAX_LIMIT,
                                    says=f"must be a whole number from 1 to {MAX_LIMIT}")
-        self._offset = _query_whole(request, self.offset_query_param, low=0, high=None,
-                                    says="must be a whole number, 0 or more")
+        self._offset = _query_whole(request, self.offset_query_param, low=0, high=MAX_OFFSET,
+                                    says=f"must be a whole number from 0 to {MAX_OFFSET}")
         return super().paginate_queryset(queryset, request, view)
 
     def get_limit(self, request):
@@ -54,8 +55,9 @@ class Pagination(LimitOffsetPagination):
                 p["description"] = (f"how many results, 1 to {MAX_LIMIT} (default "
                                     f"{DEFAULT_LIMIT}); anything else is a 400")
             elif p["name"] == self.offset_query_param:
-                p["schema"].update(minimum=0, default=0)
-                p["description"] = "how many results to skip, 0 or more; anything else is a 400"
+                p["schema"].update(minimum=0, maximum=MAX_OFFSET, default=0)
+                p["description"] = (f"how many results to skip, 0 to {MAX_OFFSET}; anything "
+                                    "else is a 400")
         return parameters
 
 

@@ -312,7 +312,7 @@ class AuctionSerializer(serializers.ModelSerializer):
 
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     reserve_price = UsdField()
-    clearing_price = UsdField(positive=False)
+    clearing_price = UsdField(positive=False, allow_null=True)  # null until it closes
     bid_count = serializers.SerializerMethodField()
     seconds_left = serializers.SerializerMethodField()
     awards = serializers.SerializerMethodField()
