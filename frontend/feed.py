@@ -145,10 +145,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
+from core.after_commit import is_local as _is_local
+from core.after_commit import namespace
 from frontend.feed_seq import DEPTH_COVERED, DEPTH_WAIT, counter, current
 from frontend.feed_seq import current_seq as current_seq  # re-exported
-from providers.channels import is_local as _is_local
-from providers.channels import namespace
 
 log = logging.getLogger("gpumarket.feed")
 

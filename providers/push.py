@@ -43,8 +43,8 @@ from collections import defaultdict
 
 from django.conf import settings
 
-from providers.channels import is_local as _is_local
-from providers.channels import namespace
+from core.after_commit import is_local as _is_local
+from core.after_commit import namespace
 
 log = logging.getLogger("gpumarket.runner_push")
 
