@@ -128,12 +128,9 @@ backlog and gets `resync_required`; nothing more is sent to it until it resyncs.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import json
 import logging
-import queue
-import threading
 import time
 import weakref
 from collections import defaultdict
@@ -143,10 +140,12 @@ from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
+from core import after_commit
+from core.after_commit import AfterCommitThread, PerProcess, group_send_all, namespace
 from core.after_commit import is_local as _is_local
-from core.after_commit import namespace
 from frontend.feed_seq import DEPTH_COVERED, DEPTH_WAIT, counter, current
 from frontend.feed_seq import current_seq as current_seq  # re-exported
 
@@ -422,7 +421,7 @@ def _setting(name: str, default: float) -> float:
     return getattr(settings, name, default)
 
 
-class Publisher:
+class Publisher(AfterCommitThread[Batch]):
     """One daemon thread per process that turns committed batches into feed messages.
 
     The request (or task) thread only appends the batch to a queue in `on_commit`; the
@@ -438,11 +437,7 @@ class Publisher:
     IDLE_CLOSE_S = 1.0  # close this thread's database connection after this idle time
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
-        self._cond = threading.Condition()
-        self._unfinished = 0
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        super().__init__("feed-publisher")
         # market pk → (due, committed_at of the earliest change, its last change's number)
         self._dirty: dict[int, tuple[float, float, int]] = {}
         self.depth_covered = 0  # depths left to another process's publication
@@ -452,33 +447,13 @@ class Publisher:
         self._retained: Batch | None = None  # a batch kept while Redis does not answer
         self._failures = 0  # rounds failed in a row on Redis
 
-    # -- producer side
-    def submit(self, b: Batch) -> None:
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="feed-publisher",
-                                                daemon=True)
-                self._thread.start()
-            self._unfinished += 1
-        self._queue.put(b)
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted batch is published, coalesced depth included (while
-        Redis does not answer, batches are kept: False after `timeout`)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._unfinished or self._dirty or self._retained is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-        return True
+    def busy(self) -> bool:
+        """`flush` waits for every submitted batch, coalesced depth included (while Redis
+        does not answer, batches are kept: flush returns False after its timeout)."""
+        return bool(self._unfinished or self._dirty or self._retained is not None)
 
     # -- the thread
-    def _run(self) -> None:
-        from django.db import connections
-
-        self._loop = asyncio.new_event_loop()
+    def run(self) -> None:
         idle_since: float | None = None
         while True:
             now = time.monotonic()
@@ -486,26 +461,13 @@ class Publisher:
             timeout = self.IDLE_CLOSE_S if wait is None else max(0.0, wait - now)
             if self._retained is not None:
                 timeout = min(timeout, self._retry_delay())
-            try:
-                first = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                first = None
-            taken = 0
+            taken = self.take(timeout)
             merged: Batch | None = self._retained
-            if first is not None:
-                taken = 1
+            for b in taken:
                 if merged is None:
-                    merged = first
+                    merged = b
                 else:
-                    merged.merge(first)
-                while taken < 500:
-                    try:
-                        nxt = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is not None:
-                        merged.merge(nxt)
-                    taken += 1
+                    merged.merge(b)
             retained: Batch | None = None
             dirty_before = dict(self._dirty)
             try:
@@ -528,10 +490,9 @@ class Publisher:
                 log.exception("live feed: publishing after commit failed; clients resync")
                 self._dirty.clear()
             finally:
-                with self._cond:
+                with self._cond:  # (a reentrant lock: done() takes it too)
                     self._retained = retained
-                    self._unfinished -= taken
-                    self._cond.notify_all()
+                    self.done(len(taken))
             if merged is None and not self._dirty:
                 if idle_since is None:
                     idle_since = time.monotonic()
@@ -610,19 +571,13 @@ class Publisher:
             counter().depth_done(pk, value)
 
 
-_publisher: Publisher | None = None
-_publisher_lock = threading.Lock()
+# a short-lived process (a management command, a task run) publishes what it committed
+# before it exits
+_publisher: PerProcess[Publisher] = PerProcess(Publisher, flush_at_exit=True)
 
 
 def publisher() -> Publisher:
-    global _publisher
-    with _publisher_lock:
-        if _publisher is None:
-            _publisher = Publisher()
-            # a short-lived process (a management command, a task run) publishes what it
-            # committed before it exits
-            atexit.register(_publisher.flush, 5.0)
-        return _publisher
+    return _publisher.get()
 
 
 def flush(timeout: float = 10.0) -> bool:
@@ -641,51 +596,32 @@ def send_events(events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -
                 hub.loop.call_soon_threadsafe(hub.deliver_many, events)
         return
 
-    async def send_all() -> None:
-        for event in events:
-            await layer.group_send(event["group"], event)
-
-    loop.run_until_complete(send_all())
+    loop.run_until_complete(group_send_all(layer, [(event["group"], event)
+                                                   for event in events]))
 
 
 def current_batch() -> Batch | None:
     """The batch already registered with the current transaction's on_commit callbacks,
     if any. Looked up among the callbacks themselves, so a rolled-back savepoint that
     registered it takes it away with it (no stale state to clean up)."""
-    from django.db import connection
-
-    for entry in reversed(connection.run_on_commit):
-        func = entry[1]
-        if isinstance(func, Batch):
-            return func
-    return None
+    return after_commit.registered(Batch)
 
 
 def batch() -> Batch:
     """The batch of the current transaction, registering it with on_commit on first use.
     Outside a transaction (autocommit) a fresh batch is flushed by the caller."""
-    from django.db import connection, transaction
-
-    if not connection.in_atomic_block:
-        return Batch()
-    found = current_batch()
-    if found is not None:
-        return found
-    created = Batch()
-    transaction.on_commit(created)
-    return created
+    return after_commit.collector(Batch)
 
 
 def note(**changes: int) -> None:
     """Record changed rows (markets=, fills=, auctions=, orders=, sealed_bids=, leases=,
     entries= ids) in the current transaction's batch; published after commit."""
-    from django.db import connection
 
-    b = batch()
-    for name, pk in changes.items():
-        getattr(b, name).add(pk)
-    if not connection.in_atomic_block:
-        b()
+    def add(b: Batch) -> None:
+        for name, pk in changes.items():
+            getattr(b, name).add(pk)
+
+    after_commit.note(Batch, add)
 
 
 # ---------------------------------------------------------------- the hub (delivery)

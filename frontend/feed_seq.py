@@ -20,11 +20,11 @@ Errors: redis.exceptions.ConnectionError / TimeoutError while Redis is unreachab
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict
 
 from django.conf import settings
+
+from core.after_commit import LocalCounter, PerProcess, redis_url
 
 DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
 
@@ -34,25 +34,9 @@ def _floor() -> int:
     return time.time_ns() // 1000
 
 
-class _LocalCounter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, int] = defaultdict(int)
-
-    def incr(self, group: str) -> int:
-        with self._lock:
-            self._values[group] += 1
-            return self._values[group]
-
-    def get(self, group: str) -> int:
-        with self._lock:
-            return self._values[group]
-
+class _LocalCounter(LocalCounter):
     def read(self, group: str) -> tuple[str, int]:
         return "", self.get(group)
-
-    def incr_many(self, groups: list[str]) -> list[int]:
-        return [self.incr(group) for group in groups]
 
     def next_many(self, groups: list[str]) -> tuple[str, list[int]]:
         return "", self.incr_many(groups)
@@ -201,25 +185,22 @@ return 0
         return cache[name]
 
 
-_counter: _LocalCounter | _RedisCounter | None = None
-_counter_lock = threading.Lock()
+def _make_counter() -> _LocalCounter | _RedisCounter:
+    url = redis_url()
+    return _RedisCounter(url) if url else _LocalCounter()
+
+
+_counter: PerProcess[_LocalCounter | _RedisCounter] = PerProcess(_make_counter)
 
 
 def counter() -> _LocalCounter | _RedisCounter:
     """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process."""
-    global _counter
-    with _counter_lock:
-        if _counter is None:
-            url = getattr(settings, "REDIS_URL", "")
-            _counter = _RedisCounter(url) if url else _LocalCounter()
-        return _counter
+    return _counter.get()
 
 
 def reset() -> None:
     """Forget the counter, so the next use follows the current REDIS_URL (tests)."""
-    global _counter
-    with _counter_lock:
-        _counter = None
+    _counter.reset()
 
 
 def current_seq(group: str) -> int:
