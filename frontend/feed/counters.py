@@ -25,6 +25,7 @@ import time
 from django.conf import settings
 
 from core.after_commit import LocalCounter, PerProcess, redis_url
+from frontend.feed.local import _hubs
 
 DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
 
@@ -56,8 +57,6 @@ class _LocalCounter(LocalCounter):
 
     def listening_users(self) -> set[int]:
         """Users with a /ws/me/ subscriber: in-memory layer, so in this process's hubs."""
-        from frontend.feed import _hubs
-
         return {int(group[len("user."):]) for hub in list(_hubs.values())
                 for group in list(hub.groups) if group.startswith("user.")}
 
