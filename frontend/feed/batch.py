@@ -21,6 +21,8 @@ from frontend.feed.payloads import (
 )
 from frontend.feed.protocol import auction_group, market_group, user_group
 from frontend.feed.publisher import publisher
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from settlement.models import Posting
 
 log = logging.getLogger("gpumarket.feed")
 
@@ -59,9 +61,6 @@ class Batch:
         market's depth is a placeholder `{"type": "depth", "_depth_of": market}`, read
         when it is published (see Publisher). `listening`: the users whose order and
         balance messages are wanted (None: every user's)."""
-        from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-        from settlement.models import Posting
-
         out: list[tuple[str, dict[str, Any], int | None]] = []
         if self.fills:
             fills = Fill.objects.filter(pk__in=self.fills).select_related("market") \

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+import redis
 from django.conf import settings
 
 from core.after_commit import LocalCounter, PerProcess, redis_url
@@ -86,8 +87,6 @@ return out
 """
 
     def __init__(self, url: str) -> None:
-        import redis
-
         self._redis = redis.Redis.from_url(url)
 
     def _numbers(self, groups: list[str], take: bool) -> tuple[str, list[int]]:

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from channels.layers import get_channel_layer
+from channels.db import database_sync_to_async
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_layer
 
 from core.after_commit import is_local as _is_local
 from core.after_commit import namespace
@@ -110,8 +111,6 @@ class Hub:
             self._reading[group] = (seq, task)
 
     async def _read_snapshot(self, group: str, seq: int, read) -> tuple[int, str]:
-        from channels.db import database_sync_to_async
-
         try:
             data = await database_sync_to_async(read)()
             text = json.dumps({**data, "seq": seq, "ts": time.time()}, separators=(",", ":"))
@@ -203,8 +202,6 @@ class Hub:
         """Subscribe every group again, on new connections (a channel layer of this hub's
         own), and drop the old ones: after a Redis restart, the old pub/sub connection,
         reconnected by redis-py, was seen subscribed on the server yet receiving nothing."""
-        from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
-
         async with self._lock:
             old_layer, old_reader, old_channel = self._layer, self._reader, self._channel
             layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)

@@ -7,14 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from frontend.feed.protocol import DEPTH_LEVELS, LAST_TRADES
+from marketplace import book
+from marketplace.leases import endpoint_text
+from marketplace.models import Fill, Lease, Order, SealedBid
+from settlement import services as ledger
+from settlement.money import format_usd
 
 
 def _usd(micros: int | None) -> str | None:
-    from settlement.money import format_usd
-
     return None if micros is None else format_usd(micros)
 
 
@@ -27,8 +31,6 @@ def _levels(levels: Iterable[tuple[int, int]]) -> list[list[Any]]:
 
 
 def depth_payload(market) -> dict[str, Any]:
-    from marketplace import book
-
     bids, asks = book.depth(market, levels=DEPTH_LEVELS)
     return {
         "market": market.slug, "bids": _levels(bids), "asks": _levels(asks),
@@ -44,8 +46,6 @@ def trade_payload(fill) -> dict[str, Any]:
 
 
 def market_snapshot(market) -> dict[str, Any]:
-    from marketplace.models import Fill
-
     trades = [trade_payload(f) for f in Fill.objects.filter(market=market).order_by("-pk")
               [:LAST_TRADES]]
     return {"type": "snapshot", "feed": "market", **depth_payload(market), "trades": trades}
@@ -55,8 +55,6 @@ def auction_payload(auction) -> dict[str, Any]:
     """Public state of a sealed-bid auction: the count of active bids and the clock.
     After close: the clearing price and the anonymous awards. Never a bid's content
     before close (DESIGN invariant 4)."""
-    from marketplace.models import SealedBid
-
     now = timezone.now()
     data: dict[str, Any] = {
         "auction": auction.pk, "market": auction.market.slug, "status": auction.status,
@@ -105,8 +103,6 @@ def sealed_bid_payload(bid) -> dict[str, Any]:
 
 
 def lease_payload(lease, role: str) -> dict[str, Any]:
-    from marketplace.leases import endpoint_text
-
     return {"id": lease.pk, "market": lease.market.slug, "role": role,
             "status": lease.status, "gpus": lease.gpu_count, "price": _usd(lease.price),
             "duration_seconds": lease.duration_seconds, "node": lease.node.name,
@@ -125,17 +121,11 @@ def wallet_payload(user_id: int) -> dict[str, Any]:
 
 def wallet_payloads(user_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
     """wallet_payload of several users, read in one query."""
-    from settlement import services as ledger
-
     return {u: {"available": _usd(w.available), "held": _usd(w.held), "earned": _usd(w.earned)}
             for u, w in ledger.wallets(user_ids=user_ids).items()}
 
 
 def me_snapshot(user_id: int) -> dict[str, Any]:
-    from django.db.models import Q
-
-    from marketplace.models import Lease, Order, SealedBid
-
     orders = Order.objects.filter(owner_id=user_id, status__in=Order.ACTIVE) \
         .select_related("market").order_by("pk")
     bids = SealedBid.objects.filter(bidder_id=user_id, status=SealedBid.Status.ACTIVE) \

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 from django.db import connections
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.after_commit import AfterCommitThread, PerProcess, group_send_all, namespace
 from core.after_commit import is_local as _is_local
@@ -25,17 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpumarket.feed")
 
 
-def _redis_down_errors() -> tuple[type[BaseException], ...]:
-    try:
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-    except ImportError:
-        return (ConnectionError,)
-    return (RedisConnectionError, RedisTimeoutError, ConnectionError)
-
-
 #: errors of an unreachable (restarting, loading) Redis: the publisher keeps the batch
-_REDIS_DOWN = _redis_down_errors()
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 
 
 class Publisher(AfterCommitThread["Batch"]):
