@@ -1,33 +1,11 @@
-"""Push to runners: a `leases_changed` notice on the node's websocket, after commit.
-
-The runner keeps a websocket open on `/ws/runner/` (providers/consumers.py); its
-connection is in the Channels group `runner.node.<node id>`. Whenever a lease of the node
-is created, changes state or gets (or loses) a preemption deadline, the market calls
-`leases_changed(node_id)` (marketplace/runner_push.py, a post_save receiver); the node is
-noted in the current transaction and, once it commits, this process's notifier thread
-takes the node's next sequence number and sends
-
-    {"type": "leases_changed", "seq": 7}
-
-to the group. A rolled-back transaction sends nothing. The notice carries no lease data
-and no secret: the runner answers it with GET /api/v1/runner/leases/ (docs/RUNNER_PROTOCOL.md).
-
-Sequence numbers: one counter per node, shared by every process through Redis (INCR of
-`gpumarket:runner:seq:<node id>` on REDIS_URL), or in-process without REDIS_URL. They only
-grow; a runner that sees a gap missed a notice (the list it fetches is complete anyway).
-
-Delivery: with Redis (channels_redis pub/sub layer) through the channel layer, to any ASGI
-process; with the in-memory layer (the embedded default, one process) the send runs on the
-event loop of each local runner connection, where the in-memory queues live. Redis pub/sub
-is server-wide (not per database): each notice carries `ns`, the Redis database number
-(namespace()), and a connection drops notices of another database. The in-memory layer
-reaches only this process's connections: notices sent by a Celery worker never reach the
-web process's runners, so `hello` tells the runner its notices are "partial"
-(completeness()) and the runner keeps polling.
-
-Token rotation (`token_rotated(node_id)`, after commit, the same way): each connection of
-the node checks that the token it was opened with is still the node's, and closes itself
-with 4401 when it is not (providers/consumers.py). The message carries no token and no hash.
+"""Push to runners: after commit, a `leases_changed` notice (numbered per node) or a
+token-rotation check on the node's websocket group `runner.node.<id>`; the messages and
+their rules: docs/RUNNER_PROTOCOL.md, "Websocket /ws/runner/". The market notes nodes with
+`leases_changed(node_id)` (marketplace/runner_push.py), providers with
+`token_rotated(node_id)`; a rolled-back transaction sends nothing (core/after_commit.py).
+Numbers: INCR of `gpumarket:runner:seq:<node id>` on REDIS_URL, in-process without it.
+With the in-memory layer the send runs on the event loop of each local runner connection
+(register_loop), where its queues live; a notice carries `ns` (namespace()).
 """
 
 from __future__ import annotations

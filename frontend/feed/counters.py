@@ -1,17 +1,7 @@
-"""The live feed's sequence numbers (one counter per group) and the cross-process depth
-slot (frontend/feed.py, Publishing), on the channel layer's Redis (REDIS_URL) or, without
-it, in this process.
-
-Numbers only grow, even across a Redis that restarts without its data, is flushed,
-restores an older snapshot or fails over: each group's counter is stored with the run id
-of the Redis server that numbered it (`INFO server` run_id). When the counter is missing
-or was numbered by another run, it is first raised to the caller's clock in microseconds
-(`time.time_ns() // 1000`, about 1.7e15: below 2**53, so exact in JavaScript) and then
-counts on from there. A hub or client that still holds a number from before the reset
-thus sees a gap (never an old number taken for "already seen") and resyncs. The run id
-travels with every event as its `epoch`, so a hub tells its clients to resync at once
-(Hub.deliver). The clock only has to be ahead of the old numbers: they started from a
-clock reading and grow by one per event, far slower than a microsecond each.
+"""The live feed's sequence numbers, one counter per group, tagged with the Redis run id
+(the epoch), and the cross-process depth slot; on the channel layer's Redis (REDIS_URL) or,
+without it, in this process. Why numbers only grow across a Redis restart, and how the
+depth slot works: docs/FEED_PROTOCOL.md (Epochs; Depth coalescing).
 
 Shapes: `next_many(groups) -> (epoch, [seq, ...])`, `read(group) -> (epoch, seq)`;
 epoch "" for the in-process counter (it never resets while the process lives).
@@ -116,14 +106,9 @@ return out
     def run_id(self) -> str:
         return str(self._redis.info("server")["run_id"])
 
-    # Depth coalescing across processes (frontend/feed.py, Publishing). Per market, one
-    # hash: `changes` counts the committed changes every process noted (HINCRBY after
-    # commit), `covered` is the highest `changes` value read before a depth that was then
-    # published. A process whose change got number v needs a published depth read after
-    # it: one with covered >= v. The slot key (PX = the interval) lets one process at a
-    # time publish; the others wait for it to expire and then either find their changes
-    # covered or take the slot themselves. Losing the keys (a flush, a Redis restart)
-    # resets both numbers together: a change is then never taken for covered.
+    # Depth coalescing across processes (docs/FEED_PROTOCOL.md, Depth coalescing): per
+    # market one hash (`changes`: HINCRBY after commit; `covered`) and a slot key whose PX
+    # is the interval.
     DEPTH = "gpumarket:feed:depth:"
     _TURN = """
 local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')

@@ -43,18 +43,9 @@ class _GroupState:
 
 class Hub:
     """Per event loop (one per ASGI process): subscribes to each group ONCE, whatever the
-    number of local websockets on it, and fans every event out in memory to them.
-
-    Order: events are handed to the local subscribers in seq order. Several publishing
-    processes may deliver seq k+1 before k; the hub holds an early event up to
-    FEED_REORDER_WAIT seconds (default 0.1) for the missing ones, then hands out what it
-    has — the subscribers see the gap and tell their clients to resync. An event older
-    than one already handed out is dropped (every subscriber is past it).
-
-    `seq(group)` is the last seq handed out: a snapshot numbered with it and read
-    afterwards contains every change up to it (each was committed before its seq was
-    taken, and handed out after).
-    """
+    number of local websockets on it, and fans every event out in memory to them, in seq
+    order (docs/FEED_PROTOCOL.md, Delivery). `seq(group)` is the last seq handed out: a
+    snapshot numbered with it and read afterwards contains every change up to it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

@@ -32,17 +32,10 @@ _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
 
 
 class Publisher(AfterCommitThread["Batch"]):
-    """One daemon thread per process that turns committed batches into feed messages.
-
-    The request (or task) thread only appends the batch to a queue in `on_commit`; the
-    reads, the sequence numbers and the sends happen here, in commit order. Batches
-    that queued up while the thread was busy are merged (one read per table for all of
-    them). A market's depth is coalesced: at most one depth message per market every
-    FEED_DEPTH_INTERVAL seconds (default 0.1), sent at once when the previous one is
-    older than that (no added delay at low rates), otherwise at the end of the interval,
-    and always read at send time, so it is the latest depth. Trades, auction, order,
-    bid, lease and balance messages are never coalesced away.
-    """
+    """One daemon thread per process that turns committed batches into feed messages:
+    the reads, the sequence numbers and the sends happen here, in commit order; batches
+    that queued up meanwhile are merged (one read per table for all of them); a market's
+    depth is coalesced (docs/FEED_PROTOCOL.md, Publishing)."""
 
     IDLE_CLOSE_S = 1.0  # close this thread's database connection after this idle time
 
