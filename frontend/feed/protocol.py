@@ -7,8 +7,8 @@ from django.conf import settings
 
 DEPTH_LEVELS = 20
 LAST_TRADES = 20
-EVENT_TYPE = "feed.event"
-SNAPSHOT_CACHE_S = 0.5  # the channel layer message type → consumer.feed_event
+EVENT_TYPE = "feed.event"  # the channel layer message type → consumer.feed_event
+SNAPSHOT_CACHE_S = 0.5  # seconds a snapshot is reused for clients that (re)sync together
 
 
 def market_group(slug: str) -> str:
