@@ -159,7 +159,7 @@ class Publisher(AfterCommitThread["Batch"]):
         events, covers, ns = [], [], namespace()
         for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
             depth_of = payload.pop("_depth_of", None)
-            if depth_of is not None:  # read after its seq was taken: module docstring
+            if depth_of is not None:  # read after its seq was taken (FEED_PROTOCOL.md)
                 covers.append(payload.pop("_covers"))
                 payload.update(depth_payload(depth_of))
             ts = time.time()
