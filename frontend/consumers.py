@@ -5,7 +5,7 @@ hub (frontend.feed.Hub: one subscription per group per process, fanned out in me
 sends a snapshot numbered with the group's sequence number, and forwards the group's
 events after checking, for every event, that it belongs to this connection (the group
 it subscribed to; for /ws/me/ the connected user). Formats and the sequence rules:
-frontend/feed.py.
+docs/FEED_PROTOCOL.md.
 
 Each connection has a bounded queue (FEED_CLIENT_QUEUE messages, default 128) and its
 own sender task, so a slow client never stalls the hub or the other clients. The queue

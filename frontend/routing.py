@@ -1,4 +1,4 @@
-"""Websocket routes of the live feed (message formats: frontend/feed.py)."""
+"""Websocket routes of the live feed (message formats: docs/FEED_PROTOCOL.md)."""
 
 from django.urls import path
 

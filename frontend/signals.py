@@ -1,4 +1,4 @@
-"""post_save receivers that feed the live feed (frontend/feed.py).
+"""post_save receivers that feed the live feed (frontend/feed/, docs/FEED_PROTOCOL.md).
 
 The market's services are not touched: every saved Order, Fill, Auction, SealedBid,
 Lease and JournalEntry (and Posting, should one be saved alone; the ledger

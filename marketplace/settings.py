@@ -158,7 +158,7 @@ REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            # Redis pub/sub: the live feed's hub (frontend/feed.py) subscribes once per
+            # Redis pub/sub: the live feed's hub (frontend/feed/hub.py) subscribes once per
             # group per process and fans out in memory; one PUBLISH per event.
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # redis-py 8 times a socket out after 5 s, exactly channels_redis' blocking read:

@@ -1,50 +1,34 @@
-"""Push to runners: a `leases_changed` notice on the node's websocket, after commit.
-
-The runner keeps a websocket open on `/ws/runner/` (providers/consumers.py); its
-connection is in the Channels group `runner.node.<node id>`. Whenever a lease of the node
-is created, changes state or gets (or loses) a preemption deadline, the market calls
-`leases_changed(node_id)` (marketplace/runner_push.py, a post_save receiver); the node is
-noted in the current transaction and, once it commits, this process's notifier thread
-takes the node's next sequence number and sends
-
-    {"type": "leases_changed", "seq": 7}
-
-to the group. A rolled-back transaction sends nothing. The notice carries no lease data
-and no secret: the runner answers it with GET /api/v1/runner/leases/ (docs/RUNNER_PROTOCOL.md).
-
-Sequence numbers: one counter per node, shared by every process through Redis (INCR of
-`gpumarket:runner:seq:<node id>` on REDIS_URL), or in-process without REDIS_URL. They only
-grow; a runner that sees a gap missed a notice (the list it fetches is complete anyway).
-
-Delivery: with Redis (channels_redis pub/sub layer) through the channel layer, to any ASGI
-process; with the in-memory layer (the embedded default, one process) the send runs on the
-event loop of each local runner connection, where the in-memory queues live. Redis pub/sub
-is server-wide (not per database): each notice carries `ns`, the Redis database number
-(namespace()), and a connection drops notices of another database. The in-memory layer
-reaches only this process's connections: notices sent by a Celery worker never reach the
-web process's runners, so `hello` tells the runner its notices are "partial"
-(completeness()) and the runner keeps polling.
-
-Token rotation (`token_rotated(node_id)`, after commit, the same way): each connection of
-the node checks that the token it was opened with is still the node's, and closes itself
-with 4401 when it is not (providers/consumers.py). The message carries no token and no hash.
+"""Push to runners: after commit, a `leases_changed` notice (numbered per node) or a
+token-rotation check on the node's websocket group `runner.node.<id>`; the messages and
+their rules: docs/RUNNER_PROTOCOL.md, "Websocket /ws/runner/". The market notes nodes with
+`leases_changed(node_id)` (marketplace/runner_push.py), providers with
+`token_rotated(node_id)`; a rolled-back transaction sends nothing (core/after_commit.py).
+Numbers: INCR of `gpumarket:runner:seq:<node id>` on REDIS_URL, in-process without it.
+With the in-memory layer the send runs on the event loop of each local runner connection
+(register_loop), where its queues live; a notice carries `ns` (namespace()).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
-import queue
 import threading
 import time
-from collections import defaultdict
 
-from django.conf import settings
+import redis
+from channels.layers import get_channel_layer
 
-from providers.channels import is_local as _is_local
-from providers.channels import namespace
+from core.after_commit import (
+    AfterCommitThread,
+    LocalCounter,
+    PerProcess,
+    group_send_all,
+    namespace,
+    note,
+    redis_url,
+)
+from core.after_commit import is_local as _is_local
 
 log = logging.getLogger("gpumarket.runner_push")
 
@@ -72,28 +56,8 @@ def node_group(node_id: int) -> str:
 
 # ----------------------------------------------------------------- sequence numbers
 
-class _LocalCounter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[int, int] = defaultdict(int)
-
-    def incr_many(self, node_ids: list[int]) -> list[int]:
-        with self._lock:
-            out = []
-            for node_id in node_ids:
-                self._values[node_id] += 1
-                out.append(self._values[node_id])
-            return out
-
-    def get(self, node_id: int) -> int:
-        with self._lock:
-            return self._values[node_id]
-
-
 class _RedisCounter:
     def __init__(self, url: str) -> None:
-        import redis
-
         self._redis = redis.Redis.from_url(url)
 
     def incr_many(self, node_ids: list[int]) -> list[int]:
@@ -106,17 +70,16 @@ class _RedisCounter:
         return int(self._redis.get(f"{SEQ_KEY}{node_id}") or 0)
 
 
-_counter: _LocalCounter | _RedisCounter | None = None
-_counter_lock = threading.Lock()
+def _make_counter() -> LocalCounter | _RedisCounter:
+    url = redis_url()
+    return _RedisCounter(url) if url else LocalCounter()
 
 
-def _the_counter() -> _LocalCounter | _RedisCounter:
-    global _counter
-    with _counter_lock:
-        if _counter is None:
-            url = getattr(settings, "REDIS_URL", "")
-            _counter = _RedisCounter(url) if url else _LocalCounter()
-        return _counter
+_counter: PerProcess[LocalCounter | _RedisCounter] = PerProcess(_make_counter)
+
+
+def _the_counter() -> LocalCounter | _RedisCounter:
+    return _counter.get()
 
 
 def current_seq(node_id: int) -> int:
@@ -145,7 +108,7 @@ def leases_changed(node_id: int) -> None:
     """Note that a lease of `node_id` changed; the node's runners get one notice after the
     current transaction commits (at once outside a transaction). Never raises for a
     delivery problem: runners poll as a fallback."""
-    _note(node_id, rotated=False)
+    note(_Pending, lambda pending: pending.nodes.add(int(node_id)))
 
 
 def token_rotated(node_id: int) -> None:
@@ -153,28 +116,7 @@ def token_rotated(node_id: int) -> None:
     commits, the node's websocket connections opened with another token close (4401).
     Connections that open meanwhile check their token once more after joining the group
     (RunnerConsumer.connect), so none opened with the old token stays."""
-    _note(node_id, rotated=True)
-
-
-def _note(node_id: int, *, rotated: bool) -> None:
-    from django.db import connection, transaction
-
-    pending = None
-    if connection.in_atomic_block:
-        for entry in reversed(connection.run_on_commit):
-            if isinstance(entry[1], _Pending):  # a rolled-back savepoint takes it with it
-                pending = entry[1]
-                break
-    fresh = pending is None
-    if fresh:
-        pending = _Pending()
-    (pending.rotated if rotated else pending.nodes).add(int(node_id))
-    if not fresh:
-        return
-    if connection.in_atomic_block:
-        transaction.on_commit(pending)
-    else:
-        pending()
+    note(_Pending, lambda pending: pending.rotated.add(int(node_id)))
 
 
 # ----------------------------------------------------------------- local connections
@@ -200,55 +142,28 @@ def unregister_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 # ----------------------------------------------------------------- the notifier thread
 
-class Notifier:
-    """One daemon thread per process: takes committed node sets, numbers and sends the
-    notices. Sets that queued up meanwhile are merged (one notice per node per round)."""
+class Notifier(AfterCommitThread[tuple[set[int], set[int]]]):
+    """One daemon thread per process: takes committed node sets (nodes whose leases
+    changed, nodes whose runner token was rotated), numbers and sends the notices. Sets
+    that queued up meanwhile are merged (one notice per node per round)."""
 
     def __init__(self) -> None:
-        # (nodes whose leases changed, nodes whose runner token was rotated)
-        self._queue: queue.SimpleQueue[tuple[set[int], set[int]]] = queue.SimpleQueue()
-        self._cond = threading.Condition()
-        self._unfinished = 0
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        super().__init__("runner-push")
         self.sent: list[tuple[int, int, float]] = []  # (node, seq, time.time()), last 1000
 
-    def submit(self, nodes: set[int], *, rotated: set[int] | frozenset[int] = frozenset()
-               ) -> None:
-        if not nodes and not rotated:
-            return
-        with self._cond:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="runner-push",
-                                                daemon=True)
-                self._thread.start()
-            self._unfinished += 1
-        self._queue.put((set(nodes), set(rotated)))
+    def submit(self, nodes: set[int], *,  # type: ignore[override]
+               rotated: set[int] | frozenset[int] = frozenset()) -> None:
+        if nodes or rotated:
+            super().submit((set(nodes), set(rotated)))
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted notice is sent; False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._unfinished:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-        return True
-
-    def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
+    def run(self) -> None:
         while True:
-            nodes, rotated = self._queue.get()
-            taken = 1
-            while taken < 500:
-                try:
-                    more, more_rotated = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            taken = self.take()
+            nodes: set[int] = set()
+            rotated: set[int] = set()
+            for more, more_rotated in taken:
                 nodes |= more
                 rotated |= more_rotated
-                taken += 1
             try:
                 self._send(sorted(nodes), sorted(rotated))
             except Exception:
@@ -256,13 +171,9 @@ class Notifier:
                               "%s) failed; their runners find the change on their next "
                               "poll", sorted(nodes), sorted(rotated))
             finally:
-                with self._cond:
-                    self._unfinished -= taken
-                    self._cond.notify_all()
+                self.done(len(taken))
 
     def _send(self, node_ids: list[int], rotated: list[int] | None = None) -> None:
-        from channels.layers import get_channel_layer
-
         seqs = _the_counter().incr_many(node_ids) if node_ids else []
         layer = get_channel_layer()
         if layer is None:
@@ -271,37 +182,27 @@ class Notifier:
         events = [(node_group(n), {"type": ROTATED_TYPE, "ns": ns}) for n in rotated or []]
         events += [(node_group(n), {"type": EVENT_TYPE, "seq": s, "ns": ns})
                    for n, s in zip(node_ids, seqs, strict=True)]
-
-        async def send_all() -> None:
-            for group, event in events:
-                await layer.group_send(group, event)
-
         if _is_local(layer):
             with _local_lock:
                 loops = list(_local_loops)
             for loop in loops:
                 if not loop.is_closed():
                     with contextlib.suppress(RuntimeError):  # closed meanwhile
-                        asyncio.run_coroutine_threadsafe(send_all(), loop).result(5)
+                        asyncio.run_coroutine_threadsafe(group_send_all(layer, events),
+                                                         loop).result(5)
         else:
-            self._loop.run_until_complete(send_all())
+            self._loop.run_until_complete(group_send_all(layer, events))
         now = time.time()
         self.sent.extend((n, s, now) for n, s in zip(node_ids, seqs, strict=True))
         del self.sent[:-1000]
 
 
-_notifier: Notifier | None = None
-_notifier_lock = threading.Lock()
+_notifier: PerProcess[Notifier] = PerProcess(Notifier, flush_at_exit=True)
 
 
 def notifier() -> Notifier:
     """This process's notifier (started on first use; flushed at exit)."""
-    global _notifier
-    with _notifier_lock:
-        if _notifier is None:
-            _notifier = Notifier()
-            atexit.register(_notifier.flush, 5.0)
-        return _notifier
+    return _notifier.get()
 
 
 def flush(timeout: float = 10.0) -> bool:

@@ -12,7 +12,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import channel_layers
 
-from frontend import feed, feed_seq
+from frontend import feed
+from frontend.feed import counters as feed_seq
 from marketplace import book
 from tests.factories import funded_buyer, in_a_day, registered_node
 from tests.frontend.conftest import call, connect, recv

@@ -1,7 +1,7 @@
 /* gpumarket live updates, shared by every page.
  *
  * GM.feed(path, {onMessage, poll, pollMs}) follows a websocket of the live feed
- * (frontend/feed.py: snapshot + events with seq; a gap → {"type": "resync"}) when this
+ * (docs/FEED_PROTOCOL.md: snapshot + events with seq; a gap → {"type": "resync"}) when this
  * server speaks websockets (body[data-live-ws="1"], the ASGI application), and otherwise,
  * or while the socket is down, calls poll() every pollMs (fetching the REST API or the
  * page itself), so a page stays current without a reload either way. */

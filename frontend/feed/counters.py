@@ -1,17 +1,7 @@
-"""The live feed's sequence numbers (one counter per group) and the cross-process depth
-slot (frontend/feed.py, Publishing), on the channel layer's Redis (REDIS_URL) or, without
-it, in this process.
-
-Numbers only grow, even across a Redis that restarts without its data, is flushed,
-restores an older snapshot or fails over: each group's counter is stored with the run id
-of the Redis server that numbered it (`INFO server` run_id). When the counter is missing
-or was numbered by another run, it is first raised to the caller's clock in microseconds
-(`time.time_ns() // 1000`, about 1.7e15: below 2**53, so exact in JavaScript) and then
-counts on from there. A hub or client that still holds a number from before the reset
-thus sees a gap (never an old number taken for "already seen") and resyncs. The run id
-travels with every event as its `epoch`, so a hub tells its clients to resync at once
-(Hub.deliver). The clock only has to be ahead of the old numbers: they started from a
-clock reading and grow by one per event, far slower than a microsecond each.
+"""The live feed's sequence numbers, one counter per group, tagged with the Redis run id
+(the epoch), and the cross-process depth slot; on the channel layer's Redis (REDIS_URL) or,
+without it, in this process. Why numbers only grow across a Redis restart, and how the
+depth slot works: docs/FEED_PROTOCOL.md (Epochs; Depth coalescing).
 
 Shapes: `next_many(groups) -> (epoch, [seq, ...])`, `read(group) -> (epoch, seq)`;
 epoch "" for the in-process counter (it never resets while the process lives).
@@ -20,11 +10,13 @@ Errors: redis.exceptions.ConnectionError / TimeoutError while Redis is unreachab
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict
 
+import redis
 from django.conf import settings
+
+from core.after_commit import LocalCounter, PerProcess, redis_url
+from frontend.feed.local import _hubs
 
 DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
 
@@ -34,25 +26,9 @@ def _floor() -> int:
     return time.time_ns() // 1000
 
 
-class _LocalCounter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, int] = defaultdict(int)
-
-    def incr(self, group: str) -> int:
-        with self._lock:
-            self._values[group] += 1
-            return self._values[group]
-
-    def get(self, group: str) -> int:
-        with self._lock:
-            return self._values[group]
-
+class _LocalCounter(LocalCounter):
     def read(self, group: str) -> tuple[str, int]:
         return "", self.get(group)
-
-    def incr_many(self, groups: list[str]) -> list[int]:
-        return [self.incr(group) for group in groups]
 
     def next_many(self, groups: list[str]) -> tuple[str, list[int]]:
         return "", self.incr_many(groups)
@@ -72,8 +48,6 @@ class _LocalCounter:
 
     def listening_users(self) -> set[int]:
         """Users with a /ws/me/ subscriber: in-memory layer, so in this process's hubs."""
-        from frontend.feed import _hubs
-
         return {int(group[len("user."):]) for hub in list(_hubs.values())
                 for group in list(hub.groups) if group.startswith("user.")}
 
@@ -103,8 +77,6 @@ return out
 """
 
     def __init__(self, url: str) -> None:
-        import redis
-
         self._redis = redis.Redis.from_url(url)
 
     def _numbers(self, groups: list[str], take: bool) -> tuple[str, list[int]]:
@@ -134,14 +106,9 @@ return out
     def run_id(self) -> str:
         return str(self._redis.info("server")["run_id"])
 
-    # Depth coalescing across processes (frontend/feed.py, Publishing). Per market, one
-    # hash: `changes` counts the committed changes every process noted (HINCRBY after
-    # commit), `covered` is the highest `changes` value read before a depth that was then
-    # published. A process whose change got number v needs a published depth read after
-    # it: one with covered >= v. The slot key (PX = the interval) lets one process at a
-    # time publish; the others wait for it to expire and then either find their changes
-    # covered or take the slot themselves. Losing the keys (a flush, a Redis restart)
-    # resets both numbers together: a change is then never taken for covered.
+    # Depth coalescing across processes (docs/FEED_PROTOCOL.md, Depth coalescing): per
+    # market one hash (`changes`: HINCRBY after commit; `covered`) and a slot key whose PX
+    # is the interval.
     DEPTH = "gpumarket:feed:depth:"
     _TURN = """
 local covered = tonumber(redis.call('HGET', KEYS[1], 'covered') or '0')
@@ -201,28 +168,23 @@ return 0
         return cache[name]
 
 
-_counter: _LocalCounter | _RedisCounter | None = None
-_counter_url: str | None = None  # the REDIS_URL _counter was made for
-_counter_lock = threading.Lock()
+def _make_counter() -> _LocalCounter | _RedisCounter:
+    url = redis_url()
+    return _RedisCounter(url) if url else _LocalCounter()
+
+
+_counter: PerProcess[_LocalCounter | _RedisCounter] = PerProcess(_make_counter, key=redis_url)
 
 
 def counter() -> _LocalCounter | _RedisCounter:
     """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process;
     made again whenever REDIS_URL changes (a hub's thread never keeps an old server's)."""
-    global _counter, _counter_url
-    url = getattr(settings, "REDIS_URL", "") or ""
-    with _counter_lock:
-        if _counter is None or url != _counter_url:
-            _counter = _RedisCounter(url) if url else _LocalCounter()
-            _counter_url = url
-        return _counter
+    return _counter.get()
 
 
 def reset() -> None:
     """Forget the counter, so the next use follows the current REDIS_URL (tests)."""
-    global _counter, _counter_url
-    with _counter_lock:
-        _counter, _counter_url = None, None
+    _counter.reset()
 
 
 def current_seq(group: str) -> int:
