@@ -82,7 +82,7 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
             reserve_price=reserve_price, rule=rule, duration_seconds=duration_seconds,
             opens_at=opens_at, closes_at=closes_at,
         )
-        auction.events.create(from_status="", to_status="open", at=now, cause="auction opened")
+        auction.created(cause="auction opened", at=now)
         transaction.on_commit(lambda: _schedule_close(auction.pk, closes_at))
     return auction
 

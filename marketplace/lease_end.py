@@ -105,9 +105,8 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
         if bid.status not in Order.ACTIVE or (bid.expires_at and bid.expires_at <= now):
             gone = bid.status if bid.status not in Order.ACTIVE else "expired"
             lease.preempt_at = None
-            lease.save(update_fields=["preempt_at"])
-            lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
-                                cause=f"preemption called off: the bid it was for is {gone}")
+            lease.note(cause=f"preemption called off: the bid it was for is {gone}", at=now,
+                       update_fields=("preempt_at",))
             log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
             preemption.reconsider_preemptions(market_id, now)  # it may be another resting bid's now
             return None
