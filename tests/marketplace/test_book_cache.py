@@ -3,7 +3,7 @@ the book rebuilt from the database.
 
 A seeded random walk of service calls — bids (GTC/IOC/FOK, gangs, expiries, some beyond
 the buyer's balance), asks, cancels, the expiry sweep, leases ending (GPUs return to the
-ask: a foreign lock holder), GPU health changes (health.py rebalancing asks), and
+ask, which re-matches), GPU health changes (health.py rebalancing asks), and
 transactions that roll back after the book was loaded — runs on real transactions
 (on_commit fires), alternating between two caches as two processes would. Every time
 a writer gets its book (cache hit, catch-up from the orders other "processes"
