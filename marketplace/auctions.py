@@ -82,7 +82,7 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
             reserve_price=reserve_price, rule=rule, duration_seconds=duration_seconds,
             opens_at=opens_at, closes_at=closes_at,
         )
-        auction.events.create(from_status="", to_status="open", at=now, cause="auction opened")
+        auction.created(cause="auction opened", at=now)
         transaction.on_commit(lambda: _schedule_close(auction.pk, closes_at))
     return auction
 
@@ -149,8 +149,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
 
 def _withdraw(bid: SealedBid, *, cause: str) -> None:
     ledger.hold_release(hold_id=bid.hold_id, cause=cause)
-    bid.status = SealedBid.Status.WITHDRAWN
-    bid.save(update_fields=["status"])
+    bid.set_status(SealedBid.Status.WITHDRAWN, cause=cause)
 
 
 def withdraw_sealed_bid(*, bidder_id: int, bid_id: int, now: datetime | None = None) -> SealedBid:
@@ -198,16 +197,15 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             award = awards.get(bid.pk)
             if award is None:
                 ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
-                bid.status = SealedBid.Status.LOST
-                bid.save(update_fields=["status"])
+                bid.set_status(SealedBid.Status.LOST, cause=f"auction {auction.pk} lost", at=now)
                 continue
             cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
             ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
                                cause=f"auction {auction.pk} won at {_per_gpu_hour(award.price)}")
-            bid.status = SealedBid.Status.WON
             bid.awarded_gpus = award.gpus
             bid.paid_price = award.price
-            bid.save(update_fields=["status", "awarded_gpus", "paid_price"])
+            bid.set_status(SealedBid.Status.WON, cause=f"auction {auction.pk} won", at=now,
+                           update_fields=("awarded_gpus", "paid_price"))
             create_lease(
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,

@@ -348,9 +348,7 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
         order.hold_id = hold.pk
     if placed:
         _set_hold_ids(placed)
-        order_events = [order.events.model(order=o, from_status="", to_status="open", at=now,
-                                           cause="bid placed") for o in placed]
-        insert_all(order_events)
+        insert_all([o.created_event(cause="bid placed", at=now) for o in placed])
     leases_of: dict[int, list[Lease]] = {}
     for order in placed:
         result = book.submit_bid(locking.engine_bid(order), locking.epoch(now))
@@ -462,7 +460,7 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
             )
             locking.touch(order)
             order.save(force_insert=True)
-            order.events.create(from_status="", to_status="open", at=now, cause="ask placed")
+            order.created(cause="ask placed", at=now)
             book = locking.load_book(market, exclude=order.pk)
             result = book.submit_ask(locking.engine_ask(order), locking.epoch(now))
             leases = matching.apply_result(market, order, result, now)

@@ -77,10 +77,9 @@ def rebalance_asks(*, node: Node) -> None:
                     continue
                 cut = min(excess, ask.remaining_gpus)
                 ask.remaining_gpus -= cut
-                ask.save(update_fields=["remaining_gpus"])
                 why = "node missed heartbeats" if silent else "unhealthy"
-                ask.events.create(from_status=ask.status, to_status=ask.status, at=now,
-                                  cause=f"{cut} GPUs withdrawn: {why}")
+                ask.note(cause=f"{cut} GPUs withdrawn: {why}", at=now,
+                         update_fields=("remaining_gpus",))
                 excess -= cut
             room = capacity - max(offered, 0)
             for ask in reversed(asks):  # oldest first regain GPUs

@@ -35,41 +35,54 @@ def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = 
     """
     now = now or timezone.now()
     market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
-    with transaction.atomic():
+    with locking.tracked(market_id), transaction.atomic():
         locking.lock_market(market_id)
         lease = Lease.objects.select_for_update().get(pk=lease_id)
         if lease.status in Lease.ENDED:
             raise Conflict(f"lease {lease_id} has already ended ({lease.status})")
-        seconds = 0
-        if lease.started_at is not None:
-            seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
-            seconds = max(seconds, 0)
-            reported = (detail or {}).get("runner_usage_seconds")
-            if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
-                # a failure: the buyer pays only the healthy seconds the runner saw
-                seconds = reported
-        # never below what periodic settlement already paid out of the hold
-        cost = max(lease_cost(lease.price, lease.gpu_count, seconds),
-                   Hold.objects.values_list("captured", flat=True).get(pk=lease.hold_id))
-        settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
-                                     provider_id=lease.provider_id,
-                                     reference=f"lease:{lease.pk}")
-        lease.ended_at = now
-        lease.cause = cause[:300]
-        lease.cost = cost
-        lease.platform_fee = settled.fee_total  # periodic captures included
-        lease.provider_amount = cost - settled.fee_total
-        lease.settled_at = now
-        move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
-              update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                             "settled_at"))
-        lease.lease_gpus.update(active=False)
-        if lease.ask_id:
-            matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
-    log.info("lease %s: %s after %s s; cost %s = provider %s + platform %s; released %s",
-             lease.pk, status, seconds, cost, lease.provider_amount, lease.platform_fee,
-             settled.released)
+        lease, seconds, released = _end_locked(lease, status=status, cause=cause, now=now,
+                                               detail=detail)
+    _log_end(lease, seconds, released)
     return lease
+
+
+def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
+                detail: dict | None) -> tuple[Lease, int, int]:
+    """end_lease's work on `lease` (unended, row locked), the market lock held: returns
+    (lease, seconds charged, micro-USD released to the buyer)."""
+    seconds = 0
+    if lease.started_at is not None:
+        seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
+        seconds = max(seconds, 0)
+        reported = (detail or {}).get("runner_usage_seconds")
+        if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
+            # a failure: the buyer pays only the healthy seconds the runner saw
+            seconds = reported
+    # never below what periodic settlement already paid out of the hold
+    cost = max(lease_cost(lease.price, lease.gpu_count, seconds),
+               Hold.objects.values_list("captured", flat=True).get(pk=lease.hold_id))
+    settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
+                                 provider_id=lease.provider_id,
+                                 reference=f"lease:{lease.pk}")
+    lease.ended_at = now
+    lease.cause = cause[:300]
+    lease.cost = cost
+    lease.platform_fee = settled.fee_total  # periodic captures included
+    lease.provider_amount = cost - settled.fee_total
+    lease.settled_at = now
+    move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
+          update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                         "settled_at"))
+    lease.lease_gpus.update(active=False)
+    if lease.ask_id:
+        matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
+    return lease, seconds, settled.released
+
+
+def _log_end(lease: Lease, seconds: int, released: int) -> None:
+    log.info("lease %s: %s after %s s; cost %s = provider %s + platform %s; released %s",
+             lease.pk, lease.status, seconds, lease.cost, lease.provider_amount,
+             lease.platform_fee, released)
 
 
 def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
@@ -96,7 +109,7 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
     longer active. Safe to run twice or concurrently: the second run finds it ended."""
     now = now or timezone.now()
     market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
-    with transaction.atomic():
+    with locking.tracked(market_id), transaction.atomic():
         locking.lock_market(market_id)
         lease = Lease.objects.select_for_update().get(pk=lease_id)
         if lease.status in Lease.ENDED or lease.preempt_at is None or lease.preempt_at > now:
@@ -105,17 +118,18 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
         if bid.status not in Order.ACTIVE or (bid.expires_at and bid.expires_at <= now):
             gone = bid.status if bid.status not in Order.ACTIVE else "expired"
             lease.preempt_at = None
-            lease.save(update_fields=["preempt_at"])
-            lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
-                                cause=f"preemption called off: the bid it was for is {gone}")
+            lease.note(cause=f"preemption called off: the bid it was for is {gone}", at=now,
+                       update_fields=("preempt_at",))
             log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
             preemption.reconsider_preemptions(market_id, now)  # it may be another resting bid's now
             return None
-        return end_lease(
-            lease_id=lease.pk, status="preempted", now=now,
+        lease, seconds, released = _end_locked(
+            lease, status="preempted", now=now,
             cause=f"preempted at {now.isoformat()} for a higher bid (notice deadline "
                   f"{lease.preempt_at.isoformat()})",
             detail={"preempt_at": lease.preempt_at.isoformat()})
+    _log_end(lease, seconds, released)
+    return lease
 
 
 def preempt_due_leases(*, now: datetime | None = None) -> list[int]:

@@ -64,8 +64,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         ports=list(ports or []),
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
-    lease.events.create(from_status="", to_status="pending", at=now, cause=cause,
-                        detail={"gpus": [g.uuid for g in chosen]})
+    lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
     log.info("lease %s: %s × %s on node %s for %s s at %s/GPU-h", lease.pk, gpus, market.slug,
              node.name, duration_seconds, price)
     return lease

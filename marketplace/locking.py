@@ -224,6 +224,8 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
     cache = book_cache
     entry = cache.take(market.pk)
     base = w.version - 1
+    if entry is not None and exclude is not None:
+        entry.book.cancel(exclude)  # (an ask getting GPUs back rests there: resubmitted)
     if (entry is not None and entry.epoch == w.epoch and entry.version == base
             and w.rebuild_version <= entry.version):
         book = entry.book  # only this transaction's own changes are missing

@@ -199,14 +199,18 @@ class AuctionEvent(StateEvent):
     auction = models.ForeignKey(Auction, on_delete=models.CASCADE, related_name="events")
 
 
-class SealedBid(models.Model):
-    """A sealed bid: visible only to its bidder until the auction closes."""
+class SealedBid(StateMachine):
+    """A sealed bid: visible only to its bidder until the auction closes. Its moves go
+    through the transition table; it has no events table (the auction's records it)."""
 
     class Status(models.TextChoices):
         ACTIVE = "active"
         WITHDRAWN = "withdrawn"
         WON = "won"
         LOST = "lost"
+
+    TRANSITIONS = {"active": {"withdrawn", "won", "lost"}}
+    EVENT_RELATED_NAME = None
 
     auction = models.ForeignKey(Auction, on_delete=models.PROTECT, related_name="bids")
     bidder = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,

@@ -34,9 +34,8 @@ def call_off_preemptions(bid: Order, now: datetime) -> None:
                            status__in=Lease.ACTIVE))
     for lease in victims:
         lease.preempt_at = None
-        lease.save(update_fields=["preempt_at"])
-        lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
-                            cause=f"preemption called off: the bid it was for is {bid.status}")
+        lease.note(cause=f"preemption called off: the bid it was for is {bid.status}", at=now,
+                   update_fields=("preempt_at",))
     if victims:
         log.info("bid %s %s: preemption of leases %s called off", bid.pk, bid.status,
                  [lease.pk for lease in victims])
@@ -206,10 +205,8 @@ def _mark_preempted(bid: Order, chosen: list[Lease], now: datetime, deadline: da
     for lease in chosen:
         lease.preempt_at = deadline
         lease.preempted_for = bid
-        lease.save(update_fields=["preempt_at", "preempted_for"])
-        lease.events.create(from_status=lease.status, to_status=lease.status, at=now,
-                            cause=cause, detail={"preempt_at": deadline.isoformat(),
-                                                 "notice_seconds": notice})
+        lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for"),
+                   detail={"preempt_at": deadline.isoformat(), "notice_seconds": notice})
     log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
              [lease.pk for lease in chosen], deadline.isoformat())
 

@@ -1,9 +1,10 @@
-"""One state machine per stateful model (order, auction, lease).
+"""One state machine per stateful model (order, auction, lease, sealed bid).
 
-A model that mixes in `StateMachine` declares `TRANSITIONS = {from: {to, …}}`
-and an event model; `set_status(to, cause=…)` refuses a move the table does not
-allow (IllegalTransition) and writes the event row — from, to, time, cause —
-in the same transaction. Pattern after django-oscar's Order.set_status.
+A model that mixes in `StateMachine` declares `TRANSITIONS = {from: {to, …}}` and
+(unless `EVENT_RELATED_NAME` is None) an event model. Every event row goes through it:
+`created()` (from "" to the initial state), `set_status()` (a transition; IllegalTransition
+for a move the table does not allow) and `note()` (no transition: the state stays).
+Pattern after django-oscar's Order.set_status; the table per model: marketplace/models.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class IllegalTransition(Exception):
 
 class StateMachine(models.Model):
     TRANSITIONS: ClassVar[dict[str, set[str]]] = {}
-    EVENT_RELATED_NAME: ClassVar[str] = "events"
+    EVENT_RELATED_NAME: ClassVar[str | None] = "events"  # None: no events table
 
     class Meta:
         abstract = True
@@ -39,12 +40,49 @@ class StateMachine(models.Model):
         at = at or timezone.now()
         previous = self.status
         self.status = to
+        if self.EVENT_RELATED_NAME is None:
+            self.save(update_fields=["status", *update_fields])
+            return
         with transaction.atomic():
             self.save(update_fields=["status", *update_fields])
-            getattr(self, self.EVENT_RELATED_NAME).create(
+            self._events().create(
                 from_status=previous, to_status=to, at=at, cause=cause[:200],
                 detail=detail or {},
             )
+
+    def created_event(self, *, cause: str, at=None,
+                      detail: dict[str, Any] | None = None) -> StateEvent:
+        """The unsaved first event of this (saved) row, from "" to its initial state: for
+        a bulk insert of many rows' events. Raises IllegalTransition when the row is not
+        in the initial state (its status field's default)."""
+        initial = str(self._meta.get_field("status").default)
+        if self.status != initial:
+            raise IllegalTransition(f"{self._meta.verbose_name} {self.pk} is {self.status}, "
+                                    f"not its initial state {initial}")
+        events = self._events()
+        return events.model(**{events.field.name: self}, from_status="", to_status=initial,
+                            at=at or timezone.now(), cause=cause[:200], detail=detail or {})
+
+    def created(self, *, cause: str, at=None, detail: dict[str, Any] | None = None) -> None:
+        """Record the first event of this new (saved) row: from "" to its initial state."""
+        self.created_event(cause=cause, at=at, detail=detail).save(force_insert=True)
+
+    def note(self, *, cause: str, at=None, detail: dict[str, Any] | None = None,
+             update_fields: tuple[str, ...] = ()) -> None:
+        """Record an event that is not a transition (from = to = the current state), e.g. a
+        preemption scheduled or called off; save `update_fields` first, if any."""
+        events = self._events()
+        with transaction.atomic(savepoint=False):
+            if update_fields:
+                self.save(update_fields=list(update_fields))
+            events.create(from_status=self.status, to_status=self.status,
+                                  at=at or timezone.now(), cause=cause[:200],
+                                  detail=detail or {})
+
+    def _events(self):
+        if self.EVENT_RELATED_NAME is None:
+            raise TypeError(f"{self._meta.verbose_name} has no events table")
+        return getattr(self, self.EVENT_RELATED_NAME)
 
 
 class StateEvent(models.Model):

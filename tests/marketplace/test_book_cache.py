@@ -3,7 +3,7 @@ the book rebuilt from the database.
 
 A seeded random walk of service calls — bids (GTC/IOC/FOK, gangs, expiries, some beyond
 the buyer's balance), asks, cancels, the expiry sweep, leases ending (GPUs return to the
-ask: a foreign lock holder), GPU health changes (health.py rebalancing asks), and
+ask, which re-matches), GPU health changes (health.py rebalancing asks), and
 transactions that roll back after the book was loaded — runs on real transactions
 (on_commit fires), alternating between two caches as two processes would. Every time
 a writer gets its book (cache hit, catch-up from the orders other "processes"
@@ -200,3 +200,33 @@ def test_a_writer_nested_in_a_callers_transaction_does_not_publish(monkeypatch):
     assert cache.peek(ask.market_id) is None
     market = GpuClass.objects.get(pk=ask.market_id)
     assert market.book_rebuild_version == market.book_version  # the next writer rebuilds
+
+
+def test_ending_a_lease_keeps_the_cached_book_warm(monkeypatch):
+    provider, node, _ = registered_node()
+    cache = locking.BookCache()
+    monkeypatch.setattr(locking, "book_cache", cache)
+    buyer = UserFactory()
+    ledger.dev_credit(user_id=buyer.pk, amount=10_000 * 1_000_000)
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
+                         price=2_000_000, gpus=8,
+                         available_until=timezone.now() + timedelta(days=1)).order
+    market = GpuClass.objects.get(pk=ask.market_id)
+    book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=1_500_000, gpus=2,
+                   duration_seconds=3600)  # rests below the ask
+    [lease] = book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=2_100_000, gpus=4,
+                             duration_seconds=3600).leases
+    # the ask rests in the cached book with 4 GPUs; ending the lease gives it 8 again
+    end_lease(lease_id=lease.pk, status="cancelled", cause="test")
+    entry = cache.peek(market.pk)  # the book of the version the lease end committed
+    market.refresh_from_db()
+    assert (entry.version, market.book_rebuild_version < market.book_version) == (
+        market.book_version, True)
+    assert snapshot(entry.book) == snapshot(locking.build_book(market))
+    rebuilt = cache.stats["rebuilt"]
+    placed = book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=2_100_000, gpus=8,
+                            duration_seconds=3600)
+    assert cache.stats["rebuilt"] == rebuilt  # the next order does not rebuild
+    assert sum(x.gpu_count for x in placed.leases) == 8
+    assert snapshot(cache.peek(market.pk).book) == snapshot(locking.build_book(market))
+    assert first_violation() is None
