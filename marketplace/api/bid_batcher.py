@@ -157,9 +157,7 @@ def _answer(result: book.Placed | Exception) -> tuple[int, dict[str, Any]] | Exc
         if response is None:
             return result  # not a refusal: a 500, logged by the view
         return response.status_code, response.data
-    body = s.reusing_fields(s.OrderSerializer, result.order).data
-    body["leases"] = [lease.pk for lease in result.leases]
-    return (201 if result.created else 200), body
+    return s.placed_answer(result)
 
 
 def _settle(future: asyncio.Future, outcome: Any) -> None:
@@ -195,13 +193,7 @@ def parse_bid(body: bytes) -> book.BidRequest | None:
     serializer = s.reusing_fields(s.OrderInSerializer, data=data)
     if not serializer.is_valid() or serializer.validated_data["side"] != Order.Side.BID:
         return None
-    v = serializer.validated_data
-    return book.BidRequest(
-        buyer_id=0, market_slug=v["gpu_class"], price=v["price"], gpus=v["gpus"],
-        duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
-        time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
-        expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-        interruptible=v["interruptible"], ports=v.get("ports"))
+    return serializer.bid_request(buyer_id=0)
 
 
 def _token(headers: dict[bytes, bytes]) -> str | None:
