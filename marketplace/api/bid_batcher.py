@@ -1,28 +1,9 @@
-"""Group commit of the bids placed through the API: concurrent bids share one
-transaction, one market lock and a fixed number of statements (book.place_bids).
-
-Why: every bid must take its market's single-writer lock (book.py) and write its
-order, hold, journal entry, postings and event. One transaction per bid makes the
-lock the bottleneck — its holder runs a dozen statements, and on a busy machine it
-waits for a CPU while every other request waits for it (bench/api_orders.py measured
-46 bids/s that way). Here each process has one batcher thread with its own database
-connection. The fast path (BidFastPath, below) validates a bid in the event loop,
-queues it and awaits the answer; the thread takes everything queued
-(at most GPUMARKET_BID_BATCH_MAX), resolves the API tokens of the whole group in one
-query, places the bids with book.place_bids — one transaction per market, bids matched
-in arrival order, each refused or accepted on its own — serializes the answers and
-hands them back to the event loop. A bid arriving at an idle batcher is placed at
-once; bids arriving while a group is being written form the next group. The technique
-is the database's own group commit, one level up (PostgreSQL's commit_delay; "group
-commit" in Gray & Reuter, *Transaction Processing*, 1993, §9.4.7).
-
-The bids reach the batcher through BidFastPath, an ASGI middleware in front of Django
-(marketplace/asgi.py). Only what it can answer exactly as the DRF view would goes
-through it: a POST with `Authorization: Token|Bearer <key>` whose body is a valid bid.
-Everything else — asks, invalid bodies, session (browser) authentication, an unknown
-token — is handed to Django and the DRF view (OrderListCreate) answers it, so errors
-keep one shape and one source. Under WSGI or Django's test client every request takes
-the DRF view, which places its bid alone (book.place_bid).
+"""Group commit of the bids placed through the API: BidFastPath (ASGI middleware)
+takes a token-authenticated POST of a valid bid in front of Django and queues it; one
+batcher thread per process places what is queued as one group (book.place_bids: one
+transaction, one market lock, a fixed number of statements). Anything the fast path
+cannot answer exactly as the DRF view would goes to Django unchanged. Why, and what
+goes through: docs/BID_PATH.md.
 """
 
 from __future__ import annotations
