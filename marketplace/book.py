@@ -166,7 +166,16 @@ def _check_common(*, price: int, gpus: int) -> None:
 
 @dataclass(frozen=True)
 class BidRequest:
-    """One bid for place_bids: the keyword arguments of place_bid (same units)."""
+    """One bid, the one shape every way in builds (the API's OrderInSerializer.bid_request,
+    place_bid's keywords) and place_bids takes.
+
+    price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
+    gang_size: GPUs per node (None: all on one node); time_in_force: GTC, IOC or FOK;
+    image/command: the container; expires_at: when a resting bid expires (None: never);
+    client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
+    its leases may be preempted by a higher bid; ports: container TCP ports its leases
+    expose (ports.clean_ports).
+    """
 
     buyer_id: int
     market_slug: str
@@ -182,32 +191,33 @@ class BidRequest:
     interruptible: bool = False
     ports: list[int] | None = None
 
+    def terms(self) -> dict[str, Any]:
+        """The bid's order, by Order attribute (`market` by slug; not its owner, id or
+        what is left): what _write_bids writes and a replay must repeat (_replay), in
+        the order a replay compares them. Ports sorted, as clean_ports returns them."""
+        return {"side": Order.Side.BID, "market": self.market_slug, "price": self.price,
+                "gpus": self.gpus, "duration_seconds": self.duration_seconds,
+                "gang_size": self.gpus if self.gang_size is None else self.gang_size,
+                "time_in_force": self.time_in_force, "image": self.image,
+                "command": self.command, "expires_at": self.expires_at,
+                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or [])}
 
-def place_bid(*, buyer_id: int, market_slug: str, price: int, gpus: int,
-              duration_seconds: int, gang_size: int | None = None,
-              time_in_force: str = "GTC", image: str = "", command: list[str] | None = None,
-              expires_at: datetime | None = None, client_order_id: str | None = None,
-              interruptible: bool = False, ports: list[int] | None = None,
-              now: datetime | None = None) -> Placed:
-    """Place a bid: hold its cost, match it, rest what is left (GTC) until cancelled,
-    filled or `expires_at`. A resting bid schedules the preemption of interruptible
-    leases it outbids (docs/MATCHING.md, "Preemption").
 
-    price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
-    gang_size: GPUs per node (default all on one node); client_order_id: the buyer's own
-    id, unique per buyer — placing it again returns the first order (created=False) and
-    writes nothing; placing it again with other terms is a Conflict (see _replay).
-    interruptible: the leases it makes may be preempted by a higher bid.
-    ports: container ports (TCP) its leases expose to the buyer (ports.clean_ports).
-    Raises InvalidInput naming the field, and
-    settlement.InsufficientFunds when the hold cannot be placed; in every refusal nothing
-    is written.
+def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
+              **fields: Any) -> Placed:
+    """Place one bid — `bid`, or the BidRequest its keyword `fields` make: hold its cost,
+    match it, rest what is left (GTC) until cancelled, filled or `expires_at`. A resting
+    bid schedules the preemption of interruptible leases it outbids (docs/MATCHING.md,
+    "Preemption"). Placing a client_order_id again returns the first order
+    (created=False) and writes nothing; again with other terms is a Conflict (_replay).
+    Raises InvalidInput naming the field, and settlement.InsufficientFunds when the hold
+    cannot be placed; in every refusal nothing is written.
     """
-    result = place_bids([BidRequest(
-        buyer_id=buyer_id, market_slug=market_slug, price=price, gpus=gpus,
-        duration_seconds=duration_seconds, gang_size=gang_size, time_in_force=time_in_force,
-        image=image, command=command, expires_at=expires_at, client_order_id=client_order_id,
-        interruptible=interruptible, ports=ports)], now=now)[0]
+    if bid is None:
+        bid = BidRequest(**fields)
+    elif fields:
+        raise TypeError("place_bid takes a BidRequest or its fields, not both")
+    result = place_bids([bid], now=now)[0]
     if isinstance(result, Exception):
         raise result
     return result
@@ -236,7 +246,7 @@ def place_bids(requests: list[BidRequest], *,
     for i, r in enumerate(requests):
         try:
             _check_client_order_id(r.client_order_id)
-            replayed = _replay(r.buyer_id, r.client_order_id, _bid_terms(r))
+            replayed = _replay(r.buyer_id, r.client_order_id, r.terms())
             if replayed is not None:
                 results[i] = replayed
                 continue
@@ -260,16 +270,6 @@ def place_bids(requests: list[BidRequest], *,
                              strict=True):
             results[i] = result
     return results  # type: ignore[return-value]  (every slot is filled)
-
-
-def _bid_terms(r: BidRequest) -> dict[str, Any]:
-    """What a replay of bid `r` must repeat (see _replay)."""
-    return {"side": Order.Side.BID, "market": r.market_slug, "price": r.price,
-            "gpus": r.gpus, "duration_seconds": r.duration_seconds,
-            "gang_size": r.gpus if r.gang_size is None else r.gang_size,
-            "time_in_force": r.time_in_force, "image": r.image, "command": r.command,
-            "expires_at": r.expires_at, "interruptible": bool(r.interruptible),
-            "ports": sorted(r.ports or [])}
 
 
 def _check_bid(r: BidRequest, now: datetime) -> int:
@@ -308,7 +308,7 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
         # market): that one committed first and stands
         if isinstance(exc, IntegrityError) and _is_client_id_clash(exc):
             try:
-                replayed = _replay(r.buyer_id, r.client_order_id, _bid_terms(r))
+                replayed = _replay(r.buyer_id, r.client_order_id, r.terms())
             except Conflict as conflict:
                 return [conflict]
             if replayed is not None:
@@ -318,8 +318,9 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
 
 def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
                 now: datetime) -> list[Placed | Exception]:
-    """Under the market lock: insert the orders, hold their cost (one statement each for
-    all of them), then match them one by one in the given order."""
+    """Under the market lock: insert the orders (of bids _check_bid passed), hold their
+    cost (one statement each for all of them), then match them one by one in the given
+    order."""
     market = locking.lock_market(market_id)
     anything_due, victims_possible = _group_flags(market.pk, now)
     if anything_due:
@@ -328,13 +329,8 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
     book = locking.load_book(market)  # before the new orders exist: each is submitted below
     orders = []
     for r, _ in items:
-        order = Order(
-            market=market, owner_id=r.buyer_id, side=Order.Side.BID, price=r.price,
-            gpus=r.gpus, remaining_gpus=r.gpus, duration_seconds=r.duration_seconds,
-            gang_size=r.gpus if r.gang_size is None else r.gang_size,
-            time_in_force=r.time_in_force, image=r.image, command=r.command,
-            expires_at=r.expires_at, client_order_id=r.client_order_id or "",
-            interruptible=bool(r.interruptible), ports=clean_ports(r.ports))
+        order = Order(**{**r.terms(), "market": market}, owner_id=r.buyer_id,
+                      remaining_gpus=r.gpus, client_order_id=r.client_order_id or "")
         locking.touch(order)
         orders.append(order)
     orders = insert_all(orders)

@@ -1,28 +1,9 @@
-"""Group commit of the bids placed through the API: concurrent bids share one
-transaction, one market lock and a fixed number of statements (book.place_bids).
-
-Why: every bid must take its market's single-writer lock (book.py) and write its
-order, hold, journal entry, postings and event. One transaction per bid makes the
-lock the bottleneck — its holder runs a dozen statements, and on a busy machine it
-waits for a CPU while every other request waits for it (bench/api_orders.py measured
-46 bids/s that way). Here each process has one batcher thread with its own database
-connection. The fast path (BidFastPath, below) validates a bid in the event loop,
-queues it and awaits the answer; the thread takes everything queued
-(at most GPUMARKET_BID_BATCH_MAX), resolves the API tokens of the whole group in one
-query, places the bids with book.place_bids — one transaction per market, bids matched
-in arrival order, each refused or accepted on its own — serializes the answers and
-hands them back to the event loop. A bid arriving at an idle batcher is placed at
-once; bids arriving while a group is being written form the next group. The technique
-is the database's own group commit, one level up (PostgreSQL's commit_delay; "group
-commit" in Gray & Reuter, *Transaction Processing*, 1993, §9.4.7).
-
-The bids reach the batcher through BidFastPath, an ASGI middleware in front of Django
-(marketplace/asgi.py). Only what it can answer exactly as the DRF view would goes
-through it: a POST with `Authorization: Token|Bearer <key>` whose body is a valid bid.
-Everything else — asks, invalid bodies, session (browser) authentication, an unknown
-token — is handed to Django and the DRF view (OrderListCreate) answers it, so errors
-keep one shape and one source. Under WSGI or Django's test client every request takes
-the DRF view, which places its bid alone (book.place_bid).
+"""Group commit of the bids placed through the API: BidFastPath (ASGI middleware)
+takes a token-authenticated POST of a valid bid in front of Django and queues it; one
+batcher thread per process places what is queued as one group (book.place_bids: one
+transaction, one market lock, a fixed number of statements). Anything the fast path
+cannot answer exactly as the DRF view would goes to Django unchanged. Why, and what
+goes through: docs/BID_PATH.md.
 """
 
 from __future__ import annotations
@@ -157,9 +138,7 @@ def _answer(result: book.Placed | Exception) -> tuple[int, dict[str, Any]] | Exc
         if response is None:
             return result  # not a refusal: a 500, logged by the view
         return response.status_code, response.data
-    body = reusing_fields(s.OrderSerializer, result.order).data
-    body["leases"] = [lease.pk for lease in result.leases]
-    return (201 if result.created else 200), body
+    return s.placed_answer(result)
 
 
 def _settle(future: asyncio.Future, outcome: Any) -> None:
@@ -184,25 +163,6 @@ def batcher() -> BidBatcher:
         return _batcher
 
 
-_templates = threading.local()
-
-
-def reusing_fields(serializer_class, *args, **kwargs):
-    """`serializer_class(*args, **kwargs)` with the bound fields of one template instance
-    per thread and class, instead of a deep copy of every declared field per instance
-    (DRF's Serializer.fields, which was a third of this path's CPU). Safe because a
-    serializer here is used by one thread from start to end, synchronously, and these
-    serializers keep no per-request state in their fields (no context-dependent
-    defaults or validators)."""
-    serializer = serializer_class(*args, **kwargs)
-    cache = _templates.__dict__.setdefault("by_class", {})
-    template = cache.get(serializer_class)
-    if template is None:
-        template = cache[serializer_class] = serializer_class()
-    serializer.__dict__["fields"] = template.fields
-    return serializer
-
-
 def parse_bid(body: bytes) -> book.BidRequest | None:
     """The bid in a JSON request body (buyer_id 0: the token says who), or None when the
     body is not a valid bid (the DRF view then answers, with its error). Reads no
@@ -211,16 +171,10 @@ def parse_bid(body: bytes) -> book.BidRequest | None:
         data = StrictJSONParser().parse(io.BytesIO(body), "application/json", {})
     except ParseError:
         return None
-    serializer = reusing_fields(s.OrderInSerializer, data=data)
+    serializer = s.reusing_fields(s.OrderInSerializer, data=data)
     if not serializer.is_valid() or serializer.validated_data["side"] != Order.Side.BID:
         return None
-    v = serializer.validated_data
-    return book.BidRequest(
-        buyer_id=0, market_slug=v["gpu_class"], price=v["price"], gpus=v["gpus"],
-        duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
-        time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
-        expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-        interruptible=v["interruptible"], ports=v.get("ports"))
+    return serializer.bid_request(buyer_id=0)
 
 
 def _token(headers: dict[bytes, bytes]) -> str | None:

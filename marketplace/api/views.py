@@ -103,14 +103,7 @@ class OrderListCreate(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         if v["side"] == Order.Side.BID:
-            placed = book.place_bid(
-                buyer_id=request.user.pk, market_slug=v["gpu_class"], price=v["price"],
-                gpus=v["gpus"], duration_seconds=v["duration_seconds"],
-                gang_size=v.get("gang_size"), time_in_force=v["time_in_force"],
-                image=v["image"], command=v["command"], expires_at=v.get("expires_at"),
-                client_order_id=v.get("client_order_id"), interruptible=v["interruptible"],
-                ports=v["ports"],
-            )
+            placed = book.place_bid(data.bid_request(request.user.pk))
         else:
             own_node(request, v["node"])
             placed = book.place_ask(
@@ -119,11 +112,8 @@ class OrderListCreate(APIView):
                 available_until=v["available_until"],
                 client_order_id=v.get("client_order_id"),
             )
-        # placed.order is current: the service saved every change on this instance (a
-        # replayed order was read from the database)
-        body = s.OrderSerializer(placed.order).data
-        body["leases"] = [lease.pk for lease in placed.leases]
-        return Response(body, status=201 if placed.created else 200)
+        status, body = s.placed_answer(placed)
+        return Response(body, status=status)
 
 
 class OrderDetail(generics.RetrieveAPIView):
