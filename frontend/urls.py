@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import login, stripe_views, views
+from frontend import login, portal_views, stripe_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -28,15 +28,15 @@ urlpatterns = [
     path("auctions/<int:pk>/", views.auction_detail, name="auction"),
     path("sealed-bids/<int:pk>/withdraw/", views.sealed_bid_withdraw,
          name="sealed-bid-withdraw-page"),
-    path("provider/", views.portal, name="portal"),
-    path("provider/onboard/", views.portal_onboard, name="portal-onboard"),
-    path("provider/nodes/", views.node_add, name="node-add"),
-    path("provider/nodes/<int:pk>/", views.node_detail, name="node"),
-    path("provider/nodes/<int:pk>/rotate-token/", views.node_rotate_token,
+    path("provider/", portal_views.portal, name="portal"),
+    path("provider/onboard/", portal_views.portal_onboard, name="portal-onboard"),
+    path("provider/nodes/", portal_views.node_add, name="node-add"),
+    path("provider/nodes/<int:pk>/", portal_views.node_detail, name="node"),
+    path("provider/nodes/<int:pk>/rotate-token/", portal_views.node_rotate_token,
          name="node-rotate-token-page"),
-    path("provider/asks/", views.ask_add, name="ask-add"),
-    path("provider/auctions/", views.auction_add, name="auction-add"),
-    path("provider/payouts/address/", views.payout_address, name="payout-address"),
-    path("provider/payouts/connect/", views.payout_connect, name="payout-connect"),
-    path("provider/earnings/", views.earnings, name="earnings"),
+    path("provider/asks/", portal_views.ask_add, name="ask-add"),
+    path("provider/auctions/", portal_views.auction_add, name="auction-add"),
+    path("provider/payouts/address/", portal_views.payout_address, name="payout-address"),
+    path("provider/payouts/connect/", portal_views.payout_connect, name="payout-connect"),
+    path("provider/earnings/", portal_views.earnings, name="earnings"),
 ]
