@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.test_import_graph import _cycle  # the one cycle finder
+
 ROOT = Path(__file__).resolve().parents[2] / "marketplace"
 # the market services (issue 11 item 1): nothing of the project imported inside a function
 SERVICES = ("auctions", "book", "health", "lease_end", "leases", "locking", "matching",
@@ -43,28 +45,6 @@ def _graph() -> tuple[dict[str, set[str]], list[str]]:
                             if t.split(".")[0] in ("marketplace", "settlement", "providers"):
                                 lazy.append(f"{name}.{node.name} imports {t}")
     return edges, lazy
-
-
-def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        stack.append(m)
-        for n in sorted(edges[m]):
-            if state.get(n) == 1:
-                return [*stack[stack.index(n):], n]
-            if n not in state and (found := visit(n)):
-                return found
-        stack.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(edges):
-        if m not in state and (found := visit(m)):
-            return found
-    return None
 
 
 def test_no_import_circle_among_marketplace_modules():
