@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.api.helpers import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold
 from settlement.money import lease_cost
-from tests.api.helpers import assert_refused, client_for, snapshot
 from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.support.api import assert_refused, client_for, snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold
 from settlement.money import lease_cost
-from tests.api.helpers import client_for
 from tests.factories import RTX4090_DUMP, funded_buyer, registered_node
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

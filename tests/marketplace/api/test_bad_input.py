@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from marketplace.models import Auction, SealedBid
-from tests.api.helpers import assert_refused, client_for, snapshot
 from tests.factories import RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.api import assert_refused, client_for, snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -24,7 +24,6 @@ from marketplace.auctions import close_auction
 from marketplace.models import Auction, Lease, Order
 from providers.models import Gpu, Provider
 from settlement.models import ChainAddress, Hold
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
 from tests.factories import (
     RTX4090_DUMP,
     UserFactory,
@@ -33,6 +32,7 @@ from tests.factories import (
     in_a_day,
     registered_node,
 )
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 from frontend.feed import lease_payload, me_snapshot
 from marketplace import auctions, book
 from marketplace.models import Lease, Order, SealedBid
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
 from tests.factories import funded_buyer, in_a_day, registered_node
 from tests.frontend.test_pages_buyer import field_error, login
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 H100 = "h100-sxm-80gb"

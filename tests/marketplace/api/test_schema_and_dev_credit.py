@@ -7,8 +7,8 @@ from rest_framework.test import APIClient
 
 from settlement import services as ledger
 from settlement.models import JournalEntry
-from tests.api.helpers import assert_refused, client_for
 from tests.factories import UserFactory
+from tests.support.api import assert_refused, client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 
 from marketplace.auctions import close_auction
 from marketplace.models import Auction
-from tests.api.helpers import body_text, client_for
 from tests.factories import RTX4090_DUMP, UserFactory, funded_buyer, registered_node
+from tests.support.api import body_text, client_for
 
 pytestmark = pytest.mark.django_db
 
