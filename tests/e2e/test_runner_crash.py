@@ -23,9 +23,9 @@ from marketplace import book
 from marketplace.lease_end import end_lease
 from marketplace.models import Lease
 from providers.models import Node
-from tests.e2e.conftest import wait_until
 from tests.factories import H100_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
 

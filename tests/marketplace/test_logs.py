@@ -18,7 +18,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import _env, wait_until
+from tests.support.processes import child_env
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +36,7 @@ class Server:
             self.port = s.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "uvicorn.log"
-        env = _env(DEBUG="0", SECRET_KEY="x" * 50, GPUMARKET_DEV_CREDIT="0",
+        env = child_env(DEBUG="0", SECRET_KEY="x" * 50, GPUMARKET_DEV_CREDIT="0",
                    DJANGO_SETTINGS_MODULE="tests.support.boom_settings",
                    ALLOWED_HOSTS="127.0.0.1,localhost", GPUMARKET_VAR_DIR=str(tmp_path))
         self._log = open(self.log_path, "w")  # noqa: SIM115

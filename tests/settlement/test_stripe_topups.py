@@ -25,8 +25,8 @@ from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import JournalEntry, StripeEvent, TopUp
 from settlement.stripe_payments import cents_to_micros, micros_to_whole_cents
 from tests.conftest import require_or_skip
-from tests.e2e.conftest import wait_until
 from tests.factories import UserFactory, api_token
+from tests.support.waiting import wait_until
 
 WEBHOOK_SECRET = "whsec_gpumarket_test_secret"
 pytestmark = pytest.mark.ledger("ledger_only")

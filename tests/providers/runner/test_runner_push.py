@@ -26,9 +26,10 @@ from marketplace.lease_end import end_lease
 from marketplace.models import Lease, LeaseEvent
 from providers import push
 from tests.conftest import ROOT, require_or_skip
-from tests.e2e.conftest import _env, wait_until
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
+from tests.support.processes import child_env
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -124,14 +125,14 @@ class RunnerProcess:
         reg = subprocess.run(
             [sys.executable, "-m", "providers.runner", "register", "--url", url, "--token",
              token, "--simulate", str(H100_DUMP), "--state-dir", str(state)],
-            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
         assert reg.returncode == 0, reg.stderr
         self.uid = json.loads((state / "config.json").read_text())["node"]["uid"]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(state),
                  "--runtime", "docker", "--network", "none", "--grace", "1", *extra],
-                cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+                cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.log.read_text()
@@ -344,7 +345,7 @@ def test_with_partial_notices_the_runner_polls_too(asgi_url, settings, docker_cl
             f"image={test_image!r}, command=['sleep', '3600']).leases\n"
             "push.flush(10)\n"
             "print(lease.pk)\n")
-        env = {k: v for k, v in _env().items() if k != "REDIS_URL"}
+        env = {k: v for k, v in child_env().items() if k != "REDIS_URL"}
         done = subprocess.run([sys.executable, "-c", worker], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
