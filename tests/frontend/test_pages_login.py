@@ -16,11 +16,6 @@ pytestmark = pytest.mark.django_db
 PASSWORD = "a fine long passphrase"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def page_login(username: str, password: str, address: str = "10.9.0.1"):
     return Client().post("/login/", {"username": username, "password": password},
                          REMOTE_ADDR=address)

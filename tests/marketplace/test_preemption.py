@@ -32,7 +32,6 @@ NOTICE = 120
 @pytest.fixture(autouse=True)
 def _notice(settings):
     settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS = NOTICE
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def assert_no_gpu_twice() -> None:

@@ -30,11 +30,6 @@ RESERVE = 1_000_000
 HOUR = 3600
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def _lot(rule: str):
     provider, node, _ = registered_node(RTX4090_DUMP)  # 8 × RTX 4090
     auction = auctions.open_auction(
