@@ -135,9 +135,9 @@ def test_sigkill_with_the_chain_on_ledger_and_chain_agree(tmp_path, django_db_se
         onchain.address_register(user_id=lease.provider_id, address=provider_addr)
 
         env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
-                   GPUMARKET_CHAIN_RPC_URL=url,
-                   GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
-                   GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
+                        GPUMARKET_CHAIN_RPC_URL=url,
+                        GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
+                        GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
         subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                        cwd=ROOT, env=env, check=True, capture_output=True)
 
