@@ -27,7 +27,7 @@ from tests.factories import H100_DUMP, RTX4090_DUMP, ask, bid, funded_buyer, reg
 from tests.support.containers import inspected
 from tests.support.net import free_port
 from tests.support.processes import child_env
-from tests.support.servers import AsgiServer
+from tests.support.servers import AsgiServer, SeenRequests
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -183,7 +183,9 @@ def test_the_runner_polls_when_the_websocket_is_refused(live_server, docker_clie
         assert took < 10
         wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
                    == "running", timeout=30)
-        time.sleep(3)  # a few reconnection attempts (1 s, 2 s, …): still logged once
+        with SeenRequests("/ws/runner/") as handshakes:  # still logged once after them
+            wait_until("2 more reconnection attempts", lambda: handshakes.count >= 2,
+                       timeout=30)
         out = runner.output()
         assert out.count("push: websocket") == 1, out
         assert "handshake answered HTTP 404" in out
