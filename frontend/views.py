@@ -125,7 +125,7 @@ def _redirect_next(request, nxt: str, default: str) -> HttpResponseRedirect:
 
 
 def _usd(micros: int | None) -> str:
-    # the home page keeps all 6 places (tests/api/test_api_sealed_secrecy.py reads them)
+    # the home page keeps all 6 places (tests/marketplace/api/test_sealed_secrecy.py reads them)
     return "—" if micros is None else f"${format_usd(micros)}"
 
 

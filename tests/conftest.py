@@ -101,3 +101,9 @@ def _fresh_login_limits():
             client.delete(*keys)
     else:
         cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    """A fast password hasher for every test (the factories set a password on every user)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,4 +1,8 @@
-"""factory-boy factories and small builders for the market's tests."""
+"""factory-boy factories and small builders for the market's tests: users, funded buyers,
+registered nodes, API tokens, and one builder per order: `bid(...)`/`ask(...)` place one
+through the book (marketplace/book.py), `bid_body(...)`/`ask_body(...)` are the JSON of
+POST /api/v1/orders/. Where a test needs other defaults it binds them once
+(functools.partial) instead of writing its own builder."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from marketplace import api_tokens, book
+from marketplace.catalog import load_catalog
+from marketplace.models import GpuClass
 from providers import services as provider_services
 from providers.runner.nvsmi import parse_dump
 from settlement import services as ledger
@@ -15,6 +22,8 @@ from tests.conftest import DATA
 
 H100_DUMP = DATA / "nvidia-smi" / "h100-80gb-hbm3-x8.driver-535.183.01.txt"
 RTX4090_DUMP = DATA / "nvidia-smi" / "rtx-4090-x8.driver-535.154.05.txt"
+H100 = "h100-sxm-80gb"  # the market of H100_DUMP's GPUs
+MISSING = object()  # bid_body(price=MISSING): the body without that field
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -33,9 +42,6 @@ def funded_buyer(usd: int = 1000):
 
 def ensure_catalog() -> None:
     """The GPU class catalog comes from a data migration; transactional tests flush it."""
-    from marketplace.catalog import load_catalog
-    from marketplace.models import GpuClass
-
     if not GpuClass.objects.exists():
         load_catalog(GpuClass)
 
@@ -62,6 +68,37 @@ def in_a_day():
 
 def api_token(user, name: str = "test") -> str:
     """A new API token of `user` (marketplace/api_tokens.py: only its hash is stored)."""
-    from marketplace import api_tokens
-
     return api_tokens.issue(user=user, name=name).key
+
+
+def bid(buyer, /, *, market: str = H100, price: int = 2_490_000, gpus: int = 1,
+        duration_seconds: int = 3600, **terms) -> book.Placed:
+    """book.place_bid for `buyer`: price in micro-USD per GPU-hour; `terms`: the other
+    keywords of place_bid (image, command, ports, interruptible, gang_size, now, ...)."""
+    return book.place_bid(buyer_id=buyer.pk, market_slug=market, price=price, gpus=gpus,
+                          duration_seconds=duration_seconds, **terms)
+
+
+def ask(provider, node, /, *, market: str | None = None, price: int = 2_490_000, gpus: int = 8,
+        until=None, **terms) -> book.Placed:
+    """book.place_ask of `node` by `provider` until `until` (default: in a day); price in
+    micro-USD per GPU-hour; `terms`: the other keywords of place_ask (client_order_id, now)."""
+    return book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=market,
+                          price=price, gpus=gpus, available_until=until or in_a_day(), **terms)
+
+
+def bid_body(*, gpu_class: str = H100, price: str = "2.50", gpus: int = 2, hours: int = 1,
+             **changes) -> dict:
+    """The JSON body of a bid for POST /api/v1/orders/ (price: USD per GPU-hour, a string);
+    `changes` add or replace fields, a field given as MISSING is left out."""
+    body = {"side": "bid", "gpu_class": gpu_class, "price": price, "gpus": gpus,
+            "hours": hours, **changes}
+    return {k: v for k, v in body.items() if v is not MISSING}
+
+
+def ask_body(node, /, *, price: str = "1.50", gpus: int = 2, **changes) -> dict:
+    """The JSON body of an ask of `node` for POST /api/v1/orders/ (price: USD per GPU-hour);
+    available_until is in a day unless given; a field given as MISSING is left out."""
+    body = {"side": "ask", "node": node.pk, "price": price, "gpus": gpus,
+            "available_until": in_a_day().isoformat(), **changes}
+    return {k: v for k, v in body.items() if v is not MISSING}

@@ -5,36 +5,16 @@ HTTP to pytest-django's live server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from tests.conftest import ROOT, require_or_skip
-
-
-def _env(**extra: str) -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "marketplace.settings",
-           "PYTHONUNBUFFERED": "1", **extra}
-    if db["ENGINE"].endswith("postgresql"):
-        env["DATABASE_URL"] = (f"postgres://{db['USER'] or 'postgres'}@{db['HOST']}:"
-                               f"{db['PORT'] or 5432}/{db['NAME']}")
-    return env
-
-
-def wait_until(what: str, check, timeout: float = 30.0, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+from tests.support.processes import child_env
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +23,7 @@ def celery_worker_process(django_db_setup, tmp_path_factory):
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("the end-to-end Celery test needs REDIS_URL (make test sets it)")
     logdir = tmp_path_factory.mktemp("celery")
-    env = _env(GPUMARKET_VAR_DIR=str(logdir))
+    env = child_env(GPUMARKET_VAR_DIR=str(logdir))
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
     log = open(logdir / "worker.log", "w")  # noqa: SIM115
@@ -74,7 +54,7 @@ class Runner:
             [sys.executable, "-m", "providers.runner", "register", "--url", self.url,
              "--token", self.token, "--simulate", str(self.dump), "--state-dir",
              str(self.state)],
-            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60,
+            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60,
         )
 
     def start(self, runtime: str = "docker") -> None:
@@ -83,7 +63,7 @@ class Runner:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(self.state),
              "--poll-interval", "0.3", "--runtime", runtime, "--network", "none"],
-            cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
         )
 
     def output(self) -> str:

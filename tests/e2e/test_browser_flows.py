@@ -23,6 +23,8 @@ from django.utils import timezone
 from tests.conftest import DATA, ROOT, require_or_skip
 from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
 from tests.settlement.test_stripe_topups import localstripe_url  # noqa: F401 (fixture)
+from tests.support.servers import AsgiServer
+from tests.support.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -306,8 +308,8 @@ def test_sealed_auction_counts_down_and_shows_its_result(live_server, browser):
     marker = page.evaluate("window.__noReload = Math.random()")
 
     expect(page.locator("#countdown")).to_have_text("closing…", timeout=15_000)
-    while timezone.now() < closes_at:
-        time.sleep(0.1)
+    wait_until("the auction's closing time", lambda: timezone.now() >= closes_at, timeout=30,
+               every=0.1)
     auctions.close_auction(auction_id=lot.pk)  # None if the worker closed it first
 
     expect(page.locator("#clearing-price")).to_have_text("$3.00")  # second price
@@ -323,29 +325,9 @@ def test_sealed_auction_counts_down_and_shows_its_result(live_server, browser):
 @pytest.fixture
 def asgi_server(settings, transactional_db):
     """The real ASGI application (pages + websockets) under uvicorn, in a thread."""
-    import socket
-    import threading
-
-    import uvicorn
-
-    from marketplace.asgi import application
-
     settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    connections.close_all()
+    with AsgiServer() as server:
+        yield server.url
 
 
 def test_market_page_follows_the_websocket_feed(asgi_server, browser):

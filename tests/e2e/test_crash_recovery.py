@@ -21,8 +21,9 @@ from providers import services as provider_services
 from settlement.checks import first_violation
 from settlement.models import JournalEntry
 from tests.conftest import ROOT, require_or_skip
-from tests.e2e.conftest import _env, wait_until
 from tests.factories import UserFactory, ensure_catalog, funded_buyer, in_a_day
+from tests.support.processes import child_env
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -69,7 +70,7 @@ def test_sigkill_mid_settlement_then_restart_settles_each_lease_once(tmp_path,
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("needs REDIS_URL (make test sets it)")
     ids = _overdue_leases(LEASES)
-    env = _env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0")
+    env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0")
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
 
@@ -133,10 +134,10 @@ def test_sigkill_with_the_chain_on_ledger_and_chain_agree(tmp_path, django_db_se
         onchain.address_register(user_id=lease.buyer_id, address=buyer_addr)
         onchain.address_register(user_id=lease.provider_id, address=provider_addr)
 
-        env = _env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
-                   GPUMARKET_CHAIN_RPC_URL=url,
-                   GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
-                   GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
+        env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
+                        GPUMARKET_CHAIN_RPC_URL=url,
+                        GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
+                        GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
         subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                        cwd=ROOT, env=env, check=True, capture_output=True)
 

@@ -6,20 +6,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_make_demo_oneshot_reports_the_whole_flow(tmp_path):
@@ -27,7 +21,7 @@ def test_make_demo_oneshot_reports_the_whole_flow(tmp_path):
         pytest.fail("make is not installed")
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
-    env.update(DEMO_ONESHOT="1", DEMO_PORT=str(_free_port()), GPUMARKET_VAR_DIR=str(tmp_path))
+    env.update(DEMO_ONESHOT="1", DEMO_PORT=str(free_port()), GPUMARKET_VAR_DIR=str(tmp_path))
     done = subprocess.run(["make", "demo"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     out = done.stdout

@@ -19,9 +19,9 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Account
 from settlement.split import split
-from tests.e2e.conftest import wait_until
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
 

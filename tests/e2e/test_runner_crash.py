@@ -23,11 +23,14 @@ from marketplace import book
 from marketplace.lease_end import end_lease
 from marketplace.models import Lease
 from providers.models import Node
-from tests.e2e.conftest import wait_until
 from tests.factories import H100_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
+from tests.support.servers import SeenRequests
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
+
+LEASES = "/api/v1/runner/leases/"  # the runner fetches its leases here to reconcile them
 
 
 def _containers(docker_client, lease_id: int) -> list:
@@ -71,7 +74,8 @@ def test_sigkill_mid_lease_the_container_is_readopted_and_an_ended_lease_stopped
     runner.start()
     wait_until("the restarted runner to heartbeat", lambda: _heartbeat_after(node.pk,
                                                                            restarted_at))
-    time.sleep(2)  # several reconciliations at the 0.3 s poll
+    with SeenRequests(LEASES) as fetches:  # several reconciliations at the 0.3 s poll
+        wait_until("3 more lease fetches", lambda: fetches.count >= 3, timeout=30)
     [again] = _containers(docker_client, lease.pk)
     assert again.id == container.id and again.status == "running"
     after = Lease.objects.get(pk=lease.pk)
@@ -133,7 +137,8 @@ def test_killed_between_docker_run_and_the_running_report_the_container_is_adopt
     running = wait_until("the restarted runner to report running", lambda: Lease.objects.filter(
         pk=lease.pk, status="running").first(), timeout=60)
     assert running.container_id == container_id
-    time.sleep(1)
+    with SeenRequests(LEASES) as fetches:  # a few more reconciliations
+        wait_until("2 more lease fetches", lambda: fetches.count >= 2, timeout=30)
     assert [c["Id"] for c in docker_client.api.containers(
         all=True, filters={"label": f"gpumarket.lease={lease.pk}"})] == [container_id]
     assert f"lease {lease.pk}: re-adopted container {container_id[:12]}" in runner.output()

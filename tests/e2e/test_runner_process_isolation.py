@@ -23,10 +23,11 @@ from django.test import Client
 from marketplace import book
 from marketplace.models import Lease
 from providers.runner.process_runtime import DEFAULT_UIDS
-from tests.api.helpers import client_for
 from tests.conftest import require_or_skip
-from tests.e2e.conftest import Runner, wait_until
+from tests.e2e.conftest import Runner
 from tests.factories import H100_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.api import client_for
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from providers.models import Node
 from providers.services import node_rotate_token
-from tests.e2e.conftest import Runner, wait_until
+from tests.e2e.conftest import Runner
 from tests.factories import H100_DUMP, registered_node
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 

@@ -14,9 +14,9 @@ import pytest
 from django.urls import reverse
 
 from marketplace.models import Order
-from tests.api.helpers import client_for
-from tests.api.test_api_nul_input import _endpoints, _put, _state, world  # noqa: F401
 from tests.frontend.test_pages_buyer import login
+from tests.marketplace.api.test_nul_input import _endpoints, _put, _state, world  # noqa: F401
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 NUL = "a\x00b"

@@ -9,16 +9,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.api.helpers import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 
 PASSWORD = "a fine long passphrase"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def page_login(username: str, password: str, address: str = "10.9.0.1"):

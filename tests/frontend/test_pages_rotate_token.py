@@ -11,9 +11,9 @@ from django.test import Client
 from django.urls import reverse
 
 from providers.models import Node, hash_token
-from tests.api.helpers import client_for, runner_client
 from tests.factories import RTX4090_DUMP, UserFactory, registered_node
 from tests.frontend.test_pages_buyer import field_error, login
+from tests.support.api import client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from marketplace import api_tokens
 from marketplace.models import ApiToken, WsTicket
-from tests.api.helpers import client_for
 from tests.factories import UserFactory, api_token, registered_node
 from tests.frontend.conftest import connect, recv
+from tests.support.api import client_for
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("clean_channel_layer")]

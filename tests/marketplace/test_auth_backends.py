@@ -8,7 +8,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher, get_hasher
 from django.db import connection
 
-from tests.api.helpers import client_for
+from tests.support.api import client_for
 
 
 def seen() -> list[bool]:

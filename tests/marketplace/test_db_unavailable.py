@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import wait_until
-from tests.support.postgres import PrivatePostgres, free_port
+from tests.support.net import free_port
+from tests.support.postgres import PrivatePostgres
+from tests.support.waiting import wait_until
 
 PASSWORD = "correct horse battery staple"
 

@@ -13,8 +13,8 @@ from marketplace import book
 from marketplace.errors import MarketBusy
 from marketplace.locking import lock_market
 from marketplace.models import GpuClass
-from tests.api.helpers import client_for, snapshot
 from tests.factories import ensure_catalog, funded_buyer
+from tests.support.api import client_for, snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 
@@ -18,7 +17,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import _env, wait_until
+from tests.support.net import free_port
+from tests.support.processes import child_env
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,14 +31,12 @@ class Server:
     boom URL added (tests/support/boom_settings.py); stdout and stderr into one file."""
 
     def __init__(self, tmp_path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "uvicorn.log"
-        env = _env(DEBUG="0", SECRET_KEY="x" * 50, GPUMARKET_DEV_CREDIT="0",
-                   DJANGO_SETTINGS_MODULE="tests.support.boom_settings",
-                   ALLOWED_HOSTS="127.0.0.1,localhost", GPUMARKET_VAR_DIR=str(tmp_path))
+        env = child_env(DEBUG="0", SECRET_KEY="x" * 50, GPUMARKET_DEV_CREDIT="0",
+                        DJANGO_SETTINGS_MODULE="tests.support.boom_settings",
+                        ALLOWED_HOSTS="127.0.0.1,localhost", GPUMARKET_VAR_DIR=str(tmp_path))
         self._log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.db import connections
@@ -17,8 +18,9 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold
 from settlement.money import lease_cost
-from tests.api.helpers import assert_refused, client_for, snapshot
-from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests import factories
+from tests.factories import bid_body, ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.support.api import assert_refused, client_for, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -26,20 +28,7 @@ H100 = "h100-sxm-80gb"
 ORDERS = "/api/v1/orders/"
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def _ask(provider, node, *, gpus=2, price=2_000_000, until=None):
-    return book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
-                          price=price, gpus=gpus, available_until=until or in_a_day()).order
-
-
-def _bid(**changes):
-    body = {"side": "bid", "gpu_class": H100, "price": "2.50", "gpus": 2, "hours": 1}
-    body.update(changes)
-    return body
+_ask = partial(factories.ask, price=2_000_000, gpus=2)
 
 
 # --------------------------------------------------------------------------- expiry
@@ -49,9 +38,9 @@ def test_past_expires_at_is_a_400_naming_it_and_writes_nothing():
     buyer = funded_buyer(100)
     before = snapshot(buyer)
     past = (timezone.now() - timedelta(seconds=1)).isoformat()
-    assert_refused(client_for(buyer).post(ORDERS, _bid(expires_at=past), format="json"),
+    assert_refused(client_for(buyer).post(ORDERS, bid_body(expires_at=past), format="json"),
                    "expires_at", contains="future")
-    assert_refused(client_for(buyer).post(ORDERS, _bid(expires_at="tomorrow"), format="json"),
+    assert_refused(client_for(buyer).post(ORDERS, bid_body(expires_at="tomorrow"), format="json"),
                    "expires_at")
     assert snapshot(buyer) == before
     with pytest.raises(InvalidInput) as e:
@@ -72,7 +61,7 @@ def test_expires_at_on_an_ask_is_refused():
 def test_the_sweep_expires_a_bid_releases_its_hold_and_records_why():
     buyer = funded_buyer(100)
     expires = timezone.now() + timedelta(minutes=10)
-    r = client_for(buyer).post(ORDERS, _bid(expires_at=expires.isoformat()), format="json")
+    r = client_for(buyer).post(ORDERS, bid_body(expires_at=expires.isoformat()), format="json")
     assert r.status_code == 201, r.json()
     order = Order.objects.get(pk=r.json()["id"])
     assert order.status == "open" and order.expires_at == expires
@@ -115,14 +104,14 @@ def test_a_bid_past_its_expiry_never_matches_even_before_the_sweep():
 def test_an_ask_past_available_until_expires_and_its_gpus_can_be_offered_again():
     provider, node, _ = registered_node()
     until = timezone.now() + timedelta(hours=2)
-    ask = _ask(provider, node, gpus=8, until=until)
+    ask = _ask(provider, node, gpus=8, until=until).order
     with pytest.raises(InvalidInput):
         _ask(provider, node, gpus=1)  # all 8 offered
     assert book.expire_orders(now=until) == [ask.pk]
     ask.refresh_from_db()
     assert ask.status == "expired"
     assert "available_until" in ask.events.order_by("pk").last().cause
-    assert _ask(provider, node, gpus=8).status == "open"
+    assert _ask(provider, node, gpus=8).order.status == "open"
 
 
 # ------------------------------------------------------------------ client order id
@@ -131,17 +120,17 @@ def test_an_ask_past_available_until_expires_and_its_gpus_can_be_offered_again()
 def test_the_same_client_order_id_twice_returns_the_first_order_with_200():
     buyer, other = funded_buyer(100), funded_buyer(100)
     api = client_for(buyer)
-    first = api.post(ORDERS, _bid(client_order_id="run-42:a"), format="json")
+    first = api.post(ORDERS, bid_body(client_order_id="run-42:a"), format="json")
     assert first.status_code == 201, first.json()
     assert first.json()["client_order_id"] == "run-42:a"
     before = snapshot(buyer)
     # a retry answers with the first order and writes nothing
-    again = api.post(ORDERS, _bid(client_order_id="run-42:a"), format="json")
+    again = api.post(ORDERS, bid_body(client_order_id="run-42:a"), format="json")
     assert again.status_code == 200
     assert again.json()["id"] == first.json()["id"] and again.json()["price"] == "2.500000"
     assert snapshot(buyer) == before
     # the same id with other terms is a mistake, not a retry: 409, nothing written
-    other_terms = api.post(ORDERS, _bid(client_order_id="run-42:a", price="3.00"),
+    other_terms = api.post(ORDERS, bid_body(client_order_id="run-42:a", price="3.00"),
                            format="json")
     assert other_terms.status_code == 409
     assert other_terms.json()["errors"]["client_order_id"] == [
@@ -149,7 +138,7 @@ def test_the_same_client_order_id_twice_returns_the_first_order_with_200():
         "must repeat its terms"]
     assert snapshot(buyer) == before
     # the id is per owner
-    theirs = client_for(other).post(ORDERS, _bid(client_order_id="run-42:a"), format="json")
+    theirs = client_for(other).post(ORDERS, bid_body(client_order_id="run-42:a"), format="json")
     assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
     assert Order.objects.count() == 2
 
@@ -158,7 +147,7 @@ def test_the_same_client_order_id_twice_returns_the_first_order_with_200():
 def test_bad_client_order_ids_are_refused(bad):
     buyer = funded_buyer(100)
     before = snapshot(buyer)
-    assert_refused(client_for(buyer).post(ORDERS, _bid(client_order_id=bad), format="json"),
+    assert_refused(client_for(buyer).post(ORDERS, bid_body(client_order_id=bad), format="json"),
                    "client_order_id")
     assert snapshot(buyer) == before
 
@@ -218,7 +207,7 @@ def test_fok_that_cannot_fill_whole_is_cancelled_with_nothing_held():
     provider, node, _ = registered_node()
     buyer = funded_buyer(100)
     _ask(provider, node, gpus=2)
-    r = client_for(buyer).post(ORDERS, _bid(gpus=4, gang_size=1, time_in_force="FOK"),
+    r = client_for(buyer).post(ORDERS, bid_body(gpus=4, gang_size=1, time_in_force="FOK"),
                                format="json")
     assert r.status_code == 201, r.json()
     assert r.json()["status"] == "cancelled" and r.json()["leases"] == []
@@ -234,7 +223,7 @@ def test_fok_that_can_fill_whole_fills():
     provider, node, _ = registered_node()
     buyer = funded_buyer(100)
     _ask(provider, node, gpus=4)
-    r = client_for(buyer).post(ORDERS, _bid(gpus=4, time_in_force="FOK"), format="json")
+    r = client_for(buyer).post(ORDERS, bid_body(gpus=4, time_in_force="FOK"), format="json")
     assert r.json()["status"] == "filled" and len(r.json()["leases"]) == 1
     assert ledger.wallet(user_id=buyer.pk).held == lease_cost(2_000_000, 4, 3600)
 
@@ -242,8 +231,8 @@ def test_fok_that_can_fill_whole_fills():
 def test_ioc_fills_what_it_can_and_never_rests():
     provider, node, _ = registered_node()
     buyer = funded_buyer(100)
-    ask = _ask(provider, node, gpus=2)
-    r = client_for(buyer).post(ORDERS, _bid(gpus=4, gang_size=1, time_in_force="IOC"),
+    ask = _ask(provider, node, gpus=2).order
+    r = client_for(buyer).post(ORDERS, bid_body(gpus=4, gang_size=1, time_in_force="IOC"),
                                format="json")
     assert r.status_code == 201, r.json()
     body = r.json()
@@ -263,7 +252,7 @@ def test_ioc_fills_what_it_can_and_never_rests():
 
 def test_ioc_with_nothing_to_match_is_cancelled():
     buyer = funded_buyer(100)
-    r = client_for(buyer).post(ORDERS, _bid(time_in_force="IOC"), format="json")
+    r = client_for(buyer).post(ORDERS, bid_body(time_in_force="IOC"), format="json")
     assert r.json()["status"] == "cancelled" and r.json()["leases"] == []
     assert ledger.wallet(user_id=buyer.pk).held == 0
 
@@ -276,9 +265,9 @@ def test_orders_filter_by_status_and_side():
     buyer = funded_buyer(100)
     _ask(provider, node, gpus=2)
     api = client_for(buyer)
-    filled = api.post(ORDERS, _bid(), format="json").json()["id"]
-    resting = api.post(ORDERS, _bid(), format="json").json()["id"]
-    cancelled = api.post(ORDERS, _bid(time_in_force="IOC"), format="json").json()["id"]
+    filled = api.post(ORDERS, bid_body(), format="json").json()["id"]
+    resting = api.post(ORDERS, bid_body(), format="json").json()["id"]
+    cancelled = api.post(ORDERS, bid_body(time_in_force="IOC"), format="json").json()["id"]
 
     def ids(query):
         r = api.get(ORDERS + query)

@@ -20,8 +20,8 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold, JournalEntry
 from settlement.money import lease_cost
-from tests.api.helpers import client_for, runner_client
 from tests.factories import funded_buyer, in_a_day, registered_node
+from tests.support.api import client_for, runner_client
 
 MARKET = "h100-sxm-80gb"
 ASK = 2_000_000  # micro-USD per GPU-hour
@@ -32,7 +32,6 @@ NOTICE = 120
 @pytest.fixture(autouse=True)
 def _notice(settings):
     settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS = NOTICE
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def assert_no_gpu_twice() -> None:

@@ -21,18 +21,13 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Hold
 from settlement.money import lease_cost
-from tests.api.helpers import client_for
 from tests.factories import RTX4090_DUMP, funded_buyer, registered_node
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 
 RESERVE = 1_000_000
 HOUR = 3600
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def _lot(rule: str):

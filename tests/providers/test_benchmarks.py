@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from providers import benchmarks
 from providers.models import Gpu, GpuBenchmark
-from tests.api.helpers import assert_refused, client_for, runner_client
 from tests.factories import RTX4090_DUMP, UserFactory, registered_node
 from tests.frontend.test_pages_buyer import login
+from tests.support.api import assert_refused, client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/runner/benchmarks/"

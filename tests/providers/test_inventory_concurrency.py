@@ -20,8 +20,8 @@ from django.db import connections
 
 from providers import services as provider_services
 from providers.models import Gpu
-from tests.api.helpers import runner_client
 from tests.factories import UserFactory, ensure_catalog
+from tests.support.api import runner_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,7 +5,6 @@ exit, never a traceback."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -15,6 +14,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import ROOT
+from tests.support.net import free_port
 
 
 def _ledger_check(database_url: str) -> subprocess.CompletedProcess:
@@ -52,9 +52,7 @@ def test_ledger_check_on_an_unmigrated_database_says_to_run_migrate(empty_databa
 
 
 def test_ledger_check_without_a_database_server_says_so_in_one_line():
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     done = _ledger_check(f"postgres://postgres@127.0.0.1:{port}/gpumarket")
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr

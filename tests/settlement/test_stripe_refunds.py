@@ -25,9 +25,9 @@ from settlement import services as ledger
 from settlement import stripe_refunds
 from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import Account, JournalEntry, Posting, TopUp
-from tests.e2e.conftest import wait_until
 from tests.factories import UserFactory
 from tests.settlement.test_stripe_topups import WEBHOOK_SECRET, _charge_event, _event, _signed
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.ledger("ledger_only")
 WEBHOOK = "/api/v1/stripe/webhook/"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +24,12 @@ from settlement.checks import LEDGER_CHECKS, first_violation
 from settlement.models import JournalEntry, StripeEvent, TopUp
 from settlement.stripe_payments import cents_to_micros, micros_to_whole_cents
 from tests.conftest import require_or_skip
-from tests.e2e.conftest import wait_until
 from tests.factories import UserFactory, api_token
+from tests.support.net import free_port
+from tests.support.waiting import wait_until
 
 WEBHOOK_SECRET = "whsec_gpumarket_test_secret"
 pytestmark = pytest.mark.ledger("ledger_only")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +38,7 @@ def localstripe_url():
         import localstripe  # noqa: F401
     except ImportError:
         require_or_skip("localstripe is not installed (pip install -e '.[test]')")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localstripe", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

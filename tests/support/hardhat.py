@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,14 +15,9 @@ import pytest
 from web3 import HTTPProvider, Web3
 
 from tests.conftest import ROOT, require_or_skip
+from tests.support.net import free_port
 
 CONTRACTS = ROOT / "contracts"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -36,7 +30,7 @@ def hardhat_node() -> Iterator[tuple[Web3, str]]:
     cli = CONTRACTS / "node_modules" / "hardhat" / "internal" / "cli" / "cli.js"
     if not cli.exists():
         require_or_skip("contracts/node_modules missing: run `npm ci --prefix contracts`")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true", "CI": "true"}
     proc = subprocess.Popen(

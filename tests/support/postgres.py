@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 from tests.conftest import require_or_skip
+from tests.support.net import free_port
 
 BIN = Path("/usr/local/bin")
 
@@ -22,12 +22,6 @@ def _tool(name: str) -> str:
     if path is None:
         require_or_skip(f"{name} is not installed (PostgreSQL server binaries)")
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrivatePostgres:

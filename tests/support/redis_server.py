@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -14,12 +13,7 @@ import pytest
 import redis
 
 from tests.conftest import require_or_skip
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.net import free_port
 
 
 class PrivateRedis:
@@ -32,7 +26,7 @@ class PrivateRedis:
         if binary is None:
             require_or_skip("redis-server is not installed: cannot start a private Redis")
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
 

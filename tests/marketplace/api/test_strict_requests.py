@@ -7,8 +7,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from providers.models import Provider
-from tests.api.helpers import client_for, snapshot
 from tests.factories import UserFactory, api_token, funded_buyer
+from tests.support.api import client_for, snapshot
 
 pytestmark = pytest.mark.django_db
 

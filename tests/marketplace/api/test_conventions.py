@@ -24,24 +24,19 @@ from marketplace.auctions import close_auction
 from marketplace.models import Auction, Lease, Order
 from providers.models import Gpu, Provider
 from settlement.models import ChainAddress, Hold
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
 from tests.factories import (
     RTX4090_DUMP,
     UserFactory,
     api_token,
+    ask_body,
     funded_buyer,
-    in_a_day,
     registered_node,
 )
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 
 BID = {"side": "bid", "gpu_class": "rtx-4090", "gpus": 1, "hours": 1, "price": "2.00"}
-
-
-def _ask(node_obj, /, **changes):
-    return {"side": "ask", "node": node_obj.pk, "price": "1.50", "gpus": 2,
-            "available_until": in_a_day().isoformat(), **changes}
 
 
 def _api_paths() -> list[str]:
@@ -187,7 +182,7 @@ def test_ask_fields_on_a_bid_are_refused(changes, field):
 def test_bid_fields_on_an_ask_are_refused(changes, field):
     provider, node, _ = registered_node(RTX4090_DUMP)
     count = Order.objects.count()
-    r = client_for(provider).post("/api/v1/orders/", _ask(node, **changes), format="json")
+    r = client_for(provider).post("/api/v1/orders/", ask_body(node, **changes), format="json")
     assert_refused(r, field, contains="is for bids")
     assert Order.objects.count() == count
 
@@ -329,7 +324,7 @@ def test_payouts_page_through_limit_and_offset():
 
 def _pending_lease():
     provider, node, token = registered_node(RTX4090_DUMP)
-    client_for(provider).post("/api/v1/orders/", _ask(node, gpus=1), format="json")
+    client_for(provider).post("/api/v1/orders/", ask_body(node, gpus=1), format="json")
     r = client_for(funded_buyer(10)).post("/api/v1/orders/", {**BID, "price": "2.00"},
                                           format="json")
     (lease_id,) = r.json()["leases"]
@@ -510,7 +505,7 @@ def test_someone_elses_node_and_a_missing_node_get_the_same_404():
     api = client_for(stranger)
     closes = (timezone.now() + timedelta(minutes=5)).isoformat()
     for node_id in (node.pk, node.pk + 1000):
-        for url, body in (("/api/v1/orders/", _ask(node, node=node_id)),
+        for url, body in (("/api/v1/orders/", ask_body(node, node=node_id)),
                           ("/api/v1/auctions/", {"node": node_id, "gpus": 1,
                                                  "reserve_price": "1.00", "hours": 1,
                                                  "closes_at": closes})):

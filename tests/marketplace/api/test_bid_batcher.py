@@ -15,8 +15,8 @@ from marketplace.asgi import application
 from marketplace.models import Order
 from settlement import services as ledger
 from settlement.checks import first_violation
-from tests.api.helpers import client_for
 from tests.factories import api_token, ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,10 +10,8 @@ GPU/NVML on this machine. Nothing else is mocked.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -21,14 +19,16 @@ from django.db import connections, transaction
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from marketplace import book
 from marketplace.lease_end import end_lease
 from marketplace.models import Lease, LeaseEvent
 from providers import push
 from tests.conftest import ROOT, require_or_skip
-from tests.e2e.conftest import _env, wait_until
-from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.factories import H100_DUMP, RTX4090_DUMP, ask, bid, funded_buyer, registered_node
 from tests.support.containers import inspected
+from tests.support.net import free_port
+from tests.support.processes import child_env
+from tests.support.servers import AsgiServer, SeenRequests
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -36,25 +36,8 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def asgi_url(settings, transactional_db):
     """marketplace.asgi:application under uvicorn in a thread → its http:// base URL."""
-    import uvicorn
-
-    from marketplace.asgi import application
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    connections.close_all()
+    with AsgiServer() as server:
+        yield server.url
 
 
 def _ws(base: str, token: str | None, origin: str | None = None):
@@ -69,14 +52,13 @@ def _recv(ws, timeout: float = 10.0) -> dict:
 
 def _market(node_name: str = "push-node"):
     provider, node, token = registered_node(name=node_name)
-    book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
-                   price=2_490_000, gpus=8, available_until=in_a_day())
+    ask(provider, node)
     return provider, node, token, funded_buyer(100)
 
 
-def _bid(buyer, **kw) -> Lease:
-    [lease] = book.place_bid(buyer_id=buyer.pk, market_slug="h100-sxm-80gb", price=2_490_000,
-                             gpus=1, duration_seconds=3600, **kw).leases
+def _lease(buyer, **kw) -> Lease:
+    """The one lease of a 1-GPU H100 bid of `buyer` that fills at once (see _market)."""
+    [lease] = bid(buyer, **kw).leases
     return lease
 
 
@@ -98,12 +80,12 @@ def test_notices_follow_commits_of_the_nodes_leases_only(asgi_url, settings):
 
         def rolled_back():
             with transaction.atomic():
-                _bid(buyer)
+                _lease(buyer)
                 raise RuntimeError("roll back")
 
         with pytest.raises(RuntimeError):  # rolled back: no notice
             rolled_back()
-        lease = _bid(buyer)  # commits: one notice, the next seq, no lease data
+        lease = _lease(buyer)  # commits: one notice, the next seq, no lease data
         assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
 
         Lease.objects.get(pk=lease.pk).set_status("starting", cause="test")
@@ -124,14 +106,14 @@ class RunnerProcess:
         reg = subprocess.run(
             [sys.executable, "-m", "providers.runner", "register", "--url", url, "--token",
              token, "--simulate", str(H100_DUMP), "--state-dir", str(state)],
-            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
         assert reg.returncode == 0, reg.stderr
         self.uid = json.loads((state / "config.json").read_text())["node"]["uid"]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(state),
                  "--runtime", "docker", "--network", "none", "--grace", "1", *extra],
-                cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+                cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.log.read_text()
@@ -167,7 +149,7 @@ def test_the_runner_takes_a_pushed_lease_at_once(asgi_url, docker_client, test_i
         wait_until("the runner's push websocket", lambda: "connected;" in runner.output(),
                    timeout=60)
         time.sleep(1)  # past the ticks that follow the connection
-        lease = _bid(buyer, image=test_image, command=["sleep", "3600"])
+        lease = _lease(buyer, image=test_image, command=["sleep", "3600"])
         took = _picked_up_after(lease)
         assert took < 3, f"{took:.1f} s with push up (poll interval 30 s)"
         wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
@@ -196,12 +178,14 @@ def test_the_runner_polls_when_the_websocket_is_refused(live_server, docker_clie
     try:
         wait_until("the runner to fall back to polling",
                    lambda: "polling every 1 s, reconnecting" in runner.output(), timeout=60)
-        lease = _bid(buyer, image=test_image, command=["sleep", "3600"])
+        lease = _lease(buyer, image=test_image, command=["sleep", "3600"])
         took = _picked_up_after(lease)
         assert took < 10
         wait_until("the lease to run", lambda: Lease.objects.get(pk=lease.pk).status
                    == "running", timeout=30)
-        time.sleep(3)  # a few reconnection attempts (1 s, 2 s, …): still logged once
+        with SeenRequests("/ws/runner/") as handshakes:  # still logged once after them
+            wait_until("2 more reconnection attempts", lambda: handshakes.count >= 2,
+                       timeout=30)
         out = runner.output()
         assert out.count("push: websocket") == 1, out
         assert "handshake answered HTTP 404" in out
@@ -215,22 +199,9 @@ def test_push_flush_sends_after_commit_from_a_task_process_too():
     still numbered and sent after commit; flush() waits for it."""
     _, node, _, buyer = _market()
     before = push.current_seq(node.pk)
-    _bid(buyer)
+    _lease(buyer)
     assert push.flush(10)
     assert push.current_seq(node.pk) == before + 1
-
-
-def _serve(port: int):
-    import uvicorn
-
-    from marketplace.asgi import application
-
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until("uvicorn to start", lambda: server.started, timeout=15, every=0.05)
-    return server, thread
 
 
 def test_the_listener_reconnects_after_the_marketplace_restarts(transactional_db):
@@ -240,19 +211,16 @@ def test_the_listener_reconnects_after_the_marketplace_restarts(transactional_db
     from providers.runner.push import PushListener
 
     _, node, token, buyer = _market()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     lines: list[str] = []
     notices: list[int | None] = []
     listener = PushListener(f"http://127.0.0.1:{port}", token, log=lines.append,
                             poll_interval=2, max_backoff=1)
-    server, thread = _serve(port)
+    server = AsgiServer(port).start()
     listener.start(notices.append)
     try:
         wait_until("the first connection", lambda: listener.connected, timeout=15)
-        server.should_exit = True
-        thread.join(15)
+        server.stop(15)
         wait_until("the drop to be noticed", lambda: not listener.connected, timeout=15)
         time.sleep(2.5)  # several failed reconnection attempts (max_backoff 1 s)
         assert [line.split(" (")[0] for line in lines] == [
@@ -260,18 +228,17 @@ def test_the_listener_reconnects_after_the_marketplace_restarts(transactional_db
             "soon as they change",
             f"push: websocket ws://127.0.0.1:{port}/ws/runner/ down"]
 
-        server, thread = _serve(port)
+        server.start()
         wait_until("the reconnection", lambda: listener.connected, timeout=15)
         assert len(lines) == 3 and lines[2] == lines[0]
         before = len(notices)
-        _bid(buyer)
+        _lease(buyer)
         wait_until("a notice after the reconnection", lambda: len(notices) > before,
                    timeout=15)
         assert notices[-1] == push.current_seq(node.pk)
     finally:
         listener.stop()
-        server.should_exit = True
-        thread.join(15)
+        server.stop(15)
         connections.close_all()
 
 
@@ -314,7 +281,7 @@ def test_notices_of_another_redis_database_never_reach_this_runner(asgi_url, set
         async_to_sync(publish)()
         with pytest.raises(TimeoutError):  # the other deployment's node, not ours
             ws.recv(timeout=1.0)
-        _bid(buyer)  # ours: delivered, numbered in our database
+        _lease(buyer)  # ours: delivered, numbered in our database
         assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
 
 
@@ -344,7 +311,7 @@ def test_with_partial_notices_the_runner_polls_too(asgi_url, settings, docker_cl
             f"image={test_image!r}, command=['sleep', '3600']).leases\n"
             "push.flush(10)\n"
             "print(lease.pk)\n")
-        env = {k: v for k, v in _env().items() if k != "REDIS_URL"}
+        env = {k: v for k, v in child_env().items() if k != "REDIS_URL"}
         done = subprocess.run([sys.executable, "-c", worker], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -389,7 +356,7 @@ def test_rotating_the_token_closes_its_open_connections_at_once(asgi_url):
     with _ws(asgi_url, new) as ws:
         hello = _recv(ws)
         assert hello["type"] == "hello" and hello["node"] == node.pk
-        _bid(buyer)
+        _lease(buyer)
         assert _recv(ws) == {"type": "leases_changed", "seq": hello["seq"] + 1}
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from tests.api.helpers import client_for
+from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ import pytest
 
 from marketplace import book
 from providers.models import LeaseLog
-from tests.api.helpers import client_for, runner_client
 from tests.factories import RTX4090_DUMP, UserFactory, funded_buyer, in_a_day, registered_node
+from tests.support.api import client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ from rest_framework.test import APIClient
 
 from providers import services as provider_services
 from providers.auth import INVALID_TOKEN
-from tests.api.helpers import client_for, runner_client, snapshot
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.support.api import client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 

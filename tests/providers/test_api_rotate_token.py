@@ -11,8 +11,8 @@ from django.db import connection
 from providers.auth import INVALID_TOKEN
 from providers.models import Node, hash_token
 from providers.runner.nvsmi import parse_dump
-from tests.api.helpers import client_for, runner_client
 from tests.factories import H100_DUMP, RTX4090_DUMP, UserFactory, registered_node
+from tests.support.api import client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,5 @@
-"""The OpenAPI schema and Swagger page; the development credit switch; the wallet."""
+"""The wallet API (settlement/api.py): the development credit switch, the wallet and its
+ledger entries."""
 
 from __future__ import annotations
 
@@ -7,32 +8,10 @@ from rest_framework.test import APIClient
 
 from settlement import services as ledger
 from settlement.models import JournalEntry
-from tests.api.helpers import assert_refused, client_for
 from tests.factories import UserFactory
+from tests.support.api import assert_refused, client_for
 
 pytestmark = pytest.mark.django_db
-
-
-def test_openapi_schema_is_served():
-    r = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
-    assert r.status_code == 200
-    doc = r.json()
-    assert doc["openapi"].startswith("3.")
-    assert doc["info"]["title"] == "gpumarket API"
-    for path in ("/api/v1/orders/", "/api/v1/auctions/", "/api/v1/auctions/{id}/bids/",
-                 "/api/v1/runner/inventory/", "/api/v1/runner/leases/{id}/events/",
-                 "/api/v1/wallet/dev-credit/"):
-        assert path in doc["paths"], path
-    assert "post" in doc["paths"]["/api/v1/orders/"]
-    # the YAML form answers too
-    assert APIClient().get("/api/schema/").status_code == 200
-
-
-def test_swagger_page_is_served():
-    r = APIClient().get("/api/docs/")
-    assert r.status_code == 200
-    page = r.content.decode()
-    assert "swagger" in page.lower() and "/api/schema/" in page
 
 
 def test_dev_credit_is_404_when_disabled(settings):

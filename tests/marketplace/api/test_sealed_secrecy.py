@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 
 from marketplace.auctions import close_auction
 from marketplace.models import Auction
-from tests.api.helpers import body_text, client_for
 from tests.factories import RTX4090_DUMP, UserFactory, funded_buyer, registered_node
+from tests.support.api import body_text, client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +43,7 @@ def _open(provider, node, rule):
     return r.json()["id"]
 
 
-def _bid(user, auction_id, price, gpus):
+def _sealed_bid(user, auction_id, price, gpus):
     r = client_for(user).post(f"/api/v1/auctions/{auction_id}/bids/",
                               {"price": price, "gpus": gpus}, format="json")
     assert r.status_code == 201, r.content
@@ -73,8 +73,8 @@ def test_open_auction_hides_every_bid_from_everyone_but_its_bidder():
     alice, bob = funded_buyer(100), funded_buyer(100)
     stranger = UserFactory()
     auction_id = _open(provider, node, "uniform_price")
-    a = _bid(alice, auction_id, ALICE_PRICE, 5)
-    b = _bid(bob, auction_id, BOB_PRICE, 3)
+    a = _sealed_bid(alice, auction_id, ALICE_PRICE, 5)
+    b = _sealed_bid(bob, auction_id, BOB_PRICE, 3)
 
     for where, r in _public_views(auction_id, {"provider": provider, "stranger": stranger}):
         assert r.status_code == 200, (where, r.status_code)
@@ -117,9 +117,9 @@ def test_after_close_awards_are_public_and_losing_prices_stay_sealed():
     alice, bob, carol = funded_buyer(100), funded_buyer(100), funded_buyer(100)
     stranger = UserFactory()
     auction_id = _open(provider, node, "second_price")
-    _bid(alice, auction_id, ALICE_PRICE, 8)
-    _bid(bob, auction_id, BOB_PRICE, 8)
-    _bid(carol, auction_id, CAROL_PRICE, 8)
+    _sealed_bid(alice, auction_id, ALICE_PRICE, 8)
+    _sealed_bid(bob, auction_id, BOB_PRICE, 8)
+    _sealed_bid(carol, auction_id, CAROL_PRICE, 8)
 
     auction = Auction.objects.get(pk=auction_id)
     assert close_auction(auction_id=auction_id, now=auction.closes_at) is not None

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from core.pagination import MAX_OFFSET
 from marketplace import auctions
-from tests.api.helpers import assert_refused, client_for
 from tests.factories import funded_buyer, registered_node
+from tests.support.api import assert_refused, client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -13,11 +13,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from frontend.feed import lease_payload, me_snapshot
-from marketplace import auctions, book
+from marketplace import auctions
 from marketplace.models import Lease, Order, SealedBid
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
-from tests.factories import funded_buyer, in_a_day, registered_node
+from tests.factories import ask, bid_body, funded_buyer, in_a_day, registered_node
 from tests.frontend.test_pages_buyer import field_error, login
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 H100 = "h100-sxm-80gb"
@@ -27,20 +27,19 @@ ENDPOINT = {"container_port": 8888, "host": "127.0.0.1", "host_port": 32768}
 def _market():
     provider, node, token = registered_node()
     buyer = funded_buyer(100)
-    book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
-                   price=2_000_000, gpus=8, available_until=in_a_day())
+    ask(provider, node, price=2_000_000)
     return provider, node, token, buyer
 
 
-def _bid(buyer, **changes):
-    body = {"side": "bid", "gpu_class": H100, "price": "2.50", "gpus": 1, "hours": 1}
-    body.update(changes)
-    return client_for(buyer).post("/api/v1/orders/", body, format="json")
+def _post_bid(buyer, **changes):
+    """POST /api/v1/orders/ of a 1-GPU H100 bid by `buyer` with `changes`."""
+    return client_for(buyer).post("/api/v1/orders/", bid_body(**{"gpus": 1, **changes}),
+                                  format="json")
 
 
 def test_ports_travel_from_the_bid_to_the_runner_and_endpoints_back_to_the_buyer():
     _, _, token, buyer = _market()
-    r = _bid(buyer, ports=[8888, 6006])
+    r = _post_bid(buyer, ports=[8888, 6006])
     assert r.status_code == 201, r.content
     assert r.json()["ports"] == [6006, 8888]
     (lease_id,) = r.json()["leases"]
@@ -76,7 +75,7 @@ def test_ports_travel_from_the_bid_to_the_runner_and_endpoints_back_to_the_buyer
 
 def test_the_leases_page_shows_where_to_connect(client):
     _, _, token, buyer = _market()
-    (lease_id,) = _bid(buyer, ports=[8888]).json()["leases"]
+    (lease_id,) = _post_bid(buyer, ports=[8888]).json()["leases"]
     login(client, buyer)
     html = client.get(reverse("leases-page")).content.decode()
     assert "ports 8888: endpoint shown once running" in html
@@ -86,7 +85,7 @@ def test_the_leases_page_shows_where_to_connect(client):
     html = client.get(reverse("leases-page")).content.decode()
     assert "port 8888 → <code>127.0.0.1:32768</code>" in html
     # running without endpoints: the provider publishes no ports; the page says so
-    (other,) = _bid(buyer, ports=[22]).json()["leases"]
+    (other,) = _post_bid(buyer, ports=[22]).json()["leases"]
     runner_client(token).post(f"/api/v1/runner/leases/{other}/events/",
                               {"status": "running", "container_id": "beef"}, format="json")
     html = client.get(reverse("leases-page")).content.decode()
@@ -106,7 +105,7 @@ def test_the_leases_page_shows_where_to_connect(client):
 def test_bad_ports_are_refused_and_nothing_is_written(ports, words):
     _, _, _, buyer = _market()
     before = snapshot(buyer)
-    r = _bid(buyer, ports=ports)
+    r = _post_bid(buyer, ports=ports)
     assert r.status_code == 400, r.content
     body = r.json()
     assert body["errors"] and all(k.startswith("ports") for k in body["errors"]), body
@@ -133,7 +132,7 @@ def test_an_ask_cannot_name_ports():
 ])
 def test_bad_endpoints_are_refused_and_the_lease_does_not_start(endpoint, field):
     _, _, token, buyer = _market()
-    (lease_id,) = _bid(buyer, ports=[8888]).json()["leases"]
+    (lease_id,) = _post_bid(buyer, ports=[8888]).json()["leases"]
     r = runner_client(token).post(f"/api/v1/runner/leases/{lease_id}/events/",
                                   {"status": "running", "container_id": "c0ffee",
                                    "endpoints": [endpoint]}, format="json")

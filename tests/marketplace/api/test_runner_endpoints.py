@@ -14,8 +14,8 @@ from providers.models import Gpu
 from providers.runner.nvsmi import parse_dump
 from settlement import services as ledger
 from settlement.checks import first_violation
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
 from tests.factories import H100_DUMP, UserFactory, funded_buyer, in_a_day
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,6 @@ from marketplace.models import ApiToken, Auction, Lease
 from providers.models import Gpu, GpuBenchmark, LeaseLog, Node, Provider
 from providers.runner.nvsmi import parse_dump
 from settlement.models import ChainAddress
-from tests.api.helpers import assert_refused, client_for, runner_client, snapshot
 from tests.factories import (
     H100_DUMP,
     RTX4090_DUMP,
@@ -31,6 +30,7 @@ from tests.factories import (
     in_a_day,
     registered_node,
 )
+from tests.support.api import assert_refused, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
 NUL = "a\x00b"

@@ -5,13 +5,21 @@ bid; wallets unchanged)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.utils import timezone
 
 from marketplace.models import Auction, SealedBid
-from tests.api.helpers import assert_refused, client_for, snapshot
-from tests.factories import RTX4090_DUMP, funded_buyer, in_a_day, registered_node
+from tests.factories import (
+    MISSING,
+    RTX4090_DUMP,
+    ask_body,
+    bid_body,
+    funded_buyer,
+    registered_node,
+)
+from tests.support.api import assert_refused, client_for, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -53,20 +61,7 @@ def market():
     return provider, node, buyer
 
 
-def _bid(**changes):
-    body = {"side": "bid", "gpu_class": "rtx-4090", "price": "1.50", "gpus": 2, "hours": 1}
-    body.update(changes)
-    return {k: v for k, v in body.items() if v is not _MISSING}
-
-
-def _ask(node_obj, /, **changes):
-    body = {"side": "ask", "node": node_obj.pk, "price": "1.50", "gpus": 2,
-            "available_until": in_a_day().isoformat()}
-    body.update(changes)
-    return {k: v for k, v in body.items() if v is not _MISSING}
-
-
-_MISSING = object()
+_bid = partial(bid_body, gpu_class="rtx-4090", price="1.50")
 
 
 def _refused_and_unchanged(client, url, body, field, users, *, status=400, contains=None):
@@ -84,7 +79,7 @@ def test_valid_bid_and_ask_are_accepted(market):
     r = client_for(buyer).post("/api/v1/orders/", _bid(), format="json")
     assert r.status_code == 201, r.content
     assert r.json()["price"] == "1.500000" and r.json()["hours"] == 1
-    r = client_for(provider).post("/api/v1/orders/", _ask(node, price="1.60"), format="json")
+    r = client_for(provider).post("/api/v1/orders/", ask_body(node, price="1.60"), format="json")
     assert r.status_code == 201, r.content
     assert r.json()["leases"] == []  # 1.60 ask does not cross the 1.50 bid
 
@@ -107,18 +102,18 @@ def test_bid_bad_gpus(market, gpus):
 
 @pytest.mark.parametrize(("changes", "field"), [
     pytest.param({"gpu_class": "h200-nonexistent"}, "gpu_class", id="unknown-class"),
-    pytest.param({"gpu_class": _MISSING}, "gpu_class", id="missing-class"),
+    pytest.param({"gpu_class": MISSING}, "gpu_class", id="missing-class"),
     pytest.param({"gpus": 4, "gang_size": 3}, "gang_size", id="gang-not-dividing"),
     pytest.param({"gpus": 2, "gang_size": 4}, "gang_size", id="gang-larger"),
     pytest.param({"gang_size": 0}, "gang_size", id="gang-zero"),
     pytest.param({"gang_size": "2"}, "gang_size", id="gang-string"),
-    pytest.param({"hours": _MISSING}, "hours", id="missing-duration"),
+    pytest.param({"hours": MISSING}, "hours", id="missing-duration"),
     pytest.param({"duration_seconds": 3600}, "hours", id="both-durations"),
     pytest.param({"hours": 0}, "hours", id="hours-zero"),
     pytest.param({"hours": "1"}, "hours", id="hours-string"),
     pytest.param({"hours": 1.5}, "hours", id="hours-fraction"),
     pytest.param({"hours": 10**6}, "hours", id="hours-too-many"),
-    pytest.param({"hours": _MISSING, "duration_seconds": 0}, "duration_seconds",
+    pytest.param({"hours": MISSING, "duration_seconds": 0}, "duration_seconds",
                  id="seconds-zero"),
     pytest.param({"time_in_force": "GTD"}, "time_in_force", id="bad-tif"),
     pytest.param({"side": "buy"}, "side", id="bad-side"),
@@ -149,7 +144,7 @@ def test_bid_whose_cost_floors_to_zero_is_a_400(market):
     # 0.000001 USD × 1 GPU × 1 s floors to 0 micro-USD: once a 500 (zero hold)
     provider, _, buyer = market
     _refused_and_unchanged(client_for(buyer), "/api/v1/orders/",
-                           _bid(price="0.000001", gpus=1, hours=_MISSING, duration_seconds=1),
+                           _bid(price="0.000001", gpus=1, hours=MISSING, duration_seconds=1),
                            "price", [buyer, provider], contains="rounds down to 0")
 
 
@@ -158,11 +153,11 @@ def test_sealed_bid_whose_cost_floors_to_zero_is_a_400(market):
     # the lot as a whole costs 8 × 1 × 450 // 3600 = 1 micro-USD; 8 GPUs × 1 s is 0
     _auction_unchanged(
         client_for(provider),
-        _auction(node, reserve_price="0.000001", hours=_MISSING, duration_seconds=1),
+        _auction(node, reserve_price="0.000001", hours=MISSING, duration_seconds=1),
         "reserve_price", [buyer, provider])
     r = client_for(provider).post(
         "/api/v1/auctions/",
-        _auction(node, reserve_price="0.000001", hours=_MISSING, duration_seconds=450),
+        _auction(node, reserve_price="0.000001", hours=MISSING, duration_seconds=450),
         format="json")
     assert r.status_code == 201, r.content
     _refused_and_unchanged(client_for(buyer), f"/api/v1/auctions/{r.json()['id']}/bids/",
@@ -184,14 +179,14 @@ def test_sealed_bid_whose_hold_overflows_is_a_400(market):
 @pytest.mark.parametrize("price", BAD_PRICES)
 def test_ask_bad_price(market, price):
     provider, node, buyer = market
-    _refused_and_unchanged(client_for(provider), "/api/v1/orders/", _ask(node, price=price),
+    _refused_and_unchanged(client_for(provider), "/api/v1/orders/", ask_body(node, price=price),
                            "price", [buyer, provider])
 
 
 @pytest.mark.parametrize("gpus", [*BAD_GPUS, pytest.param(9, id="more-than-node")])
 def test_ask_bad_gpus(market, gpus):
     provider, node, buyer = market
-    _refused_and_unchanged(client_for(provider), "/api/v1/orders/", _ask(node, gpus=gpus),
+    _refused_and_unchanged(client_for(provider), "/api/v1/orders/", ask_body(node, gpus=gpus),
                            "gpus", [buyer, provider])
 
 
@@ -201,21 +196,21 @@ def test_ask_bad_fields(market):
     past = (timezone.now() - timedelta(minutes=1)).isoformat()
     for changes, field in [
         ({"available_until": past}, "available_until"),
-        ({"available_until": _MISSING}, "available_until"),
+        ({"available_until": MISSING}, "available_until"),
         ({"available_until": "tomorrow"}, "available_until"),
-        ({"node": _MISSING}, "node"),
+        ({"node": MISSING}, "node"),
         ({"node": str(node.pk)}, "node"),
         ({"gpu_class": "h100-sxm-80gb"}, "gpu_class"),   # the node has none
         ({"gpu_class": "no-such-class"}, "gpu_class"),
     ]:
-        _refused_and_unchanged(client, "/api/v1/orders/", _ask(node, **changes), field, users)
+        _refused_and_unchanged(client, "/api/v1/orders/", ask_body(node, **changes), field, users)
     # a node that does not exist and someone else's node: the same 404 (which ids exist
     # is not revealed)
     missing = node.pk + 1000
-    r = _refused_and_unchanged(client, "/api/v1/orders/", _ask(node, node=missing), "node",
+    r = _refused_and_unchanged(client, "/api/v1/orders/", ask_body(node, node=missing), "node",
                                users, status=404)
     assert r.json()["errors"]["node"] == [f"no node {missing} of yours"]
-    r = _refused_and_unchanged(client_for(buyer), "/api/v1/orders/", _ask(node), "node", users,
+    r = _refused_and_unchanged(client_for(buyer), "/api/v1/orders/", ask_body(node), "node", users,
                                status=404)
     assert r.json()["errors"]["node"] == [f"no node {node.pk} of yours"]
 
@@ -227,7 +222,7 @@ def _auction(node_obj, /, **changes):
             "rule": "uniform_price",
             "closes_at": (timezone.now() + timedelta(minutes=5)).isoformat()}
     body.update(changes)
-    return {k: v for k, v in body.items() if v is not _MISSING}
+    return {k: v for k, v in body.items() if v is not MISSING}
 
 
 def _auction_unchanged(client, body, field, users, *, status=400):
@@ -255,12 +250,12 @@ def test_auction_bad_fields(market):
     client, users = client_for(provider), [buyer, provider]
     past = (timezone.now() - timedelta(seconds=30)).isoformat()
     for changes, field in [
-        ({"hours": _MISSING}, "hours"),
+        ({"hours": MISSING}, "hours"),
         ({"duration_seconds": 3600}, "hours"),
         ({"hours": 0}, "hours"),
         ({"hours": "1"}, "hours"),
         ({"closes_at": past}, "closes_at"),
-        ({"closes_at": _MISSING}, "closes_at"),
+        ({"closes_at": MISSING}, "closes_at"),
         ({"closes_at": "soon"}, "closes_at"),
         ({"rule": "dutch"}, "rule"),
         ({"gpu_class": "no-such-class"}, "gpu_class"),
@@ -286,7 +281,7 @@ def open_auction(market):
 def _sealed(**changes):
     body = {"price": "1.20", "gpus": 2}
     body.update(changes)
-    return {k: v for k, v in body.items() if v is not _MISSING}
+    return {k: v for k, v in body.items() if v is not MISSING}
 
 
 @pytest.mark.parametrize("price", [*BAD_PRICES, pytest.param("1.00", id="below-reserve")])
