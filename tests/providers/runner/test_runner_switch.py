@@ -16,6 +16,7 @@ from providers.runner.process_runtime import DEFAULT_UIDS, pids_of_uid
 from providers.runner.runtime import ProcessRuntime, RuntimeFailure
 from providers.runner.switch import pick_runtime
 from tests.conftest import require_or_skip
+from tests.support.containers import inspected
 
 from .runner_helpers import A10, H100, LEASE_UUIDS, ROOT, wait_for
 
@@ -83,8 +84,8 @@ def _failed(marketplace, lease_id: int) -> dict | None:
 def leftovers(marketplace, docker_client, tmp_path):
     """After the test, whatever it failed to stop: the node's containers, its processes."""
     yield
-    for container in docker_client.containers.list(
-            all=True, filters={"label": f"gpumarket.node={marketplace.node['id']}"}):
+    for container in inspected(docker_client,
+                               label=[f"gpumarket.node={marketplace.node['id']}"]):
         container.remove(force=True)
     if (tmp_path / "state" / "processes" / "processes.json").exists():
         processes = ProcessRuntime(tmp_path / "state")
@@ -134,15 +135,15 @@ def test_a_runtime_switch_stops_the_previous_runtimes_workloads(marketplace, doc
     assert isinstance(failed["usage_seconds"], int)
     assert pids_of_uid(entry["uid"]) == []
     assert "left by a previous runner, stopped and removed" in out, out
-    [container] = docker_client.containers.list(all=True, filters={"label": label})
+    [container] = inspected(docker_client, label=[label])
     assert container.labels["gpumarket.lease"] == "52"  # 51 never started in Docker
 
     # 3. restarted with processes again: the container goes the same way
     third = _Run(state, "process")
     try:
         failed = wait_for(lambda: _failed(marketplace, 52), timeout=30)
-        wait_for(lambda: not docker_client.containers.list(all=True,
-                                                           filters={"label": label}))
+        # listed while the runner removes it: tests/support/containers.inspected
+        wait_for(lambda: not inspected(docker_client, label=[label]))
     finally:
         out = third.stop()
     assert failed["cause"].startswith("the runner restarted with the process runtime and "
