@@ -387,3 +387,19 @@ def _authorization_token(scope) -> str | None:
                 return parts[1]
             return None
     return None
+
+
+CLOSE_NO_SUCH_FEED = 4404
+FEEDS = "/ws/markets/<gpu class>/, /ws/auctions/<id>/, /ws/me/ (and the runners' /ws/runner/)"
+
+
+class NoSuchFeedConsumer(AsyncWebsocketConsumer):
+    """Any other websocket path (a typo): accepted, told which feeds exist in one JSON
+    frame, closed with 4404 (Channels' router would raise: an HTTP 500)."""
+
+    async def connect(self) -> None:
+        path = self.scope.get("path", "")
+        await self.accept()
+        await self.send(text_data=json.dumps(
+            {"type": "error", "detail": f"no feed at {path}: the feeds are {FEEDS}"}))
+        await self.close(code=CLOSE_NO_SUCH_FEED)

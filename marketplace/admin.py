@@ -71,7 +71,10 @@ class OrderAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Fill)
-class FillAdmin(StrictAdmin):
+class FillAdmin(ReadOnlyAdmin):
+    """Read-only: a fill is written by matching, with its lease and holds, under the
+    market's lock (one added or edited here would have no money behind it)."""
+
     list_display = ["id", "market", "bid", "ask", "gpus", "price", "created_at"]
 
 
@@ -173,7 +176,11 @@ class SealedBidAuditAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Lease)
-class LeaseAdmin(StrictAdmin):
+class LeaseAdmin(ReadOnlyAdmin):
+    """Read-only: a lease's status, times and money change only through its services
+    (marketplace.leases, lease_end), each with its journal entry; an edit here would
+    part the lease from the ledger (ledger_check's provider_earnings_match_settled_leases)."""
+
     list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]

@@ -65,3 +65,25 @@ def test_a_secret_field_cannot_be_declared_filterable_searchable_or_ordered():
     errors = Careless(SealedBid, admin.site).check()
     assert sorted(e.msg.split(" names")[0] for e in errors if e.id == "gpumarket.E101") == [
         "list_filter", "ordering", "search_fields"]
+
+
+def test_leases_and_fills_cannot_be_added_or_edited_even_by_a_superuser(client):
+    """A superuser once set a settled lease's cost and provider amount in its change form:
+    the lease's API answer and the ledger parted (ledger_check failed)."""
+    from marketplace.models import Fill, Lease
+    from tests.factories import ask, bid, funded_buyer, registered_node
+
+    provider, node, _ = registered_node()
+    ask(provider, node)
+    [lease] = bid(funded_buyer(100)).leases
+    fill = Fill.objects.get()
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    for model, row in ((Lease, lease), (Fill, fill)):
+        name = f"admin:marketplace_{model._meta.model_name}"
+        assert client.get(reverse(f"{name}_add")).status_code == 403
+        change = reverse(f"{name}_change", args=[row.pk])
+        assert client.post(change, {"cost": "999999999", "price": "1"}).status_code == 403
+        page = client.get(change).content.decode()
+        assert 'name="_save"' not in page  # a view page, no form to submit
+    lease.refresh_from_db()
+    assert lease.cost is None and lease.price == 2_490_000

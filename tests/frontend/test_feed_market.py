@@ -52,6 +52,20 @@ def test_snapshot_on_connect_has_depth_best_prices_and_anonymous_trades():
     assert trade["price"] == "2.490000" and trade["gpus"] == 2
 
 
+@pytest.mark.parametrize("path", ["/ws/market/h100-sxm-80gb/", "/ws/", "/ws/markets/"])
+def test_a_path_that_is_no_feed_is_closed_4404_naming_the_feeds(path):
+    """Channels' router raised for a path of no route: the handshake was an HTTP 500."""
+    async def scenario():
+        comm, connected, _ = await connect(path)
+        assert connected
+        message = await recv(comm)
+        assert message["type"] == "error" and f"no feed at {path}" in message["detail"]
+        assert "/ws/markets/<gpu class>/" in message["detail"]
+        assert (await comm.receive_output(5))["code"] == 4404
+
+    async_to_sync(scenario)()
+
+
 def test_unknown_market_is_refused_and_foreign_origin_too():
     async def scenario():
         _, connected, code = await connect("/ws/markets/no-such-gpu/")
