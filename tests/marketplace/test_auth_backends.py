@@ -8,6 +8,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher, get_hasher
 from django.db import connection
 
+from tests.conftest import require_or_skip
 from tests.support.api import client_for
 
 
@@ -76,7 +77,7 @@ def test_inside_a_transaction_the_connection_stays(watching):
 @pytest.mark.django_db
 def test_the_tests_run_on_the_pool_against_the_test_database():
     if connection.vendor != "postgresql":
-        pytest.skip("the pool is PostgreSQL's")
+        require_or_skip("the pool is PostgreSQL's: DATABASE_URL is not PostgreSQL")
     assert connection.pool is not None
     assert connection.pool.max_size >= 24  # tests/conftest.py: room for the threaded tests
     with connection.cursor() as cursor:
