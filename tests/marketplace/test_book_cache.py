@@ -164,7 +164,8 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
     assert first_violation() is None
 
 
-def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
+def _cached_market_with_an_ask(monkeypatch):
+    """A fresh book cache for this test, a funded buyer, and a node's 8 GPUs asked at 2.00."""
     provider, node, _ = registered_node()
     cache = locking.BookCache()
     monkeypatch.setattr(locking, "book_cache", cache)
@@ -173,6 +174,11 @@ def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
     ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
                          price=2_000_000, gpus=8,
                          available_until=timezone.now() + timedelta(days=1)).order
+    return cache, buyer, ask
+
+
+def test_a_rolled_back_writer_leaves_no_book_behind(monkeypatch):
+    cache, buyer, ask = _cached_market_with_an_ask(monkeypatch)
     market_id = ask.market_id
     assert cache.peek(market_id) is not None  # published on commit
 
@@ -203,14 +209,7 @@ def test_a_writer_nested_in_a_callers_transaction_does_not_publish(monkeypatch):
 
 
 def test_ending_a_lease_keeps_the_cached_book_warm(monkeypatch):
-    provider, node, _ = registered_node()
-    cache = locking.BookCache()
-    monkeypatch.setattr(locking, "book_cache", cache)
-    buyer = UserFactory()
-    ledger.dev_credit(user_id=buyer.pk, amount=10_000 * 1_000_000)
-    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
-                         price=2_000_000, gpus=8,
-                         available_until=timezone.now() + timedelta(days=1)).order
+    cache, buyer, ask = _cached_market_with_an_ask(monkeypatch)
     market = GpuClass.objects.get(pk=ask.market_id)
     book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=1_500_000, gpus=2,
                    duration_seconds=3600)  # rests below the ask
