@@ -72,7 +72,7 @@ def with_ssh(ports: list[int] | None, port_roles: dict | None,
     """A bid's (ports, port_roles) once `ssh` is applied: with ssh and no port of role
     "ssh" yet, port 22 is added with that role (docs: issue 12's contract). Ports sorted;
     roles keyed by the port as a string."""
-    ports = sorted(set(ports or []))
+    ports = sorted(ports or [])  # a port twice stays twice: clean_ports refuses it
     roles = {str(k): str(v) for k, v in (port_roles or {}).items()}
     if ssh and "ssh" not in roles.values():
         if SSH_PORT not in ports:
