@@ -76,8 +76,8 @@ def previous_runtimes(runtime, state_dir: Path, node: str | None) -> list:
         if (state_dir / "processes" / "processes.json").exists():
             return [ProcessRuntime(state_dir)]
         return []
-    try:
-        return [DockerRuntime(node)]
+    try:  # its keys_dir too: stopping a previous SSH lease removes its authorized_keys
+        return [DockerRuntime(node, keys_dir=state_dir / "authorized_keys")]
     except RuntimeFailure:
         return []
 
