@@ -164,9 +164,10 @@ ASK_ONLY = ("node", "available_until")
 class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice) or an ask (node, gpus, price, available_until, optional
-    gpu_class); either with an optional client_order_id (yours, unique per user: placing
-    it again returns the first order with 200). A field of the other side is refused,
+    higher bid after a notice; ssh: its leases get your SSH keys and port 22) or an ask
+    (node, gpus, price, available_until, optional gpu_class); either with an optional
+    client_order_id (yours, unique per user: placing it again returns the first order
+    with 200). A field of the other side is refused,
     named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
