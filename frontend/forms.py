@@ -17,6 +17,7 @@ from marketplace.api.serializers import (
     OrderInSerializer,
     SealedBidInSerializer,
 )
+from marketplace.api.ssh_keys import SshKeyIn
 from marketplace.models import Auction, Order
 from providers.api import NodeCreateIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
@@ -66,6 +67,17 @@ class DevCreditForm(forms.Form):
                   help_text="development credit, at most 1000000 USD")
 
 
+class SshKeyForm(forms.Form):
+    """Add an SSH public key (marketplace/ssh_keys.py checks it, as for the API)."""
+
+    name = ApiField(SshKeyIn, "name", label="Name", help_text="e.g. laptop (default: the "
+                    "key's comment)", widget=forms.TextInput(attrs={"maxlength": "100"}))
+    public_key = ApiField(SshKeyIn, "public_key", label="Public key", required=True,
+                          widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+                          help_text="one line from your .pub file: ssh-ed25519 AAAA… "
+                                    "(ed25519, ECDSA or RSA ≥ 2048 bits)")
+
+
 class TopUpForm(forms.Form):
     amount = _usd(TopUpIn, "amount", "Amount (USD)", help_text="whole cents, such as 25.00")
 
@@ -83,6 +95,9 @@ class BidForm(forms.Form):
     command = _command(OrderInSerializer,
                        help_text="optional; empty runs the image's own command")
     ports = _ports(OrderInSerializer)
+    ssh = forms.BooleanField(required=False, label="SSH access",
+                             help_text="the lease gets your account's SSH keys (wallet "
+                                       "page) and port 22; it shows the ssh command")
 
     def clean(self):
         data = super().clean()
@@ -100,6 +115,8 @@ class SealedBidForm(forms.Form):
     image = _image(SealedBidInSerializer)
     command = _command(SealedBidInSerializer)
     ports = _ports(SealedBidInSerializer)
+    ssh = forms.BooleanField(required=False, label="SSH access",
+                             help_text="the lease gets your account's SSH keys and port 22")
 
 
 class ProviderForm(forms.Form):

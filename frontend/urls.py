@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import login, portal_views, stripe_views, views
+from frontend import login, portal_views, ssh_views, stripe_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -16,6 +16,9 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
     path("wallet/", views.wallet, name="wallet-page"),
     path("wallet/dev-credit/", views.wallet_dev_credit, name="wallet-dev-credit"),
+    path("wallet/ssh-keys/", ssh_views.ssh_key_add, name="ssh-key-add-page"),
+    path("wallet/ssh-keys/<int:pk>/delete/", ssh_views.ssh_key_delete,
+         name="ssh-key-delete-page"),
     path("wallet/topup/", stripe_views.wallet_topup, name="wallet-topup"),
     path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
     path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,

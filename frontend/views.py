@@ -29,8 +29,8 @@ from marketplace import auctions as auction_services
 from marketplace import book, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order
-from marketplace.ports import endpoint_text
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SshKey
+from marketplace.ports import endpoint_text, ssh_command
 from providers.benchmarks import class_summary
 from providers.models import LeaseLog, Provider
 from settlement import services as ledger
@@ -146,7 +146,8 @@ def signup(request):
 
 # ---------------------------------------------------------------- wallet
 
-def _wallet_context(request, *, credit_form=None, topup_form=None, client_secret=None):
+def _wallet_context(request, *, credit_form=None, topup_form=None, client_secret=None,
+                    ssh_key_form=None):
     w = ledger.wallet(user_id=request.user.pk)
     holds = Hold.objects.filter(buyer=request.user, status=Hold.Status.ACTIVE).order_by("pk")
     return {
@@ -158,6 +159,8 @@ def _wallet_context(request, *, credit_form=None, topup_form=None, client_secret
         "credit_form": credit_form or f.DevCreditForm(),
         "topup_form": topup_form or f.TopUpForm(),
         "client_secret": client_secret,
+        "ssh_keys": SshKey.objects.filter(owner=request.user),
+        "ssh_key_form": ssh_key_form or f.SshKeyForm(),
     }
 
 
@@ -228,7 +231,7 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    image=v["image"], command=v["command"], ports=v["ports"])
+                    image=v["image"], command=v["command"], ports=v["ports"], ssh=v["ssh"])
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
@@ -276,6 +279,10 @@ def _lease_rows(leases, *, role: str):
             # where the buyer connects, while the lease runs ("host:port" per port)
             "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
                           for e in x.endpoints or []] if x.status in Lease.ACTIVE else [],
+            # the buyer's way in (never the provider's to see)
+            "ssh_command": ssh_command(x) if role == "buyer" and x.status in Lease.ACTIVE
+            else None,
+            "ssh": x.ssh,
         })
     return rows
 
@@ -369,7 +376,7 @@ def auction_detail(request, pk: int):
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
                     min_gpus=v["min_gpus"], image=v["image"], command=v["command"],
-                    ports=v["ports"])
+                    ports=v["ports"], ssh=v["ssh"])
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

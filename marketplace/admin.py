@@ -32,6 +32,7 @@ from marketplace.models import (
     OrderEvent,
     SealedBid,
     SealedBidAudit,
+    SshKey,
 )
 from marketplace.selectors import sealed_bid_q
 from settlement.models import Hold
@@ -101,7 +102,8 @@ class SealedBidAdmin(ReadOnlyAdmin):
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]
     list_filter = ["status"]
-    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports")
+    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "port_roles",
+                     "ssh")
     readonly_fields = ["reveal"]
 
     def sealed_q(self):
@@ -159,7 +161,8 @@ def _figures(bid: SealedBid) -> list[tuple[str, object]]:
     hold = Hold.objects.filter(pk=bid.hold_id).first()
     rows = [("price (micro-USD per GPU-hour)", bid.price), ("GPUs", bid.gpus),
             ("minimum GPUs", bid.min_gpus), ("image", bid.image or "-"),
-            ("command", bid.command), ("ports", bid.ports)]
+            ("command", bid.command), ("ports", bid.ports),
+            ("port roles", bid.port_roles), ("SSH", bid.ssh)]
     if hold is not None:
         rows += [(f"hold #{hold.pk} {label} (micro-USD)", getattr(hold, name))
                  for label, name in (("original", "original"), ("still held", "amount"),
@@ -196,6 +199,25 @@ class ApiTokenAdmin(StrictAdmin):
     search_fields = ["user__username", "name", "prefix"]
     exclude = ["key_hash"]
     readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at", "expires_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(StrictAdmin):
+    """Buyers' SSH public keys: who, which (type, fingerprint), when. Added by their
+    owners only (API, wallet page: marketplace/ssh_keys.py's checks); deleting one here
+    (a compromised key) keeps it out of the owner's next leases."""
+
+    list_display = ["id", "owner", "name", "key_type", "fingerprint", "created_at"]
+    list_filter = ["key_type"]
+    search_fields = ["owner__username", "name", "fingerprint"]
+    readonly_fields = ["owner", "name", "key_type", "fingerprint", "public_key",
+                       "created_at"]
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -23,7 +23,7 @@ from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
-from marketplace.ports import clean_ports
+from marketplace.ports import clean_ports, with_ssh
 from providers.models import Node
 from settlement import services as ledger
 from settlement.models import Hold
@@ -174,7 +174,8 @@ class BidRequest:
     image/command: the container; expires_at: when a resting bid expires (None: never);
     client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
     its leases may be preempted by a higher bid; ports: container TCP ports its leases
-    expose (ports.clean_ports).
+    expose (ports.clean_ports), port_roles their roles; ssh: its leases get the buyer's
+    SSH keys, port 22 (role ssh) added (ports.with_ssh).
     """
 
     buyer_id: int
@@ -190,17 +191,21 @@ class BidRequest:
     client_order_id: str | None = None
     interruptible: bool = False
     ports: list[int] | None = None
+    port_roles: dict[str, str] | None = None
+    ssh: bool = False
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
         what is left): what _write_bids writes and a replay must repeat (_replay), in
         the order a replay compares them. Ports sorted, as clean_ports returns them."""
+        ports, roles = with_ssh(self.ports, self.port_roles, self.ssh)
         return {"side": Order.Side.BID, "market": self.market_slug, "price": self.price,
                 "gpus": self.gpus, "duration_seconds": self.duration_seconds,
                 "gang_size": self.gpus if self.gang_size is None else self.gang_size,
                 "time_in_force": self.time_in_force, "image": self.image,
                 "command": self.command, "expires_at": self.expires_at,
-                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or [])}
+                "interruptible": bool(self.interruptible), "ports": ports,
+                "port_roles": roles, "ssh": bool(self.ssh)}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -284,7 +289,7 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
-    clean_ports(r.ports)
+    clean_ports(with_ssh(r.ports, r.port_roles, r.ssh)[0])
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 

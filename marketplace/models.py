@@ -105,6 +105,13 @@ class Order(StateMachine):
         default=list, blank=True,
         help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
                   "buyer; the runner publishes them on the provider's public host")
+    port_roles = models.JSONField(
+        default=dict, blank=True,
+        help_text='bid: container port (string key) → role ("ssh", "jupyter", "http"); '
+                  "every key is also in ports")
+    ssh = models.BooleanField(
+        default=False,
+        help_text="bid: its leases get the buyer's SSH public keys (port 22, role ssh)")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -225,6 +232,8 @@ class SealedBid(StateMachine):
     command = models.JSONField(null=True, blank=True)
     ports = models.JSONField(default=list, blank=True,
                              help_text="container ports the lease exposes (as Order.ports)")
+    port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
+    ssh = models.BooleanField(default=False, help_text="as Order.ssh")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -302,6 +311,12 @@ class Lease(StateMachine):
         default=list, blank=True,
         help_text="where the buyer reaches them, as the runner reported with `running`: "
                   "[{container_port, host, host_port}]; empty: none published")
+    port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
+    ssh = models.BooleanField(default=False, help_text="as Order.ssh")
+    ssh_public_keys = models.JSONField(
+        default=list, blank=True,
+        help_text="the buyer's SSH public keys (OpenSSH one-line form), copied when the "
+                  "lease was created; the runner mounts them read-only as authorized_keys")
     started_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -382,3 +397,28 @@ class WsTicket(models.Model):
 
     def __str__(self) -> str:
         return f"websocket ticket of user {self.user_id}"
+
+
+class SshKey(models.Model):
+    """A buyer's SSH public key (marketplace/ssh_keys.py parses and checks it): the
+    OpenSSH one-line form `<type> <base64>` (the comment dropped: `name` says which key
+    it is), its type and fingerprint ("SHA256:" + unpadded base64 of the SHA-256 of the
+    key blob, as `ssh-keygen -l` prints it). One per owner and fingerprint."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    public_key = models.TextField()
+    key_type = models.CharField(max_length=40)
+    fingerprint = models.CharField(max_length=60)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "fingerprint"],
+                                    name="ssh_key_unique_per_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_type} {self.fingerprint})"

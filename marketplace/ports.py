@@ -62,3 +62,57 @@ def endpoint_text(endpoint: dict) -> str:
     host = endpoint["host"]
     return f"[{host}]:{endpoint['host_port']}" if ":" in host else \
         f"{host}:{endpoint['host_port']}"
+
+
+SSH_PORT = 22
+
+
+def with_ssh(ports: list[int] | None, port_roles: dict | None,
+             ssh: bool) -> tuple[list[int], dict[str, str]]:
+    """A bid's (ports, port_roles) once `ssh` is applied: with ssh and no port of role
+    "ssh" yet, port 22 is added with that role (docs: issue 12's contract). Ports sorted;
+    roles keyed by the port as a string."""
+    ports = sorted(ports or [])  # a port twice stays twice: clean_ports refuses it
+    roles = {str(k): str(v) for k, v in (port_roles or {}).items()}
+    if ssh and "ssh" not in roles.values():
+        if SSH_PORT not in ports:
+            ports = sorted([*ports, SSH_PORT])
+        roles[str(SSH_PORT)] = "ssh"
+    return ports, roles
+
+
+def ssh_endpoint(lease: Lease) -> dict | None:
+    """The endpoint of the lease's port of role "ssh" (port 22 when the lease has `ssh`
+    and names no role), or None when the runner published none."""
+    roles = lease.port_roles or {}
+    ssh_ports = {int(p) for p, role in roles.items() if role == "ssh"}
+    if not ssh_ports and lease.ssh:
+        ssh_ports = {SSH_PORT}
+    for endpoint in lease.endpoints or []:
+        if endpoint.get("container_port") in ssh_ports:
+            return endpoint
+    return None
+
+
+def ssh_command(lease: Lease) -> str | None:
+    """"ssh -p <host_port> root@<host>" for the lease's published SSH port, else None."""
+    endpoint = ssh_endpoint(lease)
+    if endpoint is None:
+        return None
+    host = endpoint["host"]
+    return f"ssh -p {endpoint['host_port']} root@{host}"
+
+
+def _role_links(lease: Lease, role: str) -> list[str]:
+    ports = {int(p) for p, r in (lease.port_roles or {}).items() if r == role}
+    return [f"http://{endpoint_text(e)}/" for e in lease.endpoints or []
+            if e.get("container_port") in ports]
+
+
+def connect_info(lease: Lease) -> dict:
+    """How the lease's buyer connects, from its endpoints and port_roles (issue 12's
+    contract): {"ssh": ssh_command | None, "jupyter": link | None, "http": [links]}; None
+    and [] until the runner reports endpoints. For the buyer's eyes only."""
+    jupyter = _role_links(lease, "jupyter")
+    return {"ssh": ssh_command(lease), "jupyter": jupyter[0] if jupyter else None,
+            "http": _role_links(lease, "http")}

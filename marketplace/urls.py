@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from marketplace.api import accounts, errors, runner, schema, tokens  # noqa: F401 (schema ext.)
+from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -19,6 +19,8 @@ api_v1 = [
     path("auth/tokens/<int:pk>/", tokens.TokenRevoke.as_view(), name="auth-token-revoke"),
     path("ws-tickets/", tokens.WsTicketCreate.as_view(), name="ws-tickets"),
     path("me/", accounts.Me.as_view(), name="me"),
+    path("ssh-keys/", ssh_keys.SshKeyList.as_view(), name="ssh-keys"),
+    path("ssh-keys/<int:pk>/", ssh_keys.SshKeyDelete.as_view(), name="ssh-key-delete"),
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<slug:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
     path("gpu-classes/<slug:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),

@@ -107,3 +107,33 @@ def _fresh_login_limits():
 def _fast_password_hasher(settings):
     """A fast password hasher for every test (the factories set a password on every user)."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session")
+def ssh_image(docker_client) -> str:
+    """The real sshd image (scripts/build-ssh-image.sh, built by CI's .ci/run)."""
+    from tests.support.ssh import SSH_IMAGE
+
+    try:
+        docker_client.images.get(SSH_IMAGE)
+    except Exception:
+        if not (Path("/usr/sbin/sshd").exists() and shutil.which("busybox")):
+            require_or_skip(f"image {SSH_IMAGE} missing and openssh-server or busybox-static "
+                            "not installed: run scripts/build-ssh-image.sh as root")
+        subprocess.run([str(ROOT / "scripts" / "build-ssh-image.sh"), SSH_IMAGE], check=True)
+    return SSH_IMAGE
+
+
+@pytest.fixture
+def lease_network(docker_client):
+    """A user-defined bridge network of this test: dockerd here has no default bridge,
+    and a container on this one has its ports published on 127.0.0.1 (docker-proxy)."""
+    import uuid
+
+    network = docker_client.networks.create(f"gpumarket-test-{uuid.uuid4().hex[:10]}",
+                                            driver="bridge")
+    yield network.name
+    network.reload()
+    for container in network.containers:
+        container.remove(force=True)
+    network.remove()

@@ -12,7 +12,7 @@ from django.utils import timezone
 from frontend.feed.protocol import DEPTH_LEVELS, LAST_TRADES
 from marketplace import book, selectors
 from marketplace.models import Fill, Lease, Order, SealedBid
-from marketplace.ports import endpoint_text
+from marketplace.ports import connect_info, endpoint_text
 from settlement import services as ledger
 from settlement.money import format_usd
 
@@ -111,7 +111,9 @@ def lease_payload(lease, role: str) -> dict[str, Any]:
             "platform_fee": _usd(lease.platform_fee),
             "interruptible": lease.interruptible, "preempt_at": _iso(lease.preempt_at),
             "ports": list(lease.ports or []),
-            "endpoints": [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]}
+            "endpoints": [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []],
+            # how to connect: the buyer's only (the provider's message has null)
+            "connect": connect_info(lease) if role == "buyer" else None}
 
 
 def wallet_payload(user_id: int) -> dict[str, Any]:

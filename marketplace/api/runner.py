@@ -38,6 +38,10 @@ def runner_lease(lease: Lease) -> dict:
         "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
         # container TCP ports to publish on the provider's public host (may be [])
         "ports": list(lease.ports or []),
+        "port_roles": dict(lease.port_roles or {}),
+        # the buyer's SSH public keys copied at lease creation (empty: no ssh); the runner
+        # mounts them read-only as the container's authorized_keys
+        "ssh_authorized_keys": list(lease.ssh_public_keys or []),
     }
 
 
@@ -55,6 +59,8 @@ class RunnerLeaseOut(serializers.Serializer):
     ends_at = serializers.DateTimeField(allow_null=True)
     preempt_at = serializers.DateTimeField(allow_null=True)
     ports = serializers.ListField(child=serializers.IntegerField())
+    port_roles = serializers.DictField(child=serializers.CharField())
+    ssh_authorized_keys = serializers.ListField(child=serializers.CharField())
 
 
 class RunnerLeasesOut(serializers.Serializer):

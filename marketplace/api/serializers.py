@@ -18,7 +18,7 @@ from core.fields import (
 from marketplace import selectors
 from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-from marketplace.ports import endpoint_text
+from marketplace.ports import connect_info, endpoint_text
 from providers.benchmarks import class_summary
 from settlement.fields import UsdField
 
@@ -157,16 +157,17 @@ def ports_field() -> serializers.ListField:
 
 
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
-            "ports", "expires_at", "interruptible")
+            "ports", "expires_at", "interruptible", "ssh")
 ASK_ONLY = ("node", "available_until")
 
 
 class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice) or an ask (node, gpus, price, available_until, optional
-    gpu_class); either with an optional client_order_id (yours, unique per user: placing
-    it again returns the first order with 200). A field of the other side is refused,
+    higher bid after a notice; ssh: its leases get your SSH keys and port 22) or an ask
+    (node, gpus, price, available_until, optional gpu_class); either with an optional
+    client_order_id (yours, unique per user: placing it again returns the first order
+    with 200). A field of the other side is refused,
     named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
@@ -187,6 +188,9 @@ class OrderInSerializer(StrictInputSerializer):
     client_order_id = ClientOrderIdField(required=False)
     interruptible = StrictBooleanField(required=False, default=False)
     ports = ports_field()
+    ssh = StrictBooleanField(required=False, default=False,
+                             help_text="its leases get your SSH keys (/api/v1/ssh-keys/) and "
+                                       "port 22 published, role ssh")
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -226,7 +230,7 @@ class OrderInSerializer(StrictInputSerializer):
             duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-            interruptible=v["interruptible"], ports=v["ports"])
+            interruptible=v["interruptible"], ports=v["ports"], ssh=v["ssh"])
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -238,7 +242,8 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "ports", "node", "available_until",
+                  "client_order_id", "interruptible", "ports", "port_roles", "ssh", "node",
+                  "available_until",
                   "created_at"]
 
     def get_hours(self, order) -> int | None:
@@ -295,11 +300,13 @@ class LeaseSerializer(serializers.ModelSerializer):
     gpu_uuids = serializers.SerializerMethodField()
     events = LeaseEventSerializer(many=True, read_only=True)
     endpoints = serializers.SerializerMethodField()
+    connect = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
-                  "duration_seconds", "image", "command", "ports", "endpoints",
+                  "duration_seconds", "image", "command", "ports", "port_roles", "ssh",
+                  "endpoints", "connect",
                   "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
@@ -312,6 +319,14 @@ class LeaseSerializer(serializers.ModelSerializer):
         address: "host:port"}] as the runner published them (empty until `running`, or
         when the provider publishes no ports)."""
         return [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]
+
+    def get_connect(self, lease) -> dict | None:
+        """How the buyer connects (ports.connect_info): {"ssh": "ssh -p N root@host" |
+        null, "jupyter": link | null, "http": [links]}; null for anyone but the buyer."""
+        request = self.context.get("request")
+        if request is None or request.user.pk != lease.buyer_id:
+            return None
+        return connect_info(lease)
 
 
 class AuctionInSerializer(StrictInputSerializer):
@@ -375,6 +390,8 @@ class SealedBidInSerializer(StrictInputSerializer):
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()
+    ssh = StrictBooleanField(required=False, default=False,
+                             help_text="the lease gets your SSH keys and port 22 published")
 
 
 class SealedBidSerializer(serializers.ModelSerializer):
@@ -386,7 +403,7 @@ class SealedBidSerializer(serializers.ModelSerializer):
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "ports", "created_at"]
+                  "paid_price", "ports", "port_roles", "ssh", "created_at"]
 
 
 _templates = threading.local()

@@ -446,8 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grace", type=_non_negative, default=10.0, metavar="S",
                      help="seconds between SIGTERM and SIGKILL when stopping a lease's "
                           "workload (default 10; 0: SIGKILL at once)")
-    run.add_argument("--network", metavar="MODE", default=None,
-                     help="Docker network mode of lease containers (default: engine default)")
+    run.add_argument("--network", metavar="NAME", default=None,
+                     help="Docker network of lease containers (default: the engine's "
+                          "default); to publish ports (SSH) where dockerd has no default "
+                          "bridge, a user-defined bridge: `docker network create NAME`")
     run.add_argument("--public-host", metavar="ADDR", default=None,
                      help="publish the container ports a lease asks for (its `ports`) on this "
                           "address of the host, at ports the engine picks, and report them to "

@@ -18,7 +18,9 @@ class RunnerLease:
     absent); image: the container image (None if absent: the Docker runtime refuses it);
     command: argv (None: the image's own); gpu_uuids: the leased GPUs (NVML UUIDs); env:
     str → str for the workload; duration_seconds; started_at, ends_at, preempt_at: ISO 8601
-    strings as sent, or None; ports: container TCP ports to publish."""
+    strings as sent, or None; ports: container TCP ports to publish; port_roles: container
+    port (string) → role ("ssh", "jupyter", "http"); ssh_authorized_keys: the buyer's SSH
+    public keys (OpenSSH lines) the workload's authorized_keys holds ([]: no SSH)."""
 
     id: int
     status: str | None = None
@@ -31,6 +33,8 @@ class RunnerLease:
     ends_at: str | None = None
     preempt_at: str | None = None
     ports: list[int] = field(default_factory=list)
+    port_roles: dict[str, str] = field(default_factory=dict)
+    ssh_authorized_keys: list[str] = field(default_factory=list)
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -48,6 +52,8 @@ class RunnerLease:
             ends_at=item.get("ends_at"),
             preempt_at=item.get("preempt_at"),
             ports=list(item.get("ports") or []),
+            port_roles={str(k): str(v) for k, v in (item.get("port_roles") or {}).items()},
+            ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
         )
 
     @classmethod

@@ -211,6 +211,10 @@ class ProcessRuntime:
         entries = self._load()
         if lease_id in entries:
             return f"pid-{entries[lease_id]['pid']}"
+        if lease.ssh_authorized_keys or "ssh" in lease.port_roles.values():
+            raise RuntimeFailure("SSH access is not offered by the process runtime (a "
+                                 "process has no sshd and no port of its own): this node "
+                                 "needs the Docker runtime for a lease with ssh")
         command = [str(c) for c in (lease.command or [])]
         if not command:
             raise RuntimeFailure("the process runtime needs a command (it cannot run an image)")

@@ -24,7 +24,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
+from . import ssh_access
 from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
@@ -82,6 +84,10 @@ class DockerRuntime:
     Resource limits: `policy` (limits.ResourcePolicy: the default rule unless the provider
     overrode it) and `node_gpus` (GPUs on this node; None: each lease has the whole host),
     against the engine's MemTotal and NCPU; see resource_limits().
+    keys_dir: where a lease's authorized_keys file is written (ssh_access.py; the runner
+    passes `<state dir>/authorized_keys`); a lease with SSH keys and no keys_dir is
+    refused. SSH's port is published like any other: on a user-defined bridge network
+    (`--network NAME`) each lease's port 22 gets a host port of its own.
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -92,7 +98,7 @@ class DockerRuntime:
 
     def __init__(self, node: str | None, *, client=None, network_mode: str | None = None,
                  simulate: bool = False, public_host: str | None = None,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, keys_dir: str | Path | None = None) -> None:
         import docker
 
         self._docker = docker
@@ -109,6 +115,7 @@ class DockerRuntime:
         self.public_host = public_host or None
         self.advertise_host = advertise_host or public_host or None
         self.last_check = "not run"  # what the last verify_gpus saw, for the log
+        self.keys_dir = None if keys_dir is None else Path(keys_dir)
 
     def _containers(self, lease_id: int | None = None) -> list:
         if self.node is None:
@@ -149,6 +156,12 @@ class DockerRuntime:
                 )
             ]
         kwargs.update(self.resource_limits(lease).docker_kwargs())
+        if lease.ssh_authorized_keys:
+            if self.keys_dir is None:
+                raise RuntimeFailure("the lease has SSH keys but this runtime has no "
+                                     "directory for authorized_keys files")
+            keys = ssh_access.write_keys(self.keys_dir, lease_id, lease.ssh_authorized_keys)
+            kwargs["volumes"] = ssh_access.volumes(keys)
         try:
             container = self.client.containers.run(
                 lease.image,
@@ -166,9 +179,11 @@ class DockerRuntime:
                 existing = self._containers(lease_id)
                 if existing:
                     return existing[0].id
+            ssh_access.remove_keys(self.keys_dir, lease_id)
             raise RuntimeFailure(f"Docker refused to start {lease.image}: "
                                  f"{exc.explanation or exc}") from None
         except self._docker.errors.DockerException as exc:
+            ssh_access.remove_keys(self.keys_dir, lease_id)
             raise RuntimeFailure(f"Docker failed to start {lease.image}: {exc}") from None
         return container.id
 
@@ -212,13 +227,15 @@ class DockerRuntime:
                                   memory, cpus)
 
     def stop(self, lease_id: int, grace_s: float = 10) -> None:
-        """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s)."""
+        """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s), then
+        its authorized_keys file."""
         for container in self._containers(lease_id):
             try:
                 container.stop(timeout=max(0, int(grace_s)))
                 container.remove(force=True)
             except self._docker.errors.NotFound:
                 pass
+        ssh_access.remove_keys(self.keys_dir, lease_id)
 
     def list_leases(self) -> dict[int, str]:
         """{lease id: container id} for every container of this node, running or exited."""

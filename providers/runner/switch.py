@@ -56,7 +56,8 @@ def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool
         return runtime
     try:
         return DockerRuntime(node, network_mode=network_mode, simulate=simulate,
-                             public_host=public_host, advertise_host=advertise_host)
+                             public_host=public_host, advertise_host=advertise_host,
+                             keys_dir=state_dir / "authorized_keys")
     except RuntimeFailure as exc:
         if name == "docker":
             raise
@@ -75,8 +76,8 @@ def previous_runtimes(runtime, state_dir: Path, node: str | None) -> list:
         if (state_dir / "processes" / "processes.json").exists():
             return [ProcessRuntime(state_dir)]
         return []
-    try:
-        return [DockerRuntime(node)]
+    try:  # its keys_dir too: stopping a previous SSH lease removes its authorized_keys
+        return [DockerRuntime(node, keys_dir=state_dir / "authorized_keys")]
     except RuntimeFailure:
         return []
 

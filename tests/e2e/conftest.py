@@ -57,12 +57,13 @@ class Runner:
             cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60,
         )
 
-    def start(self, runtime: str = "docker") -> None:
+    def start(self, runtime: str = "docker", *, network: str = "none",
+              extra: tuple[str, ...] = ()) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(self.state),
-             "--poll-interval", "0.3", "--runtime", runtime, "--network", "none"],
+             "--poll-interval", "0.3", "--runtime", runtime, "--network", network, *extra],
             cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
         )
 

@@ -20,6 +20,7 @@ from tests.support.api import client_for
 
 pytestmark = pytest.mark.django_db
 NUL = "a\x00b"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHv8cHjDBpO1c4CXN1sFwVd3QxUJvdBqUZXmGMcAxlfs me"
 H100 = "h100-sxm-80gb"
 
 
@@ -52,6 +53,8 @@ def _pages(w):
          ["node", "gpus", "reserve_price", "hours", "rule", "closes_in_minutes"]),
         ("chain address", "provider", reverse("payout-address"),
          {"address": "0x" + "1" * 40}, ["address"]),
+        ("ssh key", "buyer", reverse("ssh-key-add-page"),
+         {"name": "laptop", "public_key": SSH_KEY}, ["name", "public_key"]),
     ]
 
 
@@ -71,7 +74,7 @@ def form_errors(html: str, field: str) -> list[str]:
 
 
 PAGE_NAMES = ["signup", "login", "bid", "sealed bid", "dev credit", "provider", "node", "ask",
-              "auction", "chain address"]
+              "auction", "chain address", "ssh key"]
 
 
 @pytest.mark.parametrize("name", PAGE_NAMES)

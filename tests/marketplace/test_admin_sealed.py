@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from marketplace import auctions
+from marketplace.admin import SealedBidAdmin
 from marketplace.models import SealedBid, SealedBidAudit
 from settlement.models import Account, Hold, JournalEntry
 from tests.factories import RTX4090_DUMP, UserFactory, funded_buyer, registered_node
@@ -168,7 +169,9 @@ def test_pages_show_sealed_in_place_of_every_figure_before_close(operator, lot):
     for column in ("sealed_price", "sealed_gpus"):
         assert _cells(bids, column) == ["sealed", "sealed"], column
     page = operator.get(_url("sealedbid", "change", a.pk)).content.decode()
-    assert page.count('<div class="readonly">sealed</div>') == 6  # price … ports
+    # price, gpus, min_gpus, image, command, ports, port_roles, ssh: every secret field
+    assert page.count('<div class="readonly">sealed</div>') == len(
+        SealedBidAdmin.secret_fields) == 8
     assert "sealed until the auction closes" in page
     hold_list = operator.get(_url("hold")).content.decode()
     for column in ("sealed_original", "sealed_amount", "sealed_captured", "sealed_released"):
