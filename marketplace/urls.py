@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, schema, tokens  # noqa: F401 (schema ext.)
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
@@ -20,8 +21,8 @@ api_v1 = [
     path("ws-tickets/", tokens.WsTicketCreate.as_view(), name="ws-tickets"),
     path("me/", accounts.Me.as_view(), name="me"),
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
-    path("gpu-classes/<slug:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
-    path("gpu-classes/<slug:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
+    path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),
     path("orders/<int:pk>/", market.OrderDetail.as_view(), name="order-detail"),

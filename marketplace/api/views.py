@@ -29,7 +29,7 @@ class GpuClassList(generics.ListAPIView):
     permission_classes = [permissions.AllowAny]
     pagination_class = Pagination
     serializer_class = s.GpuClassSerializer
-    queryset = GpuClass.objects.all()
+    queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
 
 
 class GpuClassDetail(generics.RetrieveAPIView):
@@ -38,7 +38,7 @@ class GpuClassDetail(generics.RetrieveAPIView):
 
     permission_classes = [permissions.AllowAny]
     serializer_class = s.GpuClassSerializer
-    queryset = GpuClass.objects.all()
+    queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
     lookup_field = "slug"
 
 

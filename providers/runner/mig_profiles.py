@@ -129,7 +129,8 @@ def profile_class(parent_slug: str, profile: str) -> str:
     parent = MIG_PARENTS.get(parent_slug)
     if parent is None:
         raise UnknownMigProfile(parent_slug, profile,
-                                f"GPU class {parent_slug!r} has no MIG profiles "
+                                f"MIG profile {profile!r}: GPU class {parent_slug!r} "
+                                f"has no MIG profiles "
                                 f"(MIG runs on: {', '.join(sorted(MIG_PARENTS))})")
     valid = ", ".join(p.name for p in parent.profiles)
     if isinstance(profile, str) and _COMPUTE_INSTANCE.match(profile.strip()):
