@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
@@ -24,12 +25,16 @@ def own_node(request, node_id: int) -> None:
 
 
 class GpuClassList(generics.ListAPIView):
-    """GPU classes: one market each, with datasheet figures and a reference price."""
+    """GPU classes: one market each, with datasheet figures and a reference price; whole
+    GPUs first (by slug), then the MIG slice markets (by slug)."""
 
     permission_classes = [permissions.AllowAny]
     pagination_class = Pagination
     serializer_class = s.GpuClassSerializer
-    queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
+    queryset = (GpuClass.objects.select_related("parent").prefetch_related("slices")
+                .alias(is_slice=ExpressionWrapper(Q(parent__isnull=False),
+                                                  output_field=BooleanField()))
+                .order_by("is_slice", "slug"))
 
 
 class GpuClassDetail(generics.RetrieveAPIView):

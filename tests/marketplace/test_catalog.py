@@ -219,6 +219,10 @@ def test_the_api_says_what_a_slice_is():
     assert "h100-sxm-80gb.1g.10gb" in whole["slices"] and len(whole["slices"]) == 6
     r = client_for().get("/api/v1/gpu-classes/h100-sxm-80gb.9g.1gb/")
     assert r.status_code == 404 and r.json()
+    listed = [c["slug"] for c in client_for().get("/api/v1/gpu-classes/").json()["results"]]
+    whole_first = sorted(spec.slug for spec in CATALOG)
+    assert listed[:len(CATALOG)] == whole_first  # whole GPUs first: the demo reads page 1
+    assert listed[len(CATALOG)] == "a100-pcie-40gb.1g.10gb"
     depth = client_for().get("/api/v1/gpu-classes/h100-sxm-80gb.1g.10gb/book/")
     assert depth.status_code == 200 and depth.json()["gpu_class"] == "h100-sxm-80gb.1g.10gb"
 
