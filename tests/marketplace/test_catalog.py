@@ -63,6 +63,12 @@ def test_the_two_tables_agree():
         assert spec.memory_bandwidth_gbps > 0 and len(spec.slug) <= 40
 
 
+def test_docs_list_every_class():
+    doc = (ROOT / "docs" / "CATALOG.md").read_text()
+    for slug in [*SPECS, *MIG_PARENTS]:
+        assert f"`{slug}`" in doc, slug
+
+
 def test_the_existing_slugs_are_kept():
     for slug in ("h100-sxm-80gb", "a100-sxm-80gb", "l40s", "rtx-4090", "a10", "titan-v",
                  "v100"):
