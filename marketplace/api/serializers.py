@@ -145,6 +145,9 @@ class GpuClassSerializer(serializers.ModelSerializer):
         return sorted(c.slug for c in gpu_class.slices.all())
 
     def get_benchmark(self, gpu_class) -> dict | None:
+        benchmarked = self.context.get("benchmarked")  # the list's: 1 query, not 1 per class
+        if benchmarked is not None and gpu_class.pk not in benchmarked:
+            return None
         score = class_summary(gpu_class)
         return score.as_api() if score else None
 

@@ -14,7 +14,7 @@ from marketplace import auctions, book, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Order
-from providers.models import Node
+from providers.models import GpuBenchmark, Node
 
 
 def own_node(request, node_id: int) -> None:
@@ -35,6 +35,12 @@ class GpuClassList(generics.ListAPIView):
                 .alias(is_slice=ExpressionWrapper(Q(parent__isnull=False),
                                                   output_field=BooleanField()))
                 .order_by("is_slice", "slug"))
+
+    def get_serializer_context(self):
+        # 120-odd classes, few benchmarked: the others skip class_summary's query
+        return {**super().get_serializer_context(),
+                "benchmarked": set(GpuBenchmark.objects.values_list("gpu__gpu_class_id",
+                                                                    flat=True).distinct())}
 
 
 class GpuClassDetail(generics.RetrieveAPIView):

@@ -261,3 +261,14 @@ def test_a_slice_market_is_one_market_among_others():
     book = client_for().get("/api/v1/gpu-classes/h100-sxm-80gb.1g.10gb/book/").json()
     assert [level["gpus"] for level in book["asks"]] == [7]
     assert client_for().get("/api/v1/gpu-classes/h100-sxm-80gb/book/").json()["asks"] == []
+
+
+@pytest.mark.django_db
+def test_the_class_list_and_the_home_page_read_a_few_queries_not_one_per_market(
+        client, django_assert_max_num_queries):
+    ensure_catalog()
+    assert GpuClass.objects.count() > 100
+    with django_assert_max_num_queries(8):
+        assert client_for().get("/api/v1/gpu-classes/").status_code == 200
+    with django_assert_max_num_queries(12):
+        assert client.get("/").status_code == 200
