@@ -251,9 +251,9 @@ def test_the_pages_say_what_a_slice_is(client):
 
 
 @pytest.mark.django_db
-def test_a_slice_market_is_one_market_among_others():
+def test_a_slice_market_is_one_market_among_others(client):
     """The order book reads a slice market like any other: an ask rests there and nowhere
-    else (the ask path itself is the mig engineer's)."""
+    else (the ask path itself is the mig engineer's); the home page shows it."""
     user, node, _ = registered_node()
     market = GpuClass.objects.get(slug="h100-sxm-80gb.1g.10gb")
     Order.objects.create(market=market, owner=user, side="ask", price=900_000, gpus=7,
@@ -261,6 +261,10 @@ def test_a_slice_market_is_one_market_among_others():
     book = client_for().get("/api/v1/gpu-classes/h100-sxm-80gb.1g.10gb/book/").json()
     assert [level["gpus"] for level in book["asks"]] == [7]
     assert client_for().get("/api/v1/gpu-classes/h100-sxm-80gb/book/").json()["asks"] == []
+    rows = {m["slug"]: m for m in client.get("/").context["markets"]}
+    assert rows["h100-sxm-80gb.1g.10gb"]["gpus_offered"] == 7
+    assert rows["h100-sxm-80gb.1g.10gb"]["best_ask"] != "—"
+    assert rows["h100-sxm-80gb"]["gpus_offered"] == 0 and rows["h100-sxm-80gb"]["best_ask"] == "—"
 
 
 @pytest.mark.django_db
