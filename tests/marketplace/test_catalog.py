@@ -150,6 +150,38 @@ def test_the_seeds_profiles_are_known():
     assert profile_class("h100-sxm-80gb", "1g.10gb+me") == "h100-sxm-80gb.1g.10gb"
 
 
+#: MIG devices of the recorded MIG hosts (../shared/data/nvidia-smi/*mig*: `-L` and `-q`).
+RECORDED_MIG = {"NVIDIA H100 80GB HBM3": ("3g.40gb", "2g.20gb", "1g.10gb"),
+                "NVIDIA H200": ("1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb"),
+                "NVIDIA A100-SXM4-80GB": ("1g.20gb",)}
+
+
+def _mig_in_listings() -> dict[str, set[str]]:
+    """product name → the MIG device names of the `nvidia-smi -L` files in data/."""
+    found: dict[str, set[str]] = {}
+    for path in DUMPS.glob("*.L.txt"):
+        product = None
+        for line in path.read_text().splitlines():
+            if m := re.match(r"^GPU \d+: (.+?) \(UUID: ", line):
+                product = m.group(1)
+            elif m := re.match(r"^\s+MIG (\S+)\s+Device\s+\d+: ", line):
+                found.setdefault(product, set()).add(m.group(1))
+    return found
+
+
+def test_every_recorded_mig_device_has_a_slice_market():
+    recorded = {name: set(profiles) for name, profiles in RECORDED_MIG.items()}
+    for name, profiles in _mig_in_listings().items():
+        recorded.setdefault(name, set()).update(profiles)
+    for name, profiles in recorded.items():
+        parent = gpu_class_for(name)
+        for device in profiles:
+            # "1c.3g.71gb": a compute instance of the 3g.71gb GPU instance (nvsmi reports the
+            # GPU instance profile, contract13.md); the slice market is the GPU instance's
+            profile = re.sub(r"^[1-7]c\.", "", device)
+            assert profile_class(parent, profile) == f"{parent}.{profile}", (name, device)
+
+
 @pytest.mark.parametrize(("parent", "profile", "said"), [
     ("h100-sxm-80gb", "1g.18gb", "unknown for GPU class 'h100-sxm-80gb'"),
     ("h100-sxm-80gb", "5g.50gb", "its profiles: 1g.10gb, 1g.20gb"),
