@@ -308,3 +308,18 @@ def test_the_class_list_and_the_home_page_read_a_few_queries_not_one_per_market(
         assert client_for().get("/api/v1/gpu-classes/").status_code == 200
     with django_assert_max_num_queries(12):
         assert client.get("/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_manage_py_load_catalog_is_re_runnable():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    ensure_catalog()
+    before = set(GpuClass.objects.values_list("pk", "slug"))
+    out = StringIO()
+    call_command("load_catalog", stdout=out)
+    call_command("load_catalog", stdout=out)
+    assert set(GpuClass.objects.values_list("pk", "slug")) == before  # same rows, updated
+    assert out.getvalue().count(f"{len(before)} GPU classes loaded; 0 GPU(s) moved") == 2
