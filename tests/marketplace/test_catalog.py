@@ -42,11 +42,16 @@ _NAME_PATTERNS = (re.compile(r"^\s*Product Name\s*: (.+?)\s*$", re.M),
                   re.compile(r"^GPU \d+: (.+?) \(UUID: ", re.M))
 
 
+_SOURCE_ROW = re.compile(r"^\| [^|]+ \| ((?:NVIDIA|Tesla) [^|]+?) \| ", re.M)
+
+
 def _names_in_dumps() -> set[str]:
+    """Product names in the recordings of data/nvidia-smi/ and in its SOURCE.md table."""
     names = set()
     for path in DUMPS.iterdir():
         text = path.read_text(errors="replace")
-        for pattern in _NAME_PATTERNS:
+        patterns = (_SOURCE_ROW,) if path.name == "SOURCE.md" else _NAME_PATTERNS
+        for pattern in patterns:
             names.update(m.strip() for m in pattern.findall(text))
     return names
 
@@ -56,6 +61,7 @@ def _names_in_dumps() -> set[str]:
 def test_the_two_tables_agree():
     assert set(GPU_CLASSES.values()) == set(SPECS), "a name without a class or a class "
     "without a name"
+    assert all(name == name.strip() and name for name in GPU_CLASSES)
     assert len(SPECS) == len(CATALOG)  # no slug twice
     assert set(MIG_PARENTS) <= set(SPECS)
     for spec in CATALOG:
