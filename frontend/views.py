@@ -16,6 +16,7 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
+from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
@@ -88,7 +89,8 @@ def home(request):
     trading = set(Order.objects.filter(status__in=Order.ACTIVE, remaining_gpus__gt=0)
                   .values_list("market_id", flat=True).distinct())
     for market in GpuClass.objects.select_related("parent").order_by(
-            Coalesce("parent__slug", "slug"), "memory_gb", "slug"):
+            Coalesce("parent__slug", "slug"), F("parent").asc(nulls_first=True),
+            "memory_gb", "slug"):  # each whole GPU, then its slices
         bids, asks = book.depth(market, levels=1) if market.pk in trading else ([], [])
         markets.append({
             "slug": market.slug, "name": market.name, "memory_gb": market.memory_gb,

@@ -285,6 +285,10 @@ def test_the_pages_say_what_a_slice_is(client):
     assert "3/7 of an H100: 40 GB, 60 SMs" in parent
     home = client.get("/").content.decode()
     assert label in home and "/markets/h200-sxm-141gb.3g.71gb/" in home
+    order = [m["slug"] for m in client.get("/").context["markets"]]
+    h100 = order.index("h100-sxm-80gb")  # the whole GPU, then its slices, smallest first
+    assert order[h100:h100 + 7] == ["h100-sxm-80gb", *(f"h100-sxm-80gb.{p}" for p in (
+        "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))]
     assert "id=\"slice-markets\"" not in client.get("/markets/t4/").content.decode()
 
 
