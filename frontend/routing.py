@@ -3,10 +3,11 @@
 from django.urls import path, re_path
 
 from frontend import consumers
+from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from providers.consumers import RunnerConsumer
 
 websocket_urlpatterns = [
-    path("ws/markets/<slug:gpu_class>/", consumers.MarketFeedConsumer.as_asgi()),
+    path("ws/markets/<gpuclass:gpu_class>/", consumers.MarketFeedConsumer.as_asgi()),
     path("ws/auctions/<int:auction_id>/", consumers.AuctionFeedConsumer.as_asgi()),
     path("ws/me/", consumers.MeFeedConsumer.as_asgi()),
     path("ws/runner/", RunnerConsumer.as_asgi()),  # runner push (providers/consumers.py)

@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend import login, portal_views, ssh_views, stripe_views, views
+from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -23,7 +24,7 @@ urlpatterns = [
     path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
     path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,
          name="wallet-topup-return"),
-    path("markets/<slug:slug>/", views.market, name="market"),
+    path("markets/<gpuclass:slug>/", views.market, name="market"),
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),
     path("leases/", views.my_leases, name="leases-page"),

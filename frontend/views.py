@@ -16,6 +16,8 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
+from django.db.models import F
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -28,6 +30,7 @@ from frontend.login import signup_limited
 from marketplace import auctions as auction_services
 from marketplace import book, selectors
 from marketplace.auth_backends import release_connection
+from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SshKey
 from marketplace.ports import endpoint_text, ssh_command
@@ -82,10 +85,16 @@ def _rows_json(rows) -> str:
 def home(request):
     now = timezone.now()
     markets = []
-    for market in GpuClass.objects.all():
-        bids, asks = book.depth(market, levels=1)
+    # 120-odd markets (whole GPUs and MIG slices): the book is read only where an order rests
+    trading = set(Order.objects.filter(status__in=Order.ACTIVE, remaining_gpus__gt=0)
+                  .values_list("market_id", flat=True).distinct())
+    for market in GpuClass.objects.select_related("parent").order_by(
+            Coalesce("parent__slug", "slug"), F("parent").asc(nulls_first=True),
+            "memory_gb", "slug"):  # each whole GPU, then its slices
+        bids, asks = book.depth(market, levels=1) if market.pk in trading else ([], [])
         markets.append({
             "slug": market.slug, "name": market.name, "memory_gb": market.memory_gb,
+            "slice": slice_label(market),
             "tflops": market.bf16_dense_tflops, "reference": _usd(market.reference_price or None),
             "best_bid": _usd(bids[0][0]) if bids else "—",
             "best_ask": _usd(asks[0][0]) if asks else "—",
@@ -208,6 +217,9 @@ def _market_context(request, market: GpuClass, form):
         "gpus_offered": sum(q for _, q in asks),
         "markets": GpuClass.objects.all(),
         "benchmark": class_summary(market),  # None: "not benchmarked yet"
+        "slice": slice_label(market),  # "1/7 of an H100: 10 GB, 16 SMs"; "" for a whole GPU
+        "slice_markets": [(c, slice_label(c)) for c in
+                          market.slices.select_related("parent").order_by("memory_gb", "slug")],
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)

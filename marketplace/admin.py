@@ -56,8 +56,10 @@ class LeaseGpuInline(StrictTabularInline):
 
 @admin.register(GpuClass)
 class GpuClassAdmin(StrictAdmin):
-    list_display = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
-                    "reference_price"]
+    list_display = ["slug", "name", "parent", "mig_profile", "memory_gb",
+                    "memory_bandwidth_gbps", "bf16_dense_tflops", "reference_price"]
+    list_filter = [("parent", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["slug", "name"]
 
 
 @admin.register(Order)

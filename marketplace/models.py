@@ -7,22 +7,37 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
 from marketplace.states import StateEvent, StateMachine
 
+#: A whole GPU's slug ("h100-sxm-80gb") or a MIG slice market's ("h100-sxm-80gb.1g.10gb").
+GPU_CLASS_SLUG = RegexValidator(r"^[a-z0-9]+(-[a-z0-9]+)*(\.[1-7]g\.[0-9]{1,3}gb)?$",
+                                "a GPU class slug: lowercase words joined by '-', and for a "
+                                "MIG slice '.<profile>' (e.g. h100-sxm-80gb.1g.10gb)")
+
 
 class GpuClass(models.Model):
     """A GPU class: one market. Datasheet figures with their source."""
 
-    slug = models.SlugField(max_length=40, unique=True)
+    slug = models.CharField(
+        max_length=40, unique=True, validators=[GPU_CLASS_SLUG],
+        help_text='"h100-sxm-80gb"; a MIG slice market: "<parent slug>.<profile>"')
     name = models.CharField(max_length=100)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="slices",
+        help_text="the whole-GPU class of a MIG slice market; empty: a whole GPU")
+    mig_profile = models.CharField(
+        max_length=32, blank=True,
+        help_text='MIG GPU-instance profile of a slice market, e.g. "1g.10gb"; empty: whole')
     memory_gb = models.PositiveIntegerField(help_text="GB of device memory, datasheet")
     memory_bandwidth_gbps = models.PositiveIntegerField(help_text="GB/s, datasheet")
     bf16_dense_tflops = models.DecimalField(
         max_digits=7, decimal_places=1, null=True, blank=True,
-        help_text="dense (no sparsity) BF16 tensor TFLOPS, datasheet; empty: no BF16 support")
+        help_text="dense (no sparsity) BF16 tensor TFLOPS, datasheet; empty: no BF16 "
+                  "support or no published figure (datasheet_source says which)")
     datasheet_source = models.CharField(max_length=300)
     reference_price = models.BigIntegerField(
         default=0, help_text="micro-USD per GPU-hour, public reference (data/reference-prices.csv)"

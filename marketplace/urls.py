@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
@@ -22,8 +23,8 @@ api_v1 = [
     path("ssh-keys/", ssh_keys.SshKeyList.as_view(), name="ssh-keys"),
     path("ssh-keys/<int:pk>/", ssh_keys.SshKeyDelete.as_view(), name="ssh-key-delete"),
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
-    path("gpu-classes/<slug:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
-    path("gpu-classes/<slug:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
+    path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),
     path("orders/<int:pk>/", market.OrderDetail.as_view(), name="order-detail"),

@@ -17,6 +17,7 @@ from core.fields import (
 )
 from marketplace import selectors
 from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
+from marketplace.catalog import slice_of
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from marketplace.ports import connect_info, endpoint_text
 from providers.benchmarks import class_summary
@@ -120,17 +121,33 @@ class GpuClassSerializer(serializers.ModelSerializer):
     ({gpus, bf16_tflops, datasheet_bf16_tflops, memory_bandwidth_gbps,
     datasheet_memory_bandwidth_gbps, measured_at, summary}; TFLOPS and GB/s as decimal
     strings), or null when no GPU of the class has been benchmarked yet
-    (providers/benchmarks.py)."""
+    (providers/benchmarks.py). A MIG slice market has `parent` (the whole GPU's slug),
+    `mig_profile` ("1g.10gb") and `slice` ({of, fraction "1/7", memory_gb, sm_count or
+    null}); a whole GPU has them null/""/null and lists its slice markets in `slices`
+    (docs/CATALOG.md)."""
 
     reference_price = UsdField()
     benchmark = serializers.SerializerMethodField()
+    parent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    slice = serializers.SerializerMethodField()
+    slices = serializers.SerializerMethodField()
 
     class Meta:
         model = GpuClass
         fields = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
-                  "datasheet_source", "reference_price", "benchmark"]
+                  "datasheet_source", "reference_price", "benchmark", "parent", "mig_profile",
+                  "slice", "slices"]
+
+    def get_slice(self, gpu_class) -> dict | None:
+        return slice_of(gpu_class)
+
+    def get_slices(self, gpu_class) -> list[str]:
+        return sorted(c.slug for c in gpu_class.slices.all())
 
     def get_benchmark(self, gpu_class) -> dict | None:
+        benchmarked = self.context.get("benchmarked")  # the list's: 1 query, not 1 per class
+        if benchmarked is not None and gpu_class.pk not in benchmarked:
+            return None
         score = class_summary(gpu_class)
         return score.as_api() if score else None
 

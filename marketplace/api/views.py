@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
@@ -13,7 +14,7 @@ from marketplace import auctions, book, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Order
-from providers.models import Node
+from providers.models import GpuBenchmark, Node
 
 
 def own_node(request, node_id: int) -> None:
@@ -24,12 +25,22 @@ def own_node(request, node_id: int) -> None:
 
 
 class GpuClassList(generics.ListAPIView):
-    """GPU classes: one market each, with datasheet figures and a reference price."""
+    """GPU classes: one market each, with datasheet figures and a reference price; whole
+    GPUs first (by slug), then the MIG slice markets (by slug)."""
 
     permission_classes = [permissions.AllowAny]
     pagination_class = Pagination
     serializer_class = s.GpuClassSerializer
-    queryset = GpuClass.objects.all()
+    queryset = (GpuClass.objects.select_related("parent").prefetch_related("slices")
+                .alias(is_slice=ExpressionWrapper(Q(parent__isnull=False),
+                                                  output_field=BooleanField()))
+                .order_by("is_slice", "slug"))
+
+    def get_serializer_context(self):
+        # 120-odd classes, few benchmarked: the others skip class_summary's query
+        return {**super().get_serializer_context(),
+                "benchmarked": set(GpuBenchmark.objects.values_list("gpu__gpu_class_id",
+                                                                    flat=True).distinct())}
 
 
 class GpuClassDetail(generics.RetrieveAPIView):
@@ -38,7 +49,7 @@ class GpuClassDetail(generics.RetrieveAPIView):
 
     permission_classes = [permissions.AllowAny]
     serializer_class = s.GpuClassSerializer
-    queryset = GpuClass.objects.all()
+    queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
     lookup_field = "slug"
 
 

@@ -42,7 +42,8 @@ def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None,
                "nvidia-driver-550-server`), reboot or `modprobe nvidia`, and check that "
                "`nvidia-smi` lists the GPUs")
         if isinstance(exc, UnknownGpuProduct):
-            fix = "this GPU model has no marketplace class; ask the marketplace to add it"
+            fix = ("this GPU model has no marketplace class yet: one file, one test adds it "
+                   "(providers/runner/catalog.py; docs/CATALOG.md)")
         add(False, "NVIDIA driver / NVML", str(exc), fix)
 
     engine = None
