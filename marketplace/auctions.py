@@ -27,7 +27,9 @@ from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenie
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, SealedBid
-from marketplace.ports import clean_ports
+from marketplace.ports import clean_port_roles, clean_ports
+from marketplace.sealing import seal
+from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
@@ -99,6 +101,8 @@ def _schedule_close(auction_id: int, closes_at: datetime) -> None:
 def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int | None = None,
                      min_gpus: int | None = None, image: str = "",
                      command: list[str] | None = None, ports: list[int] | None = None,
+                     port_roles: dict[str, str] | None = None,
+                     env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
@@ -106,10 +110,14 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
-    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports).
+    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports);
+    port_roles: their roles (ports.clean_port_roles); env, secrets: the workload's
+    variables (workload_env), the secrets sealed with the bid (sealing.py).
     """
     now = now or timezone.now()
     ports = clean_ports(ports)
+    port_roles = clean_port_roles(port_roles, ports)
+    env, secrets = clean_env_and_secrets(env, secrets)
     with transaction.atomic():
         auction = Auction.objects.select_for_update().filter(pk=auction_id).first()
         if auction is None:
@@ -139,6 +147,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             _withdraw(previous, cause="replaced by a new bid")
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
+                        port_roles=port_roles, env=env, secrets_sealed=seal(secrets),
                         hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
@@ -210,7 +219,8 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,
                 duration_seconds=auction.duration_seconds, image=bid.image,
-                command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
+                command=bid.command, ports=bid.ports, port_roles=bid.port_roles,
+                env=bid.env, secrets_sealed=bid.secrets_sealed, now=now, sealed_bid=bid,
                 hold_id=bid.hold_id,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",

@@ -105,6 +105,15 @@ class Order(StateMachine):
         default=list, blank=True,
         help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
                   "buyer; the runner publishes them on the provider's public host")
+    port_roles = models.JSONField(
+        default=dict, blank=True,
+        help_text="bid: container port (string) → role (ssh, jupyter, http); each in ports")
+    env = models.JSONField(default=dict, blank=True,
+                           help_text="bid: {NAME: value} for its leases' workloads (plain)")
+    secrets_sealed = models.TextField(
+        blank=True, default="",
+        help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
+                  "shown, only handed to the runner of its leases")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -225,6 +234,10 @@ class SealedBid(StateMachine):
     command = models.JSONField(null=True, blank=True)
     ports = models.JSONField(default=list, blank=True,
                              help_text="container ports the lease exposes (as Order.ports)")
+    port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
+    env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
+    secrets_sealed = models.TextField(blank=True, default="",
+                                      help_text="as Order.secrets_sealed: sealed with the bid")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -302,6 +315,13 @@ class Lease(StateMachine):
         default=list, blank=True,
         help_text="where the buyer reaches them, as the runner reported with `running`: "
                   "[{container_port, host, host_port}]; empty: none published")
+    port_roles = models.JSONField(default=dict, blank=True, help_text="from the bid")
+    env = models.JSONField(default=dict, blank=True, help_text="from the bid")
+    secrets_sealed = models.TextField(blank=True, default="", help_text="from the bid")
+    jupyter_token_sealed = models.TextField(
+        blank=True, default="",
+        help_text="Fernet token of the lease's Jupyter token (a 'jupyter' port role): the "
+                  "workload's JUPYTER_TOKEN, in the buyer's connect.jupyter link only")
     started_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -18,7 +18,9 @@ class RunnerLease:
     absent); image: the container image (None if absent: the Docker runtime refuses it);
     command: argv (None: the image's own); gpu_uuids: the leased GPUs (NVML UUIDs); env:
     str → str for the workload; duration_seconds; started_at, ends_at, preempt_at: ISO 8601
-    strings as sent, or None; ports: container TCP ports to publish."""
+    strings as sent, or None; ports: container TCP ports to publish; secrets: str → str,
+    the buyer's secrets in clear (into the workload's environment only, and redacted
+    from the log tail: never logged, never in repr); port_roles: {"8888": "jupyter"}."""
 
     id: int
     status: str | None = None
@@ -31,6 +33,8 @@ class RunnerLease:
     ends_at: str | None = None
     preempt_at: str | None = None
     ports: list[int] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    port_roles: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -48,6 +52,8 @@ class RunnerLease:
             ends_at=item.get("ends_at"),
             preempt_at=item.get("preempt_at"),
             ports=list(item.get("ports") or []),
+            secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
+            port_roles=dict(item.get("port_roles") or {}),
         )
 
     @classmethod
