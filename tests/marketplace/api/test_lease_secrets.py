@@ -6,10 +6,12 @@ nothing written and no hold left. The Jupyter token of a lease with a "jupyter" 
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
 import pytest
 from cryptography.fernet import Fernet
+from django.core.management import call_command
 from django.utils import timezone
 
 from marketplace import auctions, sealing
@@ -216,3 +218,21 @@ def test_a_workload_printing_a_secret_posts_it_redacted_even_from_a_careless_run
     assert r.status_code == 200 and SECRET not in body_text(r)
     tail = client_for(buyer).get(f"/api/v1/leases/{lease.pk}/logs/").json()["tail"]
     assert tail == "token [redacted]\njupyter at ?token=[redacted]\n"
+
+
+def test_secrets_reseal_moves_every_stored_secret_to_the_first_key(settings):
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.GPUMARKET_SECRETS_KEYS = [old]
+    _, _, _, buyer = _market()
+    lease = _jupyter_lease(buyer)
+    settings.GPUMARKET_SECRETS_KEYS = [new, old]
+    out = io.StringIO()
+    call_command("secrets_reseal", stdout=out)
+    assert "Lease.jupyter_token_sealed: 1 re-sealed" in out.getvalue()
+    assert SECRET not in out.getvalue()
+    settings.GPUMARKET_SECRETS_KEYS = [new]  # the old key is gone: all still opens
+    lease.refresh_from_db()
+    order = Order.objects.get(side="bid")
+    assert sealing.unseal(order.secrets_sealed) == {"HF_TOKEN": SECRET}
+    assert sealing.unseal(lease.secrets_sealed) == {"HF_TOKEN": SECRET}
+    assert sealing.unseal_text(lease.jupyter_token_sealed)
