@@ -29,8 +29,10 @@ from marketplace import auctions as auction_services
 from marketplace import book, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
+from marketplace.jupyter import jupyter_link
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order
 from marketplace.ports import endpoint_text
+from marketplace.sealing import sealed_names
 from providers.benchmarks import class_summary
 from providers.models import LeaseLog, Provider
 from settlement import services as ledger
@@ -276,6 +278,10 @@ def _lease_rows(leases, *, role: str):
             # where the buyer connects, while the lease runs ("host:port" per port)
             "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
                           for e in x.endpoints or []] if x.status in Lease.ACTIVE else [],
+            # the Jupyter link holds the lease's token: its buyer's page only
+            "jupyter": jupyter_link(x) if role == "buyer" and x.status in Lease.ACTIVE
+            else None,
+            "secret_names": sealed_names(x.secrets_sealed),
         })
     return rows
 

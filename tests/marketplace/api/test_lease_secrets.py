@@ -12,12 +12,15 @@ from datetime import timedelta
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from marketplace import auctions, sealing
 from marketplace.models import Lease, Order, SealedBid
 from settlement.models import Hold
 from tests.factories import RTX4090_DUMP, ask, bid, bid_body, funded_buyer, registered_node
+from tests.frontend.test_pages_buyer import login
 from tests.support.api import assert_refused, body_text, client_for, runner_client, snapshot
 
 pytestmark = pytest.mark.django_db
@@ -206,6 +209,17 @@ def test_a_jupyter_lease_gets_a_token_its_workload_and_only_its_buyer_see():
     other = funded_buyer(5)
     r = client_for(other).get(f"/api/v1/leases/{lease.pk}/")
     assert r.status_code == 404 and jupyter not in body_text(r)
+    # the pages: the buyer's leases page links it; the provider's portal and node page not
+    browser = Client()
+    login(browser, buyer)
+    html = browser.get(reverse("leases-page")).content.decode()
+    assert f'href="http://gpu1.example.net:40124/lab?token={jupyter}"' in html
+    assert "secrets: HF_TOKEN" in html
+    login(browser, provider)
+    for url in (reverse("portal"), reverse("node", args=[lease.node_id])):
+        page = browser.get(url)
+        assert page.status_code == 200 and f"lease-{lease.pk}" in page.content.decode()
+        assert jupyter not in page.content.decode()
 
 
 def test_a_workload_printing_a_secret_posts_it_redacted_even_from_a_careless_runner():
