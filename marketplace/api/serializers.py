@@ -161,8 +161,9 @@ def ports_field() -> serializers.ListField:
         required=False, max_length=8, default=list)
 
 
-@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"},
-                      "maxProperties": 32})
+@extend_schema_field({"type": "object", "maxProperties": 32,
+                      "propertyNames": {"pattern": "^[A-Z_][A-Z0-9_]*$", "maxLength": 128},
+                      "additionalProperties": {"type": "string", "maxLength": 4096}})
 class WorkloadVarsField(serializers.Field):
     """`env` or `secrets` of a bid: {NAME: "value"} (marketplace/workload_env.py: names
     `[A-Z_][A-Z0-9_]*`, at most 32, values ≤ 4 KiB, ≤ 32 KiB in all, no GPUMARKET_ or
