@@ -147,6 +147,7 @@ def test_a_secret_appears_nowhere_but_in_the_runner_payload(
 
     order = Order.objects.get(owner=buyer)
     sealed = SealedBid.objects.get(bidder=buyer)
+    assert lease.secrets_sealed and sealed.secrets_sealed
     api_urls = ["/api/v1/orders/", f"/api/v1/orders/{order.pk}/", "/api/v1/leases/",
                 f"/api/v1/leases/{lease_id}/", f"/api/v1/leases/{lease_id}/logs/",
                 "/api/v1/sealed-bids/", f"/api/v1/auctions/{lot.pk}/", "/api/v1/auctions/",
@@ -176,7 +177,8 @@ def test_a_secret_appears_nowhere_but_in_the_runner_payload(
     captured.update({"frames": "\n".join(frames), "log records": caplog.text,
                      "stdout": out, "stderr": err, "runner output": runner.output()})
 
-    for value in (SECRET, SEALED_SECRET):
+    # nor their ciphertext (no page or answer shows a *_sealed column)
+    for value in (SECRET, SEALED_SECRET, lease.secrets_sealed, sealed.secrets_sealed):
         leaked = sorted(where for where, text in captured.items() if value in text)
         assert leaked == [], f"{value} shown in: {leaked}"
     assert "runner output" in captured and "token=" in logs
