@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from cryptography.fernet import Fernet
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,9 +49,13 @@ def fresh_database(pg: str, name: str) -> str:
     return f"{pg}/{name}"
 
 
+BENCH_SECRETS_KEY = Fernet.generate_key().decode()  # one per run, for every process
+
+
 def server_env(database_url: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": database_url, "DEBUG": "0",
             "SECRET_KEY": "bench-only-not-a-secret", "LOG_LEVEL": "WARNING",
+            "GPUMARKET_SECRETS_KEY": BENCH_SECRETS_KEY,
             "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
             "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
 

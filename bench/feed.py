@@ -50,8 +50,13 @@ import zlib
 from array import array
 from pathlib import Path
 
+from cryptography.fernet import Fernet
+
 ROOT = Path(__file__).resolve().parent.parent
 SLUG = "h100-sxm-80gb"
+
+
+BENCH_SECRETS_KEY = Fernet.generate_key().decode()  # one per run, for every process
 
 
 def bench_env(args) -> dict[str, str]:
@@ -60,6 +65,7 @@ def bench_env(args) -> dict[str, str]:
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.db}",
         "REDIS_URL": args.redis,
         "DEBUG": "0", "SECRET_KEY": "feed-bench-not-secret", "LOG_LEVEL": "WARNING",
+        "GPUMARKET_SECRETS_KEY": BENCH_SECRETS_KEY,
         "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
         "DJANGO_SETTINGS_MODULE": "marketplace.settings",
     }

@@ -32,8 +32,10 @@ from marketplace import book, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
+from marketplace.jupyter import jupyter_link
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SshKey
 from marketplace.ports import endpoint_text, ssh_command
+from marketplace.sealing import sealed_names
 from providers.benchmarks import class_summary
 from providers.models import LeaseLog, Provider
 from settlement import services as ledger
@@ -295,6 +297,10 @@ def _lease_rows(leases, *, role: str):
             "ssh_command": ssh_command(x) if role == "buyer" and x.status in Lease.ACTIVE
             else None,
             "ssh": x.ssh,
+            # the Jupyter link holds the lease's token: its buyer's page only
+            "jupyter": jupyter_link(x) if role == "buyer" and x.status in Lease.ACTIVE
+            else None,
+            "secret_names": sealed_names(x.secrets_sealed),
         })
     return rows
 

@@ -34,8 +34,13 @@ from marketplace.models import (
     SealedBidAudit,
     SshKey,
 )
+from marketplace.sealing import sealed_names
 from marketplace.selectors import sealed_bid_q
 from settlement.models import Hold
+
+# a bid's or lease's sealed secrets (marketplace/sealing.py): never on an admin page, not
+# even as ciphertext
+SEALED_COLUMNS = ["secrets_sealed"]
 
 
 class OrderEventInline(StrictTabularInline):
@@ -70,6 +75,7 @@ class OrderAdmin(ReadOnlyAdmin):
     list_display = ["id", "side", "market", "owner", "status", "price", "gpus", "remaining_gpus",
                     "created_at"]
     list_filter = ["side", "status", "market"]
+    exclude = SEALED_COLUMNS
     inlines = [OrderEventInline]
 
 
@@ -105,7 +111,8 @@ class SealedBidAdmin(ReadOnlyAdmin):
                     "paid_price"]
     list_filter = ["status"]
     secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "port_roles",
-                     "ssh")
+                     "ssh", "env")
+    exclude = SEALED_COLUMNS
     readonly_fields = ["reveal"]
 
     def sealed_q(self):
@@ -163,8 +170,11 @@ def _figures(bid: SealedBid) -> list[tuple[str, object]]:
     hold = Hold.objects.filter(pk=bid.hold_id).first()
     rows = [("price (micro-USD per GPU-hour)", bid.price), ("GPUs", bid.gpus),
             ("minimum GPUs", bid.min_gpus), ("image", bid.image or "-"),
-            ("command", bid.command), ("ports", bid.ports),
-            ("port roles", bid.port_roles), ("SSH", bid.ssh)]
+            ("command", bid.command), ("ports", bid.ports), ("port roles", bid.port_roles),
+            ("SSH", bid.ssh), ("env", bid.env),
+            # the secrets stay sealed, even here: their names only
+            ("secrets (names; values are never shown)", ", ".join(
+                sealed_names(bid.secrets_sealed)) or "-")]
     if hold is not None:
         rows += [(f"hold #{hold.pk} {label} (micro-USD)", getattr(hold, name))
                  for label, name in (("original", "original"), ("still held", "amount"),
@@ -189,6 +199,7 @@ class LeaseAdmin(ReadOnlyAdmin):
     list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]
+    exclude = [*SEALED_COLUMNS, "jupyter_token_sealed"]
     inlines = [LeaseGpuInline, LeaseEventInline]
 
 

@@ -27,7 +27,9 @@ from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenie
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, SealedBid
-from marketplace.ports import clean_ports, with_ssh
+from marketplace.ports import clean_port_roles, clean_ports, with_ssh
+from marketplace.sealing import seal
+from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
@@ -99,19 +101,25 @@ def _schedule_close(auction_id: int, closes_at: datetime) -> None:
 def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int | None = None,
                      min_gpus: int | None = None, image: str = "",
                      command: list[str] | None = None, ports: list[int] | None = None,
-                     ssh: bool = False, now: datetime | None = None) -> SealedBid:
+                     port_roles: dict[str, str] | None = None, ssh: bool = False,
+                     env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
+                     now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
     Raises NotFound, PermissionDenied (the lot's own provider), Conflict (before open or
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
-    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports); ssh:
-    the lease gets the bidder's SSH keys and port 22 (ports.with_ssh).
+    ports: container TCP ports the lease exposes to the buyer (ports.clean_ports);
+    port_roles: their roles (ports.clean_port_roles); ssh: the lease gets the bidder's SSH
+    keys and port 22 (ports.with_ssh); env, secrets: the workload's variables
+    (workload_env), the secrets sealed with the bid (sealing.py).
     """
     now = now or timezone.now()
-    ports, port_roles = with_ssh(ports, None, ssh)
+    ports, port_roles = with_ssh(ports, port_roles, ssh)
     ports = clean_ports(ports)
+    port_roles = clean_port_roles(port_roles, ports)
+    env, secrets = clean_env_and_secrets(env, secrets)
     with transaction.atomic():
         auction = Auction.objects.select_for_update().filter(pk=auction_id).first()
         if auction is None:
@@ -141,7 +149,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             _withdraw(previous, cause="replaced by a new bid")
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
-                        port_roles=port_roles, ssh=ssh, hold_id=0)
+                        port_roles=port_roles, ssh=ssh, env=env, secrets_sealed=seal(secrets),
+                        hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -213,7 +222,8 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 node=auction.node, gpus=award.gpus, price=award.price,
                 duration_seconds=auction.duration_seconds, image=bid.image,
                 command=bid.command, ports=bid.ports, port_roles=bid.port_roles,
-                ssh=bid.ssh, now=now, sealed_bid=bid,
+                ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed, now=now,
+                sealed_bid=bid,
                 hold_id=bid.hold_id,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +23,9 @@ from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
-from marketplace.ports import clean_ports, with_ssh
+from marketplace.ports import clean_port_roles, clean_ports, with_ssh
+from marketplace.sealing import same_secrets, seal
+from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
 from settlement.models import Hold
@@ -95,14 +97,15 @@ def _check_client_order_id(client_order_id: str | None) -> None:
 
 
 def _replay(owner_id: int, client_order_id: str | None,
-            terms: dict[str, Any]) -> Placed | None:
+            terms: dict[str, Any], secrets: dict[str, str] | None = None) -> Placed | None:
     """The first order of `owner_id` with `client_order_id`, as a Placed, or None.
 
     A replay must repeat the first order's `terms` (its field values, by Order attribute;
     `market` by slug): one that differs is a client reusing an id by mistake, refused with
     Conflict naming client_order_id and the first differing field (Stripe's rule for
     idempotency keys, "Idempotent requests": the same key with other parameters is an
-    error), so it never believes a different order was placed."""
+    error), so it never believes a different order was placed. `secrets` (a bid's, in
+    clear) are compared with what the first order sealed."""
     if client_order_id is None:
         return None
     order = (Order.objects.select_related("market")
@@ -115,6 +118,9 @@ def _replay(owner_id: int, client_order_id: str | None,
             raise Conflict(f"'{client_order_id}' was used for order {order.pk} with another "
                            f"{name.removesuffix('_id')}: a replay must repeat its terms",
                            field="client_order_id")
+    if order.side == Order.Side.BID and not same_secrets(order.secrets_sealed, secrets or {}):
+        raise Conflict(f"'{client_order_id}' was used for order {order.pk} with other "
+                       "secrets: a replay must repeat its terms", field="client_order_id")
     leases = list(Lease.objects.filter(Q(fill__bid=order) | Q(fill__ask=order)).order_by("pk"))
     return Placed(order=order, leases=leases, created=False)
 
@@ -174,8 +180,10 @@ class BidRequest:
     image/command: the container; expires_at: when a resting bid expires (None: never);
     client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
     its leases may be preempted by a higher bid; ports: container TCP ports its leases
-    expose (ports.clean_ports), port_roles their roles; ssh: its leases get the buyer's
-    SSH keys, port 22 (role ssh) added (ports.with_ssh).
+    expose (ports.clean_ports); port_roles: {"8888": "jupyter"} (ports.clean_port_roles);
+    ssh: its leases get the buyer's SSH keys, port 22 (role ssh) added (ports.with_ssh);
+    env / secrets: {NAME: value} for the workload (workload_env; secrets in clear here,
+    sealed when written: never in a log or an answer).
     """
 
     buyer_id: int
@@ -193,11 +201,15 @@ class BidRequest:
     ports: list[int] | None = None
     port_roles: dict[str, str] | None = None
     ssh: bool = False
+    env: dict[str, str] | None = None
+    secrets: dict[str, str] | None = field(default=None, repr=False)
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
         what is left): what _write_bids writes and a replay must repeat (_replay), in
-        the order a replay compares them. Ports sorted, as clean_ports returns them."""
+        the order a replay compares them. Ports sorted, as clean_ports returns them.
+        Not the secrets: they are sealed apart (`sealed_secrets`), and a replay compares
+        them opened."""
         ports, roles = with_ssh(self.ports, self.port_roles, self.ssh)
         return {"side": Order.Side.BID, "market": self.market_slug, "price": self.price,
                 "gpus": self.gpus, "duration_seconds": self.duration_seconds,
@@ -205,7 +217,7 @@ class BidRequest:
                 "time_in_force": self.time_in_force, "image": self.image,
                 "command": self.command, "expires_at": self.expires_at,
                 "interruptible": bool(self.interruptible), "ports": ports,
-                "port_roles": roles, "ssh": bool(self.ssh)}
+                "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {})}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -251,7 +263,7 @@ def place_bids(requests: list[BidRequest], *,
     for i, r in enumerate(requests):
         try:
             _check_client_order_id(r.client_order_id)
-            replayed = _replay(r.buyer_id, r.client_order_id, r.terms())
+            replayed = _replay(r.buyer_id, r.client_order_id, r.terms(), r.secrets)
             if replayed is not None:
                 results[i] = replayed
                 continue
@@ -289,7 +301,9 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
-    clean_ports(with_ssh(r.ports, r.port_roles, r.ssh)[0])
+    ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
+    clean_port_roles(roles, clean_ports(ports))
+    clean_env_and_secrets(r.env, r.secrets)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 
@@ -313,7 +327,7 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
         # market): that one committed first and stands
         if isinstance(exc, IntegrityError) and _is_client_id_clash(exc):
             try:
-                replayed = _replay(r.buyer_id, r.client_order_id, r.terms())
+                replayed = _replay(r.buyer_id, r.client_order_id, r.terms(), r.secrets)
             except Conflict as conflict:
                 return [conflict]
             if replayed is not None:
@@ -335,7 +349,8 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
     orders = []
     for r, _ in items:
         order = Order(**{**r.terms(), "market": market}, owner_id=r.buyer_id,
-                      remaining_gpus=r.gpus, client_order_id=r.client_order_id or "")
+                      remaining_gpus=r.gpus, client_order_id=r.client_order_id or "",
+                      secrets_sealed=seal(r.secrets or {}))
         locking.touch(order)
         orders.append(order)
     orders = insert_all(orders)

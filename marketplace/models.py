@@ -127,6 +127,12 @@ class Order(StateMachine):
     ssh = models.BooleanField(
         default=False,
         help_text="bid: its leases get the buyer's SSH public keys (port 22, role ssh)")
+    env = models.JSONField(default=dict, blank=True,
+                           help_text="bid: {NAME: value} for its leases' workloads (plain)")
+    secrets_sealed = models.TextField(
+        blank=True, default="",
+        help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
+                  "shown, only handed to the runner of its leases")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -249,6 +255,9 @@ class SealedBid(StateMachine):
                              help_text="container ports the lease exposes (as Order.ports)")
     port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
     ssh = models.BooleanField(default=False, help_text="as Order.ssh")
+    env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
+    secrets_sealed = models.TextField(blank=True, default="",
+                                      help_text="as Order.secrets_sealed: sealed with the bid")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -332,6 +341,12 @@ class Lease(StateMachine):
         default=list, blank=True,
         help_text="the buyer's SSH public keys (OpenSSH one-line form), copied when the "
                   "lease was created; the runner mounts them read-only as authorized_keys")
+    env = models.JSONField(default=dict, blank=True, help_text="from the bid")
+    secrets_sealed = models.TextField(blank=True, default="", help_text="from the bid")
+    jupyter_token_sealed = models.TextField(
+        blank=True, default="",
+        help_text="Fernet token of the lease's Jupyter token (a 'jupyter' port role): the "
+                  "workload's JUPYTER_TOKEN, in the buyer's connect.jupyter link only")
     started_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)

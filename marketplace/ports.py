@@ -30,6 +30,25 @@ def clean_ports(ports: list[int] | None, *, field: str = "ports") -> list[int]:
     return sorted(ports)
 
 
+PORT_ROLES = ("ssh", "jupyter", "http")
+
+
+def clean_port_roles(roles: dict | None, ports: list[int], *,
+                     field: str = "port_roles") -> dict[str, str]:
+    """A bid's port roles ({"8888": "jupyter"}): each key a port of `ports` as a string,
+    each role one of PORT_ROLES. None or {} → {}. Raises InvalidInput naming `field`."""
+    if not roles:
+        return {}
+    if not isinstance(roles, dict):
+        raise InvalidInput("must be an object of port: role", field=field)
+    for port, role in roles.items():
+        if not isinstance(port, str) or not port.isdigit() or int(port) not in ports:
+            raise InvalidInput(f"{port!r} is not one of the exposed ports", field=field)
+        if role not in PORT_ROLES:
+            raise InvalidInput(f"must be one of {', '.join(PORT_ROLES)}", field=f"{field}.{port}")
+    return dict(roles)
+
+
 def clean_endpoints(lease: Lease, endpoints: list[dict] | None) -> list[dict]:
     """The endpoints a runner reports for `lease` ([{container_port, host, host_port}]),
     checked: each container_port one the lease asked for, at most once; host a host name
@@ -103,16 +122,8 @@ def ssh_command(lease: Lease) -> str | None:
     return f"ssh -p {endpoint['host_port']} root@{host}"
 
 
-def _role_links(lease: Lease, role: str) -> list[str]:
+def role_links(lease: Lease, role: str) -> list[str]:
+    """["http://host:port/", …] of the lease's reported endpoints whose port has `role`."""
     ports = {int(p) for p, r in (lease.port_roles or {}).items() if r == role}
     return [f"http://{endpoint_text(e)}/" for e in lease.endpoints or []
             if e.get("container_port") in ports]
-
-
-def connect_info(lease: Lease) -> dict:
-    """How the lease's buyer connects, from its endpoints and port_roles (issue 12's
-    contract): {"ssh": ssh_command | None, "jupyter": link | None, "http": [links]}; None
-    and [] until the runner reports endpoints. For the buyer's eyes only."""
-    jupyter = _role_links(lease, "jupyter")
-    return {"ssh": ssh_command(lease), "jupyter": jupyter[0] if jupyter else None,
-            "http": _role_links(lease, "http")}

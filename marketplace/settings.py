@@ -6,6 +6,10 @@ production sets DEBUG=0 and must then give SECRET_KEY (or SECRET_KEY_FILE).
 Variables (default in brackets):
 - DEBUG [1]: Django debug mode.
 - SECRET_KEY or SECRET_KEY_FILE [generated into var/secret_key, only when DEBUG].
+- GPUMARKET_SECRETS_KEY [required when DEBUG is off; with DEBUG, a development key
+  derived from SECRET_KEY]: the Fernet key(s) that seal bids' `secrets` and leases'
+  Jupyter tokens at rest, comma-separated: the first seals, every one opens
+  (MultiFernet rotation; docs/SECRETS.md).
 - DATABASE_URL [sqlite:///var/gpumarket.sqlite3]: PostgreSQL in production and tests.
 - REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
   CELERY_BROKER_URL is set.
@@ -61,11 +65,14 @@ Variables (default in brackets):
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import secrets
 from pathlib import Path
 
 import environ
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -92,6 +99,33 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+
+
+def _secrets_keys() -> list[str]:
+    """GPUMARKET_SECRETS_KEY as a list of Fernet keys (first: the one that seals). With
+    DEBUG and none given: one key derived from SECRET_KEY (development, demo and tests
+    only: whoever reads SECRET_KEY can open every secret). Never echoes a key."""
+    keys = [k.strip() for k in env.str("GPUMARKET_SECRETS_KEY", default="").split(",")
+            if k.strip()]
+    if not keys:
+        if not DEBUG:
+            raise ImproperlyConfigured(
+                "GPUMARKET_SECRETS_KEY is required when DEBUG is off: one or more Fernet "
+                "keys, comma-separated (make one with python -c \"from cryptography.fernet "
+                "import Fernet; print(Fernet.generate_key().decode())\")")
+        digest = hashlib.sha256(b"gpumarket development secrets key\0" + SECRET_KEY.encode())
+        keys = [base64.urlsafe_b64encode(digest.digest()).decode()]
+    for i, key in enumerate(keys, 1):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"GPUMARKET_SECRETS_KEY: key {i} of {len(keys)} is not a Fernet key (32 "
+                "bytes, URL-safe base64)") from None
+    return keys
+
+
+GPUMARKET_SECRETS_KEYS = _secrets_keys()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from cryptography.fernet import Fernet
 from django.urls import reverse
 
 from tests.conftest import ROOT
@@ -22,6 +23,7 @@ def _django(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith(("GPUMARKET_", "STRIPE_", "SECRET_KEY", "DEBUG"))}
     environ.update({"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50),
+                    "GPUMARKET_SECRETS_KEY": Fernet.generate_key().decode(),
                     "GPUMARKET_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE":
                     "marketplace.settings", **env})
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=environ,

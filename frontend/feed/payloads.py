@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from frontend.feed.protocol import DEPTH_LEVELS, LAST_TRADES
 from marketplace import book, selectors
+from marketplace.connect import connect_info
 from marketplace.models import Fill, Lease, Order, SealedBid
-from marketplace.ports import connect_info, endpoint_text
+from marketplace.ports import endpoint_text
 from settlement import services as ledger
 from settlement.money import format_usd
 

@@ -4,6 +4,7 @@ Also the buyer's and provider's view of that tail (GET /api/v1/leases/<id>/logs/
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.utils import timezone
@@ -16,20 +17,52 @@ from core.fields import StrictCharField, StrictIntegerField
 from marketplace import lease_end, selectors
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
+from marketplace.jupyter import JUPYTER_SECRET, jupyter_token
 from marketplace.models import Lease
+from marketplace.sealing import Unsealable, unseal
 from providers import services as provider_services
 from providers.api import RunnerView
 from providers.models import LeaseLog
+from providers.runner.logtail import redact
+
+log = logging.getLogger("gpumarket.runner_api")
+
+
+def runner_secrets(lease: Lease) -> dict[str, str]:
+    """The lease's secrets in clear, with its Jupyter token as JUPYTER_TOKEN (which wins
+    over a buyer's own): for this lease's runner only. Raises sealing.Unsealable."""
+    values = unseal(lease.secrets_sealed)
+    token = jupyter_token(lease) if lease.jupyter_token_sealed else ""
+    if token:
+        values[JUPYTER_SECRET] = token
+    return values
+
+
+def without_secrets(lease: Lease, text: str) -> str:
+    """`text` from the runner (a log tail, a cause) with the lease's secret values
+    redacted, as the runner itself does (logtail.redact): a second guard, for a runner
+    that did not."""
+    if not text or not (lease.secrets_sealed or lease.jupyter_token_sealed):
+        return text
+    try:
+        return redact(text, runner_secrets(lease).values())
+    except Unsealable:
+        return text
 
 
 def runner_lease(lease: Lease) -> dict:
+    """The lease as its runner sees it (docs/RUNNER_PROTOCOL.md): the only answer that
+    carries `secrets` in clear. Raises sealing.Unsealable when they cannot be opened."""
     return {
         "id": lease.pk,
         "status": lease.status,
         "image": lease.image,
         "command": lease.command,
         "gpu_uuids": lease_services.gpu_uuids(lease),
-        "env": {"GPUMARKET_LEASE_ID": str(lease.pk)},
+        # the bid's env; GPUMARKET_LEASE_ID is the marketplace's (no bid may name it)
+        "env": {**(lease.env or {}), "GPUMARKET_LEASE_ID": str(lease.pk)},
+        # decrypted for this runner only; never logged, never in another answer
+        "secrets": runner_secrets(lease),
         "duration_seconds": lease.duration_seconds,
         "started_at": lease.started_at.isoformat() if lease.started_at else None,
         "ends_at": lease.ends_at.isoformat() if lease.ends_at else None,
@@ -54,6 +87,7 @@ class RunnerLeaseOut(serializers.Serializer):
     command = serializers.ListField(child=serializers.CharField(), allow_null=True)
     gpu_uuids = serializers.ListField(child=serializers.CharField())
     env = serializers.DictField(child=serializers.CharField())
+    secrets = serializers.DictField(child=serializers.CharField())
     duration_seconds = serializers.IntegerField()
     started_at = serializers.DateTimeField(allow_null=True)
     ends_at = serializers.DateTimeField(allow_null=True)
@@ -73,7 +107,14 @@ class RunnerLeases(RunnerView):
     @extend_schema(responses=RunnerLeasesOut)
     def get(self, request):
         active = Lease.objects.filter(node=request.auth, status__in=Lease.ACTIVE).order_by("pk")
-        return Response({"leases": [runner_lease(lease) for lease in active]})
+        listed = []
+        for lease in active:
+            try:
+                listed.append(runner_lease(lease))
+            except Unsealable:  # never started without its secrets; no content logged
+                log.error("lease %s left out of node %s's list: its secrets cannot be "
+                          "opened with GPUMARKET_SECRETS_KEY", lease.pk, lease.node_id)
+        return Response({"leases": listed})
 
 
 class EndpointIn(serializers.Serializer):
@@ -119,7 +160,8 @@ class RunnerLeaseEvent(RunnerView):
             else:
                 default = "lease time is over"
             lease = lease_end.end_lease(
-                lease_id=lease.pk, status=v["status"], cause=v["cause"] or default,
+                lease_id=lease.pk, status=v["status"],
+                cause=without_secrets(lease, v["cause"]) or default,
                 detail={"runner_usage_seconds": v.get("usage_seconds")},
             )
         return Response(runner_lease(lease))
@@ -150,10 +192,11 @@ class RunnerLeaseLogs(RunnerView):
     def post(self, request, pk: int):
         data = LeaseLogIn(data=request.data)
         data.is_valid(raise_exception=True)
-        if not Lease.objects.filter(pk=pk, node=request.auth).exists():
+        lease = Lease.objects.filter(pk=pk, node=request.auth).first()
+        if lease is None:
             raise NotFound(f"no lease {pk} on this node", field="lease")
-        log = provider_services.lease_log_record(node=request.auth, lease_id=pk,
-                                                 tail=data.validated_data["tail"])
+        tail = without_secrets(lease, data.validated_data["tail"])
+        log = provider_services.lease_log_record(node=request.auth, lease_id=pk, tail=tail)
         return Response(lease_log_body(pk, log))
 
 

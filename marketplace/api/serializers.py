@@ -7,6 +7,7 @@ import re
 import threading
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.fields import (
@@ -18,8 +19,12 @@ from core.fields import (
 from marketplace import selectors
 from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
 from marketplace.catalog import slice_of
+from marketplace.connect import connect_info
+from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
-from marketplace.ports import connect_info, endpoint_text
+from marketplace.ports import endpoint_text
+from marketplace.sealing import sealed_names
+from marketplace.workload_env import clean_env_and_secrets, clean_vars
 from providers.benchmarks import class_summary
 from settlement.fields import UsdField
 
@@ -173,8 +178,43 @@ def ports_field() -> serializers.ListField:
         required=False, max_length=8, default=list)
 
 
+@extend_schema_field({"type": "object", "maxProperties": 32,
+                      "propertyNames": {"pattern": "^[A-Z_][A-Z0-9_]*$", "maxLength": 128},
+                      "additionalProperties": {"type": "string", "maxLength": 4096}})
+class WorkloadVarsField(serializers.Field):
+    """`env` or `secrets` of a bid: {NAME: "value"} (marketplace/workload_env.py: names
+    `[A-Z_][A-Z0-9_]*`, at most 32, values ≤ 4 KiB, ≤ 32 KiB in all, no GPUMARKET_ or
+    NVIDIA_ names). A refusal names `env.NAME` and never repeats a value. `secrets` is
+    write-only: answers carry `secret_names`."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("default", dict)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        try:
+            return clean_vars(data, field=self.field_name)
+        except InvalidInput as exc:
+            inner = exc.field.removeprefix(f"{self.field_name}").removeprefix(".")
+            raise serializers.ValidationError({inner: [exc.message]} if inner
+                                              else [exc.message]) from None
+
+    def to_representation(self, value):
+        return value
+
+
+def check_env_and_secrets(attrs: dict) -> None:
+    """No name in both env and secrets (a 400 naming `secrets.NAME`)."""
+    try:
+        clean_env_and_secrets(attrs.get("env"), attrs.get("secrets"))
+    except InvalidInput as exc:
+        name = exc.field.removeprefix("secrets.")
+        raise serializers.ValidationError({"secrets": {name: [exc.message]}}) from None
+
+
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
-            "ports", "expires_at", "interruptible", "ssh")
+            "ports", "expires_at", "interruptible", "ssh", "env", "secrets")
 ASK_ONLY = ("node", "available_until")
 
 
@@ -185,7 +225,8 @@ class OrderInSerializer(StrictInputSerializer):
     (node, gpus, price, available_until, optional gpu_class); either with an optional
     client_order_id (yours, unique per user: placing it again returns the first order
     with 200). A field of the other side is refused,
-    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
+    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing. A bid's `env`
+    and write-only `secrets` are its leases' workload variables (WorkloadVarsField)."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = StrictCharField(required=False, max_length=40)
@@ -208,9 +249,12 @@ class OrderInSerializer(StrictInputSerializer):
     ssh = StrictBooleanField(required=False, default=False,
                              help_text="its leases get your SSH keys (/api/v1/ssh-keys/) and "
                                        "port 22 published, role ssh")
+    env = WorkloadVarsField()
+    secrets = WorkloadVarsField(write_only=True)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
+        check_env_and_secrets(attrs)
         # expires_at in the past is refused by the service (after a client_order_id
         # replay, which must answer with the first order whatever the clock says)
         given = self.initial_data
@@ -247,21 +291,33 @@ class OrderInSerializer(StrictInputSerializer):
             duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-            interruptible=v["interruptible"], ports=v["ports"], ssh=v["ssh"])
+            interruptible=v["interruptible"], ports=v["ports"], ssh=v["ssh"], env=v["env"],
+            secrets=v["secrets"])
 
 
-class OrderSerializer(serializers.ModelSerializer):
+def secret_names_field() -> serializers.SerializerMethodField:
+    """`secret_names`: the sorted names of the secrets sealed with a bid or lease (never
+    their values)."""
+    return serializers.SerializerMethodField(method_name="get_secret_names")
+
+
+class SecretNamesMixin:
+    def get_secret_names(self, obj) -> list[str]:
+        return sealed_names(obj.secrets_sealed)
+
+
+class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     price = UsdField()
     hours = serializers.SerializerMethodField()
+    secret_names = secret_names_field()
 
     class Meta:
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "ports", "port_roles", "ssh", "node",
-                  "available_until",
-                  "created_at"]
+                  "client_order_id", "interruptible", "ports", "port_roles", "ssh", "env",
+                  "secret_names", "node", "available_until", "created_at"]
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""
@@ -308,8 +364,13 @@ class LeaseEventSerializer(serializers.Serializer):
     cause = serializers.CharField()
 
 
-class LeaseSerializer(serializers.ModelSerializer):
+class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
+    """A lease as its buyer or provider sees it; `connect` (how to reach the workload,
+    with the Jupyter token) for its buyer only, null for anyone else."""
+
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
+    secret_names = secret_names_field()
+    connect = serializers.SerializerMethodField()
     price = UsdField()
     cost = UsdField(positive=False)
     provider_amount = UsdField(positive=False)
@@ -323,8 +384,7 @@ class LeaseSerializer(serializers.ModelSerializer):
         model = Lease
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
                   "duration_seconds", "image", "command", "ports", "port_roles", "ssh",
-                  "endpoints", "connect",
-                  "container_id", "started_at",
+                  "endpoints", "env", "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
 
@@ -337,11 +397,17 @@ class LeaseSerializer(serializers.ModelSerializer):
         when the provider publishes no ports)."""
         return [{**e, "address": endpoint_text(e)} for e in lease.endpoints or []]
 
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "ssh": {"type": "string", "nullable": True},
+        "jupyter": {"type": "string", "nullable": True},
+        "http": {"type": "array", "items": {"type": "string"}}}})
     def get_connect(self, lease) -> dict | None:
-        """How the buyer connects (ports.connect_info): {"ssh": "ssh -p N root@host" |
-        null, "jupyter": link | null, "http": [links]}; null for anyone but the buyer."""
+        """How the buyer connects (connect.connect_info): {"ssh": "ssh -p N root@host" |
+        null, "jupyter": "http://host:port/lab?token=…" | null, "http": [links]}; null for
+        anyone but the buyer."""
         request = self.context.get("request")
-        if request is None or request.user.pk != lease.buyer_id:
+        user_id = getattr(getattr(request, "user", None), "pk", None)
+        if user_id is None or user_id != lease.buyer_id:
             return None
         return connect_info(lease)
 
@@ -409,18 +475,27 @@ class SealedBidInSerializer(StrictInputSerializer):
     ports = ports_field()
     ssh = StrictBooleanField(required=False, default=False,
                              help_text="the lease gets your SSH keys and port 22 published")
+    env = WorkloadVarsField()
+    secrets = WorkloadVarsField(write_only=True)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        check_env_and_secrets(attrs)
+        return attrs
 
 
-class SealedBidSerializer(serializers.ModelSerializer):
-    """A bidder's own view of its sealed bid."""
+class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
+    """A bidder's own view of its sealed bid (its secrets by name only)."""
 
     price = UsdField()
     paid_price = UsdField(positive=False)
+    secret_names = secret_names_field()
 
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "ports", "port_roles", "ssh", "created_at"]
+                  "paid_price", "ports", "port_roles", "ssh", "env", "secret_names",
+                  "created_at"]
 
 
 _templates = threading.local()

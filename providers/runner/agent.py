@@ -22,7 +22,7 @@ from .gpu_guard import ReleaseGuard
 from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
 from .lease import RunnerLease
-from .logtail import LOG_LINES, trim_tail
+from .logtail import LOG_LINES, lease_tail
 from .nvml import PROTOCOL_KEYS, GpuSource
 from .runtime_common import Runtime, RuntimeFailure
 from .switch import stop_previous
@@ -82,6 +82,8 @@ class Agent:
         self.logs_interval = logs_interval
         self._next_logs = 0.0
         self._sent_tails: dict[int, str] = {}  # lease id → the tail last accepted
+        # lease id → its secret values as last listed: redacted from its tails (logtail)
+        self._secret_values: dict[int, list[str]] = {}
         self.log = log
         self.node: dict | None = None
         self._uuids = [g.uuid for g in gpus.inventory().gpus]
@@ -296,7 +298,8 @@ class Agent:
         """Send the workload's tail if it changed since the last accepted one. True if sent.
         Failures are logged and dropped (the next round retries), except a 401."""
         try:
-            tail = trim_tail(self.runtime.logs(lease_id, LOG_LINES))
+            tail = lease_tail(self.runtime.logs(lease_id, LOG_LINES),
+                              self._secret_values.get(lease_id, ()))
         except RuntimeFailure:
             return False
         if self._sent_tails.get(lease_id) == tail:
@@ -349,12 +352,15 @@ class Agent:
         handles = self.runtime.list_leases()
         for lease_id, lease in listed.items():
             self._lease_gpus[lease_id] = list(lease.gpu_uuids)
+            self._secret_values[lease_id] = list(lease.secrets.values())
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
                      f"container {_short(handles[lease_id])} stopped and removed")
         for lease_id in list(self._lease_gpus.keys() - listed.keys()):
             del self._lease_gpus[lease_id]  # ended without a workload here
+        for lease_id in list(self._secret_values.keys() - listed.keys()):
+            del self._secret_values[lease_id]  # its last tail was sent by _stop
         for lease_id, lease in listed.items():
             if self._stopping is not None and self._stopping.is_set():
                 return  # stopping: the next run picks up where this one left off

@@ -20,7 +20,9 @@ class RunnerLease:
     str → str for the workload; duration_seconds; started_at, ends_at, preempt_at: ISO 8601
     strings as sent, or None; ports: container TCP ports to publish; port_roles: container
     port (string) → role ("ssh", "jupyter", "http"); ssh_authorized_keys: the buyer's SSH
-    public keys (OpenSSH lines) the workload's authorized_keys holds ([]: no SSH)."""
+    public keys (OpenSSH lines) the workload's authorized_keys holds ([]: no SSH);
+    secrets: str → str, the buyer's secrets in clear (into the workload's environment
+    only, and redacted from the log tail: never logged, never in repr)."""
 
     id: int
     status: str | None = None
@@ -35,6 +37,7 @@ class RunnerLease:
     ports: list[int] = field(default_factory=list)
     port_roles: dict[str, str] = field(default_factory=dict)
     ssh_authorized_keys: list[str] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -54,6 +57,7 @@ class RunnerLease:
             ports=list(item.get("ports") or []),
             port_roles={str(k): str(v) for k, v in (item.get("port_roles") or {}).items()},
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
+            secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
         )
 
     @classmethod

@@ -33,8 +33,17 @@ class Runtime(Protocol):
     def endpoints(self, lease: RunnerLease | Mapping) -> list[dict] | None: ...
 
 
+RESERVED_PREFIXES = ("GPUMARKET_", "NVIDIA_")  # the marketplace's and the runner's own
+
+
 def lease_env(lease: RunnerLease) -> dict[str, str]:
-    """The lease's env plus NVIDIA_VISIBLE_DEVICES = comma-joined leased GPU UUIDs."""
+    """The workload's environment: the lease's env merged with its secrets (a secret or
+    env name the marketplace reserves, GPUMARKET_* or NVIDIA_*, is dropped from the
+    buyer's part), then GPUMARKET_LEASE_ID = the lease id and NVIDIA_VISIBLE_DEVICES =
+    comma-joined leased GPU UUIDs, which nothing overrides."""
     env = {str(k): str(v) for k, v in lease.env.items()}
+    env.update({str(k): str(v) for k, v in lease.secrets.items()
+                if not str(k).startswith(RESERVED_PREFIXES)})
+    env["GPUMARKET_LEASE_ID"] = str(lease.id)
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.gpu_uuids)
     return env

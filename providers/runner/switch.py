@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .client import MarketplaceError, Unauthorized
 from .lease import RunnerLease
-from .logtail import LOG_LINES, trim_tail
+from .logtail import LOG_LINES, lease_tail
 from .runtime import DockerRuntime, ProcessRuntime
 from .runtime_common import RuntimeFailure
 
@@ -105,7 +105,8 @@ def stop_previous(agent, listed: dict[int, RunnerLease]) -> None:
             reported = ""
             if lease is not None and lease.status == "running":
                 try:
-                    agent.client.post_logs(lease_id, trim_tail(old.logs(lease_id, LOG_LINES)))
+                    agent.client.post_logs(lease_id, lease_tail(old.logs(lease_id, LOG_LINES),
+                                                           lease.secrets.values()))
                 except (MarketplaceError, RuntimeFailure) as exc:
                     if isinstance(exc, Unauthorized):
                         raise

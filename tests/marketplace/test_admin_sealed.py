@@ -169,9 +169,9 @@ def test_pages_show_sealed_in_place_of_every_figure_before_close(operator, lot):
     for column in ("sealed_price", "sealed_gpus"):
         assert _cells(bids, column) == ["sealed", "sealed"], column
     page = operator.get(_url("sealedbid", "change", a.pk)).content.decode()
-    # price, gpus, min_gpus, image, command, ports, port_roles, ssh: every secret field
+    # price, gpus, min_gpus, image, command, ports, port_roles, ssh, env: every secret field
     assert page.count('<div class="readonly">sealed</div>') == len(
-        SealedBidAdmin.secret_fields) == 8
+        SealedBidAdmin.secret_fields) == 9
     assert "sealed until the auction closes" in page
     hold_list = operator.get(_url("hold")).content.decode()
     for column in ("sealed_original", "sealed_amount", "sealed_captured", "sealed_released"):

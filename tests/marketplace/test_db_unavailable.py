@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import httpx
 import psycopg
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.conftest import ROOT
 from tests.support.net import free_port
@@ -43,6 +44,7 @@ def app(pg, tmp_path_factory):
     database: DEBUG off, as in production."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
     env.update(DATABASE_URL=pg.dsn("app", "market"), DEBUG="0", SECRET_KEY="x" * 50,
+               GPUMARKET_SECRETS_KEY=Fernet.generate_key().decode(),
                ALLOWED_HOSTS="127.0.0.1", GPUMARKET_SSL_REDIRECT="0",
                GPUMARKET_VAR_DIR=str(tmp_path_factory.mktemp("var")),
                DJANGO_SETTINGS_MODULE="marketplace.settings", PYTHONUNBUFFERED="1")

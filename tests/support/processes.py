@@ -9,9 +9,12 @@ from django.conf import settings
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """Also the test process's GPUMARKET_SECRETS_KEY (its development key unless one is
+    set), so a child opens the secrets the test sealed, whatever its DEBUG."""
     db = settings.DATABASES["default"]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "marketplace.settings",
-           "PYTHONUNBUFFERED": "1", **extra}
+           "PYTHONUNBUFFERED": "1",
+           "GPUMARKET_SECRETS_KEY": ",".join(settings.GPUMARKET_SECRETS_KEYS), **extra}
     if db["ENGINE"].endswith("postgresql"):
         env["DATABASE_URL"] = (f"postgres://{db['USER'] or 'postgres'}@{db['HOST']}:"
                                f"{db['PORT'] or 5432}/{db['NAME']}")
