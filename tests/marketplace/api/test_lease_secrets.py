@@ -190,7 +190,7 @@ def test_a_jupyter_lease_gets_a_token_its_workload_and_only_its_buyer_see():
     assert listed["secrets"] == {"HF_TOKEN": SECRET, "JUPYTER_TOKEN": jupyter}
     assert listed["port_roles"] == {"8888": "jupyter"}
     r = client_for(buyer).get(f"/api/v1/leases/{lease.pk}/")
-    assert r.json()["connect"] == {"jupyter": None}  # no endpoint yet
+    assert r.json()["connect"] == {"ssh": None, "jupyter": None, "http": []}  # no endpoint yet
     assert jupyter not in body_text(r)
     assert r.json()["secret_names"] == ["HF_TOKEN"]  # the marketplace's token is not listed
 
