@@ -38,6 +38,9 @@ def runner_lease(lease: Lease) -> dict:
         "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
         # container TCP ports to publish on the provider's public host (may be [])
         "ports": list(lease.ports or []),
+        # a buyer's stop ends the lease at once (it leaves this list), so a listed lease
+        # is never stop_requested today; a runner stops a workload whose lease says true
+        "stop_requested": False,
     }
 
 
@@ -55,6 +58,7 @@ class RunnerLeaseOut(serializers.Serializer):
     ends_at = serializers.DateTimeField(allow_null=True)
     preempt_at = serializers.DateTimeField(allow_null=True)
     ports = serializers.ListField(child=serializers.IntegerField())
+    stop_requested = serializers.BooleanField()
 
 
 class RunnerLeasesOut(serializers.Serializer):

@@ -18,7 +18,9 @@ class RunnerLease:
     absent); image: the container image (None if absent: the Docker runtime refuses it);
     command: argv (None: the image's own); gpu_uuids: the leased GPUs (NVML UUIDs); env:
     str → str for the workload; duration_seconds; started_at, ends_at, preempt_at: ISO 8601
-    strings as sent, or None; ports: container TCP ports to publish."""
+    strings as sent, or None; ports: container TCP ports to publish; stop_requested: the
+    buyer stopped it (its workload is stopped and removed, as for a lease no longer listed).
+    """
 
     id: int
     status: str | None = None
@@ -31,6 +33,7 @@ class RunnerLease:
     ends_at: str | None = None
     preempt_at: str | None = None
     ports: list[int] = field(default_factory=list)
+    stop_requested: bool = False
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -48,6 +51,7 @@ class RunnerLease:
             ends_at=item.get("ends_at"),
             preempt_at=item.get("preempt_at"),
             ports=list(item.get("ports") or []),
+            stop_requested=item.get("stop_requested") is True,
         )
 
     @classmethod
