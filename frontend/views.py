@@ -256,6 +256,11 @@ def _order_rows(orders):
             for o in orders]
 
 
+def _clock(seconds: int) -> str:
+    """3725 → '1:02:05' (as leases.js counts it)."""
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
 def _lease_rows(leases, *, role: str):
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
@@ -279,7 +284,8 @@ def _lease_rows(leases, *, role: str):
             # unended: the time left and the cost so far, counted on by leases.js
             "live": x.status in Lease.ACTIVE, "server_time": now,
             "price_micros": x.price, "duration_seconds": x.duration_seconds,
-            "seconds_left": max(0, int((x.ends_at - now).total_seconds())) if x.ends_at else None,
+            "time_left": _clock(max(0, int((x.ends_at - now).total_seconds())))
+            if x.ends_at else None,
             "cost_so_far": usd(lease_cost(x.price, x.gpu_count, ran)),
             # where the buyer connects, while the lease runs ("host:port" per port)
             "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
