@@ -1,4 +1,4 @@
-/* Leases page: every second, the time left and the cost so far of each unended lease
+/* Lease tables (my leases, the market page, the provider's pages): every second, the time left and the cost so far of each unended lease
  * (price × GPUs × seconds used // 3600, micro-USD, as the marketplace bills it), from the
  * data attributes the server rendered, corrected by the server's clock. The live refresh
  * (GM.watchMe) replaces the table when more than these cells (data-live) changed; this
@@ -40,7 +40,7 @@
   }
   setInterval(tick, 1000);
   tick();
-  // the live refresh replaces the table: count on in the new cells at once
-  new MutationObserver(tick).observe(document.getElementById("my-leases") || document.body,
-                                     {childList: true});
+  // the live refresh replaces the table (wherever a page has one): count on in the new
+  // cells at once; set() writes only changes, so its own writes settle after one round
+  new MutationObserver(tick).observe(document.body, {childList: true, subtree: true});
 })();
