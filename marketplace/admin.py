@@ -27,6 +27,7 @@ from marketplace.models import (
     GpuClass,
     Lease,
     LeaseEvent,
+    LeaseExtension,
     LeaseGpu,
     Order,
     OrderEvent,
@@ -51,6 +52,12 @@ class LeaseEventInline(StrictTabularInline):
 
 class LeaseGpuInline(StrictTabularInline):
     model = LeaseGpu
+
+
+class LeaseExtensionInline(StrictTabularInline):
+    """The buyer's extensions (marketplace/lease_control.py), each with its own hold."""
+
+    model = LeaseExtension
 
 
 @admin.register(GpuClass)
@@ -184,7 +191,7 @@ class LeaseAdmin(ReadOnlyAdmin):
     list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]
-    inlines = [LeaseGpuInline, LeaseEventInline]
+    inlines = [LeaseGpuInline, LeaseEventInline, LeaseExtensionInline]
 
 
 @admin.register(ApiToken)
