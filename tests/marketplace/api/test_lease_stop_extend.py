@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace import auctions, lease_control, leases
+from marketplace import auctions, book, lease_control, leases
 from marketplace.lease_end import end_lease
 from marketplace.models import Lease, LeaseEvent, LeaseExtension, Order
 from settlement import services as ledger
@@ -286,3 +286,11 @@ def test_a_sealed_bid_lease_extends_within_the_providers_ask_and_stops_exactly()
     ended = Lease.objects.get(pk=lease.pk)
     _assert_settled_exactly(ended, int((ended.ended_at - ended.started_at).total_seconds()))
     assert ledger.wallet(user_id=buyer.pk).held == 0
+
+
+def test_extend_after_the_provider_withdrew_the_ask_is_409():
+    buyer, lease, _, _ = _lease()
+    ask_order = Order.objects.get(pk=lease.ask_id)
+    book.cancel_order(user_id=ask_order.owner_id, order_id=ask_order.pk)
+    _refused_409(buyer, lease.pk, {"hours": 1},
+                 f"the window is closed: the provider's ask {ask_order.pk} is cancelled")
