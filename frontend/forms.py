@@ -14,6 +14,7 @@ from frontend.forms_fields import ApiField, port_list, whole_number, words
 from marketplace.api.accounts import SignupIn
 from marketplace.api.serializers import (
     AuctionInSerializer,
+    LeaseExtendInSerializer,
     OrderInSerializer,
     SealedBidInSerializer,
 )
@@ -172,3 +173,9 @@ class AuctionForm(_NodeChoice):
     closes_in_minutes = forms.IntegerField(label="Closes in (minutes)", min_value=1,
                                            max_value=60 * 24 * 30, initial=10)
 
+
+
+class ExtendLeaseForm(forms.Form):
+    """The leases page's "Extend": whole hours more (the API's `hours`)."""
+
+    hours = _whole(LeaseExtendInSerializer, "hours", "Hours more", required=True, initial=1)

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import login, portal_views, ssh_views, stripe_views, views
+from frontend import lease_views, login, portal_views, ssh_views, stripe_views, views
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 
 urlpatterns = [
@@ -28,6 +28,8 @@ urlpatterns = [
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),
     path("leases/", views.my_leases, name="leases-page"),
+    path("leases/<int:pk>/stop/", lease_views.lease_stop, name="lease-stop-page"),
+    path("leases/<int:pk>/extend/", lease_views.lease_extend, name="lease-extend-page"),
     path("auctions/", views.auction_list, name="auctions-page"),
     path("auctions/<int:pk>/", views.auction_detail, name="auction"),
     path("sealed-bids/<int:pk>/withdraw/", views.sealed_bid_withdraw,

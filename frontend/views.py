@@ -40,7 +40,7 @@ from providers.benchmarks import class_summary
 from providers.models import LeaseLog, Provider
 from settlement import services as ledger
 from settlement.models import Hold
-from settlement.money import format_usd
+from settlement.money import format_usd, lease_cost
 
 LOGIN = "login"
 member = login_required(login_url=LOGIN)
@@ -273,13 +273,21 @@ def _order_rows(orders):
             for o in orders]
 
 
+def _clock(seconds: int) -> str:
+    """3725 → '1:02:05' (as leases.js counts it)."""
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
 def _lease_rows(leases, *, role: str):
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))
     rows = []
+    now = timezone.now()
     for x in leases:
         ended_early = x.status in ("failed", "preempted", "cancelled")
+        ran = 0 if x.started_at is None else \
+            max(0, int(min((now - x.started_at).total_seconds(), x.duration_seconds)))
         rows.append({
             "id": x.pk, "market": x.market.slug, "status": x.status, "gpus": x.gpu_count,
             "node": x.node.name, "price": usd(x.price), "hours": x.duration_seconds / 3600,
@@ -290,6 +298,12 @@ def _lease_rows(leases, *, role: str):
             "log_tail": tails.get(x.pk, ""),
             "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
             "ports": x.ports or [],
+            # unended: the time left and the cost so far, counted on by leases.js
+            "live": x.status in Lease.ACTIVE, "server_time": now,
+            "price_micros": x.price, "duration_seconds": x.duration_seconds,
+            "time_left": _clock(max(0, int((x.ends_at - now).total_seconds())))
+            if x.ends_at else None,
+            "cost_so_far": usd(lease_cost(x.price, x.gpu_count, ran)),
             # where the buyer connects, while the lease runs ("host:port" per port)
             "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
                           for e in x.endpoints or []] if x.status in Lease.ACTIVE else [],

@@ -27,6 +27,7 @@ from marketplace.models import (
     GpuClass,
     Lease,
     LeaseEvent,
+    LeaseExtension,
     LeaseGpu,
     Order,
     OrderEvent,
@@ -57,6 +58,12 @@ class LeaseEventInline(StrictTabularInline):
 
 class LeaseGpuInline(StrictTabularInline):
     model = LeaseGpu
+
+
+class LeaseExtensionInline(StrictTabularInline):
+    """The buyer's extensions (marketplace/lease_control.py), each with its own hold."""
+
+    model = LeaseExtension
 
 
 @admin.register(GpuClass)
@@ -200,7 +207,7 @@ class LeaseAdmin(ReadOnlyAdmin):
                     "started_at", "ended_at"]
     list_filter = ["status", "market"]
     exclude = [*SEALED_COLUMNS, "jupyter_token_sealed"]
-    inlines = [LeaseGpuInline, LeaseEventInline]
+    inlines = [LeaseGpuInline, LeaseEventInline, LeaseExtensionInline]
 
 
 @admin.register(ApiToken)

@@ -7,13 +7,13 @@ from collections import defaultdict
 
 from django.db.models import Sum
 
-from marketplace.models import Lease, Order, SealedBid
+from marketplace.models import Lease, LeaseExtension, Order, SealedBid
 from settlement.models import Account, Hold, Payout
 
 
 def holds_match_open_bids_and_leases() -> str | None:
-    """Every active hold secures exactly one open bid, active sealed bid or unended lease,
-    and each of those has an active hold."""
+    """Every active hold secures exactly one open bid, active sealed bid, unended lease or
+    extension of one, and each of those has an active hold."""
     owners: dict[int, list[str]] = defaultdict(list)
     for pk, hold in Order.objects.filter(side="bid", status__in=Order.ACTIVE) \
             .values_list("pk", "hold_id"):
@@ -22,6 +22,9 @@ def holds_match_open_bids_and_leases() -> str | None:
         owners[hold].append(f"sealed bid {pk}")
     for pk, hold in Lease.objects.filter(status__in=Lease.ACTIVE).values_list("pk", "hold_id"):
         owners[hold].append(f"lease {pk}")
+    for pk, hold in LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \
+            .values_list("lease_id", "hold_id"):
+        owners[hold].append(f"lease {pk} (extension)")
     active = set(Hold.objects.filter(status=Hold.Status.ACTIVE).values_list("pk", flat=True))
     for hold_id, things in sorted(owners.items()):
         if hold_id not in active:
@@ -40,7 +43,10 @@ def provider_earnings_match_settled_leases() -> str | None:
     for provider, amount in Lease.objects.filter(settled_at__isnull=False) \
             .values_list("provider_id", "provider_amount"):
         expected[provider] += amount
-    running = Lease.objects.filter(status__in=Lease.ACTIVE).values_list("provider_id", "hold_id")
+    running = list(Lease.objects.filter(status__in=Lease.ACTIVE)
+                   .values_list("provider_id", "hold_id"))
+    running += LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \
+        .values_list("lease__provider_id", "hold_id")
     holds = {h.pk: h for h in Hold.objects.filter(pk__in=[h for _, h in running])}
     for provider, hold_id in running:
         expected[provider] += holds[hold_id].captured - holds[hold_id].captured_fee

@@ -11,10 +11,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict
+from marketplace.leases import hold_ids as lease_hold_ids
 from marketplace.leases import move
 from marketplace.models import Lease, Order
 from settlement import services as ledger
@@ -58,12 +60,14 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
         if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
             # a failure: the buyer pays only the healthy seconds the runner saw
             seconds = reported
-    # never below what periodic settlement already paid out of the hold
-    cost = max(lease_cost(lease.price, lease.gpu_count, seconds),
-               Hold.objects.values_list("captured", flat=True).get(pk=lease.hold_id))
-    settled = ledger.hold_settle(hold_id=lease.hold_id, cost=cost,
-                                 provider_id=lease.provider_id,
-                                 reference=f"lease:{lease.pk}")
+    # never below what periodic settlement already paid out of the holds (the lease's own
+    # and one per extension)
+    holds = lease_hold_ids(lease)
+    captured = Hold.objects.filter(pk__in=holds).aggregate(t=Sum("captured"))["t"] or 0
+    cost = max(lease_cost(lease.price, lease.gpu_count, seconds), captured)
+    settled = ledger.hold_settle_many(hold_ids=holds, cost=cost,
+                                      provider_id=lease.provider_id,
+                                      reference=f"lease:{lease.pk}")
     lease.ended_at = now
     lease.cause = cause[:300]
     lease.cost = cost

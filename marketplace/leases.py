@@ -19,7 +19,7 @@ from django.utils import timezone
 from marketplace import ssh_keys
 from marketplace.errors import Conflict
 from marketplace.jupyter import new_jupyter_token
-from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
+from marketplace.models import Fill, GpuClass, Lease, LeaseExtension, LeaseGpu, Order
 from marketplace.ports import clean_endpoints
 from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
@@ -92,6 +92,14 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
     )
 
 
+def hold_ids(lease: Lease) -> list[int]:
+    """The holds securing `lease`, in the order a charge fills them: its own hold, then
+    one per extension (oldest first)."""
+    extra = LeaseExtension.objects.filter(lease=lease).order_by("pk").values_list("hold_id",
+                                                                                 flat=True)
+    return [lease.hold_id, *extra]
+
+
 def gpu_uuids(lease: Lease) -> list[str]:
     return list(lease.lease_gpus.order_by("gpu__pci_bus_id").values_list("gpu__uuid", flat=True))
 
@@ -144,7 +152,7 @@ def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:
     """Capture what a running lease owes up to `now` (whole metering periods only).
 
     The period index is floor(seconds run / GPUMARKET_METER_INTERVAL_SECONDS); each
-    index is captured at most once (settlement.hold_capture's idempotency key), so a
+    index is captured at most once (settlement.hold_capture_many's idempotency key), so a
     retried or duplicated run changes nothing. Returns the micro-USD captured, or None.
     """
     now = now or timezone.now()
@@ -158,9 +166,9 @@ def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:
         if period <= 0:
             return None
         through = lease_cost(lease.price, lease.gpu_count, period * interval)
-        settled = ledger.hold_capture(hold_id=lease.hold_id, through_cost=through,
-                                      provider_id=lease.provider_id,
-                                      reference=f"lease:{lease.pk}", period=str(period))
+        settled = ledger.hold_capture_many(hold_ids=hold_ids(lease), through_cost=through,
+                                           provider_id=lease.provider_id,
+                                           reference=f"lease:{lease.pk}", period=str(period))
     if settled is None:
         return None
     log.info("lease %s: metered through %s s, captured %s", lease_id, period * interval,

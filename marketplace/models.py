@@ -303,7 +303,9 @@ class Lease(StateMachine):
         # an interruptible lease may be preempted before it ever ran (charged 0 s)
         "pending": {"starting", "running", "failed", "cancelled", "preempted"},
         "starting": {"running", "failed", "cancelled", "preempted"},
-        "running": {"completed", "failed", "preempted"},
+        # cancelled: stopped by its buyer (marketplace/lease_control.py), charged the
+        # seconds it ran
+        "running": {"completed", "failed", "preempted", "cancelled"},
     }
     ACTIVE = ("pending", "starting", "running")
     ENDED = ("completed", "failed", "preempted", "cancelled")
@@ -372,6 +374,22 @@ class Lease(StateMachine):
 
 class LeaseEvent(StateEvent):
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="events")
+
+
+class LeaseExtension(models.Model):
+    """A buyer's extension of a lease (marketplace/lease_control.py): `seconds` more at the
+    lease's price, secured by a hold of its own (`hold_id`, placed for `cost` =
+    lease_cost(D + seconds) − lease_cost(D), so the lease's holds together are exactly
+    its whole cost). Settlement captures across the lease's hold and these, in order."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.PROTECT, related_name="extensions")
+    seconds = models.PositiveIntegerField()
+    cost = models.BigIntegerField(help_text="micro-USD held for the extra seconds")
+    hold_id = models.BigIntegerField(unique=True, help_text="settlement.Hold id")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"lease #{self.lease_id} + {self.seconds} s"
 
 
 class LeaseGpu(models.Model):

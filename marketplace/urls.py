@@ -38,6 +38,8 @@ api_v1 = [
     path("leases/", market.LeaseList.as_view(), name="leases"),
     path("leases/<int:pk>/", market.LeaseDetail.as_view(), name="lease-detail"),
     path("leases/<int:pk>/logs/", runner.LeaseLogs.as_view(), name="lease-logs"),
+    path("leases/<int:pk>/stop/", market.LeaseStop.as_view(), name="lease-stop"),
+    path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),

@@ -335,39 +335,76 @@ class Settled:
     fee_total: int       # of which the platform's
 
 
-def _capture(hold: Hold, *, amount: int, provider_id: int, release: int, kind: str,
+def _locked_active_holds(hold_ids: list[int]) -> list[Hold]:
+    """The holds of `hold_ids`, locked in primary-key order, returned in the order given
+    (the order a charge fills them). HoldClosed if one is not active."""
+    locked = {h.pk: h for h in Hold.objects.select_for_update().filter(pk__in=hold_ids)
+              .order_by("pk")}
+    holds = [locked[pk] for pk in hold_ids]
+    for hold in holds:
+        if hold.status != Hold.Status.ACTIVE:
+            raise HoldClosed(f"hold {hold.pk} is already {hold.status}")
+    return holds
+
+
+def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool, kind: str,
              reference: str, idempotency_key: str) -> Settled:
+    """Capture `amount` micro-USD from `holds` (filled in the order given: the first hold
+    first), split once over the whole amount, and, with `release`, return every hold's rest
+    to the buyer: one journal entry. Each hold keeps its own share of the capture and of the
+    fee (cumulative floors, so the shares sum to the split's fee exactly)."""
     parts = split(amount, settings.GPUMARKET_TAKE_RATE_BPS)
+    bps, left, through, fee_through = settings.GPUMARKET_TAKE_RATE_BPS, amount, 0, 0
+    shares = []
+    for hold in holds:
+        take = min(left, hold.amount)
+        left -= take
+        through += take
+        fee = through * bps // 10_000 - fee_through
+        fee_through += fee
+        shares.append((hold, take, fee, hold.amount - take if release else 0))
+    released = sum(rest for *_, rest in shares)
+    buyer_id = holds[0].buyer_id
     entry = post_entry(
         kind=kind,
         postings=[
-            (account(Kind.BUYER_HELD, hold.buyer_id), -(amount + release)),
+            (account(Kind.BUYER_HELD, buyer_id), -(amount + released)),
             (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
             (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
-            (account(Kind.BUYER_AVAILABLE, hold.buyer_id), release),
+            (account(Kind.BUYER_AVAILABLE, buyer_id), released),
         ],
         memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
-             f"platform {format_usd(parts.platform_fee)}; released {format_usd(release)}",
-        reference=reference, hold=hold, idempotency_key=idempotency_key,
+             f"platform {format_usd(parts.platform_fee)}; released {format_usd(released)}",
+        reference=reference, hold=holds[0], idempotency_key=idempotency_key,
     )
-    hold.captured += amount
-    hold.captured_fee += parts.platform_fee
-    hold.released += release
-    hold.amount -= amount + release
-    return Settled(split=parts, released=release, entry_id=entry.pk,
-                   captured_total=hold.captured, fee_total=hold.captured_fee)
+    for hold, take, fee, rest in shares:
+        hold.captured += take
+        hold.captured_fee += fee
+        hold.released += rest
+        hold.amount -= take + rest
+    return Settled(split=parts, released=released, entry_id=entry.pk,
+                   captured_total=sum(h.captured for h in holds),
+                   fee_total=sum(h.captured_fee for h in holds))
 
 
 def hold_capture(*, hold_id: int, through_cost: int, provider_id: int, reference: str,
                  period: str) -> Settled | None:
+    """hold_capture_many on one hold."""
+    return hold_capture_many(hold_ids=[hold_id], through_cost=through_cost,
+                             provider_id=provider_id, reference=reference, period=period)
+
+
+def hold_capture_many(*, hold_ids: list[int], through_cost: int, provider_id: int,
+                      reference: str, period: str) -> Settled | None:
     """Periodic settlement: capture what a running lease owes so far.
 
-    `through_cost` is the lease's whole cost up to now (micro-USD); what was captured
-    before is subtracted, and the difference is split and paid now; the hold stays
-    active. Idempotent per `period` (the entry's key is `meter:<reference>:<period>`):
+    `through_cost` is the lease's whole cost up to now (micro-USD) over its holds
+    `hold_ids` (its first hold, then one per extension: filled in that order); what was
+    captured before is subtracted, and the difference is split and paid now; the holds
+    stay active. Idempotent per `period` (the entry's key is `meter:<reference>:<period>`):
     a repeated call returns None and changes nothing, as does a cost not above what was
-    already captured. Raises HoldClosed, and ValueError when through_cost exceeds the
-    hold's original amount.
+    already captured. Raises HoldClosed, and ValueError when through_cost exceeds what
+    the holds were placed for.
 
     Rounding: each capture is split on its own (fee = amount × bps // 10000), so over a
     lease the platform gets Σ floor(p_i × bps / 10000) ≤ floor(Σ p_i × bps / 10000):
@@ -376,43 +413,55 @@ def hold_capture(*, hold_id: int, through_cost: int, provider_id: int, reference
     """
     key = f"meter:{reference}:{period}"
     with transaction.atomic():
-        hold = _locked_active_hold(hold_id)
+        holds = _locked_active_holds(hold_ids)
         if JournalEntry.objects.filter(idempotency_key=key).exists():
             return None
-        if through_cost > hold.original - hold.released:
-            raise ValueError(f"cost {through_cost} is beyond hold {hold_id}")
-        amount = through_cost - hold.captured
+        if through_cost > sum(h.original - h.released for h in holds):
+            raise ValueError(f"cost {through_cost} is beyond holds {hold_ids}")
+        amount = through_cost - sum(h.captured for h in holds)
         if amount <= 0:
             return None
-        settled = _capture(hold, amount=amount, provider_id=provider_id, release=0,
+        settled = _capture(holds, amount=amount, provider_id=provider_id, release=False,
                            kind=JournalEntry.Kind.LEASE_METER, reference=reference,
                            idempotency_key=key)
-        hold.save(update_fields=["captured", "captured_fee", "released", "amount"])
+        for hold in holds:
+            hold.save(update_fields=["captured", "captured_fee", "released", "amount"])
     return settled
 
 
 def hold_settle(*, hold_id: int, cost: int, provider_id: int, reference: str) -> Settled:
-    """Final settlement: the lease's whole cost is `cost` micro-USD; capture what periodic
-    captures have not yet paid, split it (settlement.split, GPUMARKET_TAKE_RATE_BPS),
-    return the rest of the hold to the buyer and close the hold — one journal entry.
+    """hold_settle_many on one hold."""
+    return hold_settle_many(hold_ids=[hold_id], cost=cost, provider_id=provider_id,
+                            reference=reference)
+
+
+def hold_settle_many(*, hold_ids: list[int], cost: int, provider_id: int,
+                     reference: str) -> Settled:
+    """Final settlement: the lease's whole cost is `cost` micro-USD over its holds
+    `hold_ids` (filled in that order); capture what periodic captures have not yet paid,
+    split it (settlement.split, GPUMARKET_TAKE_RATE_BPS), return the rest of every hold to
+    the buyer and close them all — one journal entry.
 
     Exactly once: the entry's idempotency key is `settle:<reference>`, and a closed hold
     raises HoldClosed. Raises ValueError when cost is below what was already captured or
-    beyond the hold.
+    beyond the holds.
     """
     with transaction.atomic():
-        hold = _locked_active_hold(hold_id)
-        amount = cost - hold.captured
-        if amount < 0 or amount > hold.amount:
-            raise ValueError(f"cost {cost} is outside hold {hold_id} "
-                             f"({hold.captured} captured, {hold.amount} held)")
-        settled = _capture(hold, amount=amount, provider_id=provider_id,
-                           release=hold.amount - amount, kind=JournalEntry.Kind.LEASE_SETTLE,
-                           reference=reference, idempotency_key=f"settle:{reference}")
-        hold.status = Hold.Status.CAPTURED
-        hold.closed_at = timezone.now()
-        hold.save(update_fields=["captured", "captured_fee", "released", "amount", "status",
-                                 "closed_at"])
+        holds = _locked_active_holds(hold_ids)
+        amount = cost - sum(h.captured for h in holds)
+        if amount < 0 or amount > sum(h.amount for h in holds):
+            raise ValueError(f"cost {cost} is outside holds {hold_ids} "
+                             f"({sum(h.captured for h in holds)} captured, "
+                             f"{sum(h.amount for h in holds)} held)")
+        settled = _capture(holds, amount=amount, provider_id=provider_id, release=True,
+                           kind=JournalEntry.Kind.LEASE_SETTLE, reference=reference,
+                           idempotency_key=f"settle:{reference}")
+        closed_at = timezone.now()
+        for hold in holds:
+            hold.status = Hold.Status.CAPTURED
+            hold.closed_at = closed_at
+            hold.save(update_fields=["captured", "captured_fee", "released", "amount",
+                                     "status", "closed_at"])
     return settled
 
 

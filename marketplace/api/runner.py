@@ -75,6 +75,9 @@ def runner_lease(lease: Lease) -> dict:
         # the buyer's SSH public keys copied at lease creation (empty: no ssh); the runner
         # mounts them read-only as the container's authorized_keys
         "ssh_authorized_keys": list(lease.ssh_public_keys or []),
+        # a buyer's stop ends the lease at once (it leaves this list), so a listed lease
+        # is never stop_requested today; a runner stops a workload whose lease says true
+        "stop_requested": False,
     }
 
 
@@ -95,6 +98,7 @@ class RunnerLeaseOut(serializers.Serializer):
     ports = serializers.ListField(child=serializers.IntegerField())
     port_roles = serializers.DictField(child=serializers.CharField())
     ssh_authorized_keys = serializers.ListField(child=serializers.CharField())
+    stop_requested = serializers.BooleanField()
 
 
 class RunnerLeasesOut(serializers.Serializer):

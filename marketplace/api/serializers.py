@@ -412,6 +412,25 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
         return connect_info(lease)
 
 
+class LeaseExtendInSerializer(StrictInputSerializer):
+    """POST /api/v1/leases/<id>/extend/: exactly one of `hours` or `seconds` (whole,
+    positive, at most a year); `seconds` of the result is the extension in seconds."""
+
+    hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
+    seconds = StrictIntegerField(min_value=1, max_value=MAX_HOURS * 3600, required=False)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        given = [name for name in ("hours", "seconds") if name in attrs]
+        if len(given) != 1:
+            name = given[1] if given else "hours"
+            raise serializers.ValidationError({name: "give either hours or seconds, not "
+                                               + ("both" if given else "neither")})
+        attrs["field"] = given[0]
+        attrs["seconds"] = attrs["seconds"] if given[0] == "seconds" else attrs["hours"] * 3600
+        return attrs
+
+
 class AuctionInSerializer(StrictInputSerializer):
     node = StrictIntegerField(min_value=1)
     gpu_class = StrictCharField(required=False, max_length=40)

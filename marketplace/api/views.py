@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.pagination import Pagination, paginated
-from marketplace import auctions, book, selectors
+from marketplace import auctions, book, lease_control, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Order
@@ -231,3 +231,28 @@ class LeaseDetail(generics.RetrieveAPIView):
 
     def get_queryset(self):
         return _my_leases(self.request.user)
+
+
+class LeaseStop(APIView):
+    """Stop your lease now (pending, starting or running): it ends `cancelled`, "stopped
+    by the buyer", and you pay the seconds it ran. Idempotent: an ended lease is answered
+    200 as it is. Another buyer's lease is a 404, as a missing one."""
+
+    @extend_schema(request=None, responses=s.LeaseSerializer)
+    def post(self, request, pk: int):
+        lease = lease_control.stop_lease(buyer_id=request.user.pk, lease_id=pk)
+        return Response(s.LeaseSerializer(_my_leases(request.user).get(pk=lease.pk)).data)
+
+
+class LeaseExtend(APIView):
+    """Extend your lease by `hours` or `seconds` at its price, on a new hold of the extra
+    cost; 409 naming why when the window, the node or your wallet does not allow it."""
+
+    @extend_schema(request=s.LeaseExtendInSerializer, responses=s.LeaseSerializer)
+    def post(self, request, pk: int):
+        data = s.LeaseExtendInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        lease = lease_control.extend_lease(buyer_id=request.user.pk, lease_id=pk,
+                                           seconds=v["seconds"], field=v["field"])
+        return Response(s.LeaseSerializer(_my_leases(request.user).get(pk=lease.pk)).data)

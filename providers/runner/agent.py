@@ -346,7 +346,8 @@ class Agent:
     def reconcile(self, leases: list[RunnerLease]) -> None:
         """Bring the workloads in line with `leases` (the GET /leases/ list)."""
         self.take_baseline()  # before anything is stopped or started
-        listed = {lease.id: lease for lease in leases}
+        # a lease its buyer stopped is treated as no longer listed: stopped and removed
+        listed = {lease.id: lease for lease in leases if not lease.stop_requested}
         if self.previous_runtimes:  # first: a lease never runs in two runtimes
             stop_previous(self, listed)
         handles = self.runtime.list_leases()

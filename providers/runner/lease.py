@@ -22,7 +22,9 @@ class RunnerLease:
     port (string) → role ("ssh", "jupyter", "http"); ssh_authorized_keys: the buyer's SSH
     public keys (OpenSSH lines) the workload's authorized_keys holds ([]: no SSH);
     secrets: str → str, the buyer's secrets in clear (into the workload's environment
-    only, and redacted from the log tail: never logged, never in repr)."""
+    only, and redacted from the log tail: never logged, never in repr); stop_requested:
+    the buyer stopped it (its workload is stopped and removed, as for a lease no longer
+    listed)."""
 
     id: int
     status: str | None = None
@@ -38,6 +40,7 @@ class RunnerLease:
     port_roles: dict[str, str] = field(default_factory=dict)
     ssh_authorized_keys: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    stop_requested: bool = False
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -58,6 +61,7 @@ class RunnerLease:
             port_roles={str(k): str(v) for k, v in (item.get("port_roles") or {}).items()},
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
+            stop_requested=item.get("stop_requested") is True,
         )
 
     @classmethod

@@ -89,6 +89,16 @@
 
   /* Re-render parts of this page (elements by id) from a fresh GET of the page. */
   var refreshing = null;
+  // A fragment's markup without what a page script counts on by itself (cells marked
+  // data-live: their text and the server's clock), so a fresh copy that differs only there
+  // does not replace it (an open <details> stays open).
+  function stable(el) {
+    var copy = el.cloneNode(true);
+    copy.querySelectorAll("[data-live]").forEach(function (x) {
+      x.textContent = ""; x.removeAttribute("data-server-time");
+    });
+    return copy.innerHTML;
+  }
   GM.refreshFragments = function (ids) {
     if (refreshing) return refreshing;
     refreshing = fetch(location.pathname, {credentials: "same-origin", headers: {Accept: "text/html"}})
@@ -97,7 +107,7 @@
         var doc = new DOMParser().parseFromString(html, "text/html");
         ids.forEach(function (id) {
           var now = document.getElementById(id), fresh = doc.getElementById(id);
-          if (!now || !fresh || now.innerHTML === fresh.innerHTML) return;
+          if (!now || !fresh || stable(now) === stable(fresh)) return;
           if (now.contains(document.activeElement) && document.activeElement !== document.body) return;
           now.innerHTML = fresh.innerHTML;
         });
