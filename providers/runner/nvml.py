@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .catalog import gpu_class_for
-from .nvsmi import GpuInfo, Inventory, health_from_text, parse_text, read_text
+from .nvsmi import GpuInfo, Inventory, load_dump
+from .nvsmi_health import health_from_tree
 from .xid import NvmlXidWatcher, XidEvent, XidUnsupported, map_to_gpus, parse_kernel_log
 
 #: The keys of a heartbeat `gpus[]` item (docs/RUNNER_PROTOCOL.md); readings hold more.
@@ -240,9 +241,8 @@ class DumpGpus:
                  replay_health: dict[str, dict] | None = None,
                  replay_process_left: dict[str, list] | None = None) -> None:
         self.path = Path(path)
-        text = read_text(self.path)
-        self._inventory = parse_text(text, name=self.path.name)
-        self._health = health_from_text(text, name=self.path.name)
+        self._inventory, tree = load_dump(self.path)
+        self._health = health_from_tree(tree)
         self.source = self._inventory.source
         known = {g.uuid for g in self._inventory.gpus}
         for uuid, values in (replay_health or {}).items():
