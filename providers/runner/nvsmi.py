@@ -306,6 +306,7 @@ def _name_migs(gpus: list[tuple[GpuInfo, list[_RawMig]]], listed: list[ListedGpu
         raise DumpError(list_name, listed[0].line if listed else 1,
                         f"lists {len(listed)} GPU(s) but {name} has {len(gpus)}")
     out, notes = [], []
+    seen_uuids: dict[str, str] = {}
     for position, (gpu, raws) in enumerate(gpus):
         entry = listed[position] if listed is not None else None
         if entry is not None and entry.uuid != gpu.uuid:
@@ -322,6 +323,11 @@ def _name_migs(gpus: list[tuple[GpuInfo, list[_RawMig]]], listed: list[ListedGpu
                 raise DumpError(list_name, named.line, f"MIG device {raw.index} is {named.uuid}"
                                 f" but {name} line {raw.line} says {raw.uuid}")
             uuid = raw.uuid or (named.uuid if named else "")
+            if uuid and uuid in seen_uuids:
+                raise DumpError(list_name if named else name, named.line if named else raw.line,
+                                f"MIG UUID {uuid} is given to two MIG devices "
+                                f"({seen_uuids[uuid]} and GPU {gpu.pci_bus_id} device {raw.index})")
+            seen_uuids[uuid] = f"GPU {gpu.pci_bus_id} device {raw.index}"
             profile = raw.profile or (named.profile if named else "")
             if not (uuid and profile):
                 break
@@ -339,14 +345,10 @@ def _name_migs(gpus: list[tuple[GpuInfo, list[_RawMig]]], listed: list[ListedGpu
 
 
 def _same_instance_profiles(gpus: list[GpuInfo], name: str) -> None:
-    """DumpError for one MIG UUID twice, or one GPU instance with two profiles."""
-    seen: dict[str, int] = {}
+    """DumpError for one GPU instance given two profiles."""
     for gpu in gpus:
         profiles: dict[int, str] = {}
         for mig in gpu.mig_devices:
-            if mig.uuid in seen:
-                raise DumpError(name, 1, f"MIG UUID {mig.uuid} is given to two MIG devices")
-            seen[mig.uuid] = mig.index
             known = profiles.setdefault(mig.gpu_instance_id, mig.profile)
             if known != mig.profile:
                 raise DumpError(name, 1, f"GPU {gpu.pci_bus_id}: GPU instance "
@@ -396,10 +398,14 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
     announced = int(attached.value)
     sections = [n for n in root.children if _GPU_HEADER.match(n.key) and n.value is None]
     read = [g for g in (_gpu(s, sections, announced, problems) for s in sections) if g]
-    if len(sections) < announced:
+    notes = []
+    if len(sections) < announced and (problems or not sections):
         problems.append((last, f"the report ends after {len(sections)} GPU section(s) but line "
                                f"{attached.line} announces 'Attached GPUs : {announced}' "
                                "(output cut short?)"))
+    elif len(sections) < announced:  # `nvidia-smi -q -i N` prints the selected GPUs only
+        notes.append(f"the report shows {len(sections)} of the {announced} attached GPUs "
+                     "(recorded with `nvidia-smi -q -i …`?); only those are simulated")
     elif len(sections) > announced:
         problems.append((sections[announced].line,
                          f"GPU section {announced + 1} found but 'Attached GPUs' is {announced}"))
@@ -415,7 +421,8 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         first_line, first = ordered[0]
         raise DumpError(name, first_line, first, ordered[1:])
     listed = parse_list(*listing) if listing else None
-    gpus, notes = _name_migs(read, listed, name, listing[1] if listing else "")
+    gpus, mig_notes = _name_migs(read, listed, name, listing[1] if listing else "")
+    notes += mig_notes
     if nvlink:
         gpus = _with_nvlink_status(gpus, *nvlink)
     if classify:
