@@ -7,7 +7,8 @@ DTD is accepted (expat never fetches it); an internal subset, any entity declara
 entity reference other than the five predefined ones is refused (DumpError), so no
 "billion laughs" or external entity can be expanded.
 
-The elements the runner reads are renamed to the text form's keys (XML_KEYS), so one
+The elements the runner reads are renamed (XML_KEYS; uncorrectable volatile ECC counters
+by rule) to the text form's keys (XML_KEYS), so one
 reader serves both forms; the others keep their tag as key. `mig_devices/mig_device`
 become "MIG Device" sections of the GPU, `processes/process_info` become
 "Processes / Process ID" like the text form's.
@@ -155,6 +156,10 @@ def _translate(element: _Element, table: dict, into: Node) -> None:
     for path, leaf in element.leaves():
         if path in table:
             _put(into, table[path], leaf.value, leaf.line)
+        elif path[:2] == ("ecc_errors", "volatile") and "uncorrectable" in path[-1]:
+            # "dram_uncorrectable" → "ECC Errors / Volatile / Dram Uncorrectable"
+            title = " ".join(w.capitalize() for w in path[-1].split("_"))
+            _put(into, ("ECC Errors", "Volatile", title), leaf.value, leaf.line)
 
 
 def xml_tree(text: str, name: str = "<dump>") -> Node:
