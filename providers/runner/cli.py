@@ -42,6 +42,7 @@ from .config import (
 )
 from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
+from .gpu_text import mig_lines, mig_summary, nvlink_summary
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
@@ -86,9 +87,15 @@ def _cmd_inventory(args) -> int:
                           "gpus": [g.as_protocol() for g in inventory.gpus]}, indent=2))
         return EXIT_OK
     print(f"{inventory.summary()} (source: {inventory.source})")
-    for gpu in inventory.gpus:
-        print(f"  {gpu.pci_bus_id}  {gpu.uuid}  {gpu.product_name}  {gpu.gpu_class}  "
-              f"{gpu.memory_mib} MiB  MIG {gpu.mig_mode}")
+    for index, gpu in enumerate(inventory.gpus):
+        print(f"  GPU {index}  {gpu.pci_bus_id}  {gpu.uuid}  {gpu.product_name}  "
+              f"{gpu.gpu_class}  {gpu.memory_mib} MiB  {mig_summary(gpu)}")
+        for line in mig_lines(gpu):
+            print(f"      {line}")
+        if nvlink_summary(gpu):
+            print(f"    {nvlink_summary(gpu)}")
+    for note in inventory.notes:
+        print(f"  note: {note}")
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from providers.runner.doctor import doctor_checks
 from providers.runner.nvml import NvmlGpus
 from providers.runner.nvsmi import NvLinkInfo, parse_dump
 
@@ -129,3 +130,14 @@ def test_nvml_without_profile_names_leaves_the_slices_out_with_a_note(monkeypatc
     assert inv.gpus[0].mig_devices == ()
     [note] = inv.notes
     assert "MIG devices left out" in note and "GPU instance 2" in note
+
+
+def test_doctor_prints_mig_devices_and_nvlinks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(parse_dump(H100_MIG),
+                                                           nvlink_links=4))
+    lines = [line for _ok, line in doctor_checks(None, None)]
+    assert lines[0].startswith("PASS  NVIDIA driver / NVML: driver 590.48.01, CUDA 13.1")
+    assert lines[1] == ("PASS  MIG: GPU 0 NVIDIA H100 80GB HBM3 MIG Enabled: 1 \u00d7 3g.40gb, "
+                        "1 \u00d7 2g.20gb, 2 \u00d7 1g.10gb")
+    assert lines[2].startswith("FAIL  NVLink: GPU 0 NVIDIA H100 80GB HBM3 NVLink: 3/4 links "
+                               "active to 00000000:10:00.0, 00000000:11:00.0, 00000000:12:00.0")
