@@ -51,7 +51,7 @@ class ListedGpu:
     links: dict[int, tuple[bool, str]] = field(default_factory=dict)
 
 
-def _gpus(text: str, name: str, child) -> list[ListedGpu]:
+def _gpus(text: str, name: str, child, empty_ok: bool = False) -> list[ListedGpu]:
     gpus: list[ListedGpu] = []
     for number, raw in enumerate(text.lstrip("\ufeff").splitlines(), start=1):
         line = raw.strip()
@@ -64,7 +64,7 @@ def _gpus(text: str, name: str, child) -> list[ListedGpu]:
             continue
         else:
             raise DumpError(name, number, f"not a line of this listing: {line!r}")
-    if not gpus:
+    if not gpus and not (empty_ok and not text.strip()):
         raise DumpError(name, first_content_line(text)[0], "no 'GPU N: … (UUID: GPU-…)' line")
     return gpus
 
@@ -84,7 +84,9 @@ def parse_list(text: str, name: str = "<-L>") -> list[ListedGpu]:
 
 def parse_nvlink_status(text: str, name: str = "<nvlink -s>") -> list[ListedGpu]:
     """The GPUs of `nvidia-smi nvlink -s` output with links {n: (active, text)}; a link is
-    active when it shows a speed, inactive for "<inactive>" (or "inactive", "down")."""
+    active when it shows a speed, inactive for "<inactive>" (or "inactive", "down"). An
+    empty output (a host without NVLink prints nothing) is no GPU; other indented lines
+    are skipped."""
 
     def link(gpu: ListedGpu, line: str, number: int) -> bool:
         match = _LINK.match(line)
@@ -92,6 +94,6 @@ def parse_nvlink_status(text: str, name: str = "<nvlink -s>") -> list[ListedGpu]
             state = match[2].strip()
             down = state.strip("<>").lower() in ("inactive", "down", "disabled", "n/a")
             gpu.links[int(match[1])] = (not down, state)
-        return bool(match)
+        return True  # other lines under a GPU ("… all links are inActive") say no more
 
-    return _gpus(text, name, link)
+    return _gpus(text, name, link, empty_ok=True)

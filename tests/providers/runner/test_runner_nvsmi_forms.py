@@ -90,6 +90,9 @@ def test_nvlink_status_file_beside_the_report_fills_the_links(tmp_path):
     assert gpus[0].nvlinks[17].active is False and gpus[0].nvlinks[0].remote_pci_bus_id is None
     assert parse_nvlink_status("GPU 0: X (UUID: GPU-1)\n\t Link 3: <inactive>\n")[0].links == {
         3: (False, "<inactive>")}
+    assert parse_nvlink_status("") == []  # a host without NVLink prints nothing
+    (tmp_path / "h100.nvlink.txt").write_text("")
+    assert {g.nvlinks for g in parse_dump(tmp_path / "h100.q.txt").gpus} == {()}
 
 
 def test_nvlink_section_in_a_report_is_read():
