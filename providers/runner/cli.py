@@ -426,13 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    simulate_help = "read the GPUs from this recorded `nvidia-smi -q` dump instead of NVML"
+    simulate_help = ("read the GPUs from this recorded `nvidia-smi -q` (or `-q -x`) dump "
+                     "instead of NVML; a <base>.L.txt next to it names MIG devices; or a "
+                     "directory holding the dump (docs/RUNNER.md)")
     state_help = f"state directory (env GPUMARKET_RUNNER_STATE_DIR; default {DEFAULT_STATE_DIR})"
 
     reg = sub.add_parser("register", help="send this host's GPUs to the marketplace")
     reg.add_argument("--url", help="marketplace base URL (env GPUMARKET_URL)")
     reg.add_argument("--token", help="runner token of the node (env GPUMARKET_RUNNER_TOKEN)")
-    reg.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    reg.add_argument("--simulate", metavar="PATH", help=simulate_help)
     reg.add_argument("--state-dir", metavar="DIR", help=state_help)
     reg.set_defaults(func=_cmd_register)
 
@@ -440,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", metavar="DIR", help=state_help)
     run.add_argument("--url", help="override the registered marketplace URL")
     run.add_argument("--token", help="override the registered runner token")
-    run.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    run.add_argument("--simulate", metavar="PATH", help=simulate_help)
     run.add_argument("--poll-interval", type=_positive, default=2.0, metavar="S",
                      help="seconds between lease polls while the push websocket is down "
                           "(default 2)")
@@ -521,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     bm.set_defaults(func=_cmd_benchmark)
 
     inv = sub.add_parser("inventory", help="print this host's GPUs; contacts nobody")
-    inv.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    inv.add_argument("--simulate", metavar="PATH", help=simulate_help)
     inv.add_argument("--json", action="store_true", help="print JSON (the inventory body)")
     inv.set_defaults(func=_cmd_inventory)
     return parser
