@@ -1,25 +1,11 @@
-"""Parse the text of `nvidia-smi -q` into an Inventory, refusing anything malformed.
+"""A recorded host (`--simulate PATH`) as an Inventory, refusing anything malformed.
 
-Source: the human-readable report of `nvidia-smi -q` (NVIDIA driver ≥ 470). Its shape:
-
-    ==============NVSMI LOG==============          banner, line 1
-    Driver Version                            : 535.183.01
-    CUDA Version                              : 12.2
-    Attached GPUs                             : 8
-    GPU 00000000:53:00.0                            one section per GPU, indent 0
-        Product Name                          : NVIDIA H100 80GB HBM3
-        FB Memory Usage                             nested section, 4 more spaces
-            Total                             : 81559 MiB
-
-Every line is blank, a section header (text without " : ") or `key : value`, indented by a
-multiple of 4 spaces and at most 4 deeper than the line before it (a `key : value` line may
-have children: "HW Slowdown : Not Active" lists "HW Thermal Slowdown" under it). nvidia-smi
-pads every key so that " : " falls in one column for the whole report; a line whose " : "
-sits elsewhere although its key would fit is a corrupted line. Any violation raises
-DumpError naming the file and the 1-based line.
-
-This module is used for `--simulate FILE`: a host without an NVIDIA driver pretends to have
-the GPUs of a recorded report. On a real host the runner reads NVML instead (nvml.py).
+The report is `nvidia-smi -q` text (its shape: nvsmi_tree) or `nvidia-smi -q -x` XML
+(nvsmi_xml), told apart by a first '<'; `nvidia-smi -L` beside it names the MIG devices
+(nvsmi_listing, nvsmi_mig) and `nvidia-smi nvlink -s` gives NVLinks. Which files are read
+(dump_files), what is accepted and what is refused: docs/RUNNER.md, "Reading the GPUs".
+Every refusal is a DumpError naming the file and the 1-based line. The dataclasses here
+(GpuInfo, MigDevice, NvLinkInfo, Inventory) are what nvml.py fills on a real host too.
 """
 
 from __future__ import annotations
@@ -32,6 +18,7 @@ from pathlib import Path
 from .catalog import gpu_class_for
 from .nvsmi_health import health_from_tree
 from .nvsmi_listing import ListedGpu, parse_list, parse_nvlink_status
+from .nvsmi_mig import RawMig, mig_blocks, mig_contradictions
 from .nvsmi_tree import (  # noqa: F401  (re-exported: gpu_processes, tests)
     _GPU_HEADER,
     BANNER,
@@ -148,54 +135,6 @@ def report_tree(text: str, name: str = "<dump>") -> tuple[Node, list[tuple[int, 
     return _parse_tree(text)
 
 
-def _int_at(node: Node, *path: str) -> int | None:
-    match = re.fullmatch(r"(\d+)( MiB)?", (node.value_at(*path) or "").strip())
-    return int(match.group(1)) if match else None
-
-
-@dataclass(frozen=True)
-class _RawMig:
-    """A MIG block of a report before `-L` names it (uuid/profile "" when the report lacks
-    them); line: its first line."""
-
-    index: int
-    gpu_instance_id: int
-    compute_instance_id: int
-    memory_mib: int
-    sm_count: int | None
-    uuid: str
-    profile: str
-    line: int
-
-
-def _mig_blocks(section: Node, problems: list[tuple[int, str]]) -> list[_RawMig]:
-    """The "MIG Device" blocks of a GPU section (directly or under "MIG Devices")."""
-    blocks = section.all("MIG Device")
-    for holder in section.all("MIG Devices"):
-        blocks += holder.all("MIG Device")
-    out = []
-    for block in blocks:
-        fields = {
-            "Index": _int_at(block, "Index"),
-            "GPU Instance ID": _int_at(block, "GPU Instance ID"),
-            "Compute Instance ID": _int_at(block, "Compute Instance ID"),
-            "FB Memory Usage / Total": _int_at(block, "Shared FB Memory Usage", "Total")
-            if block.find("Shared FB Memory Usage") else _int_at(block, "FB Memory Usage",
-                                                                 "Total"),
-        }
-        missing = [k for k, v in fields.items() if v is None]
-        if missing:
-            problems.append((block.line, f"MIG Device lacks {', '.join(missing)} (or it is "
-                                         "not a number)"))
-            continue
-        index, gi, ci, memory = fields.values()
-        sm = _int_at(block, "Device Attributes", "Shared", "Multiprocessor count")
-        uuid = block.known_at("UUID") or block.known_at("MIG UUID") or ""
-        profile = re.sub(r"^\d+c\.", "", block.known_at("Profile") or "")
-        out.append(_RawMig(index, gi, ci, memory, sm, uuid, profile, block.line))
-    return out
-
-
 _LINK_KEY = re.compile(r"^Link (\d+)$")
 _BUS = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])$")
 
@@ -235,7 +174,7 @@ def _nvlinks(section: Node) -> tuple[NvLinkInfo, ...]:
 
 
 def _gpu(section: Node, sections: list[Node], announced: int,
-         problems: list[tuple[int, str]]) -> tuple[GpuInfo, list[_RawMig]] | None:
+         problems: list[tuple[int, str]]) -> tuple[GpuInfo, list[RawMig]] | None:
     """One GPU section as a GpuInfo (gpu_class "", no MIG devices yet) and its MIG blocks;
     None (with a problem noted) when required fields are missing or wrong."""
     missing = [" / ".join(p) for p in REQUIRED_FIELDS if not section.known_at(*p)]
@@ -259,46 +198,10 @@ def _gpu(section: Node, sections: list[Node], announced: int,
                   memory_mib=int(match.group(1)), pci_bus_id=bus_id.strip(),
                   mig_mode=section.known_at("MIG Mode", "Current") or "N/A", gpu_class="",
                   nvlinks=_nvlinks(section))
-    return gpu, _mig_blocks(section, problems)
+    return gpu, mig_blocks(section, problems)
 
 
-def _mig_contradictions(gpu: GpuInfo, raws: list[_RawMig]) -> list[tuple[int, str]]:
-    """What a GPU's MIG blocks say that cannot all be true (rules: docs/RUNNER.md, "MIG")."""
-    out: list[tuple[int, str]] = []
-    where = f"GPU {gpu.pci_bus_id}"
-    if raws and gpu.mig_mode != "Enabled":
-        out.append((raws[0].line, f"{where} lists MIG devices but its MIG mode is "
-                                  f"{gpu.mig_mode}"))
-    seen_index: dict[int, int] = {}
-    seen_ids: dict[tuple[int, int], int] = {}
-    instance_memory: dict[int, tuple[int, int]] = {}  # GI id → (MiB, line)
-    for raw in raws:
-        if raw.index in seen_index:
-            out.append((raw.line, f"{where}: MIG device index {raw.index} repeats line "
-                                  f"{seen_index[raw.index]}"))
-        seen_index.setdefault(raw.index, raw.line)
-        ids = (raw.gpu_instance_id, raw.compute_instance_id)
-        if ids in seen_ids:
-            out.append((raw.line, f"{where}: GPU instance {ids[0]} compute instance {ids[1]} "
-                                  f"repeats line {seen_ids[ids]}"))
-        seen_ids.setdefault(ids, raw.line)
-        if raw.memory_mib > gpu.memory_mib:
-            out.append((raw.line, f"{where}: GPU instance {raw.gpu_instance_id} has "
-                                  f"{raw.memory_mib} MiB, more than the GPU's "
-                                  f"{gpu.memory_mib} MiB"))
-        known = instance_memory.setdefault(raw.gpu_instance_id, (raw.memory_mib, raw.line))
-        if known[0] != raw.memory_mib:
-            out.append((raw.line, f"{where}: GPU instance {raw.gpu_instance_id} has "
-                                  f"{raw.memory_mib} MiB here but {known[0]} MiB on line "
-                                  f"{known[1]} (its compute instances share one memory)"))
-    total = sum(mib for mib, _ in instance_memory.values())
-    if total > gpu.memory_mib and raws:
-        out.append((raws[0].line, f"{where}: its GPU instances hold {total} MiB together, "
-                                  f"more than the GPU's {gpu.memory_mib} MiB"))
-    return out
-
-
-def _name_migs(gpus: list[tuple[GpuInfo, list[_RawMig]]], listed: list[ListedGpu] | None,
+def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu] | None,
                name: str, list_name: str) -> tuple[list[GpuInfo], list[str]]:
     """GpuInfos with their MIG devices named (UUID, profile) by the report or the `-L`
     listing; notes for MIG devices neither names. DumpError where they disagree."""
@@ -414,7 +317,7 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         if gpu.uuid in seen:
             problems.append((section.line, f"GPU UUID {gpu.uuid} repeats line {seen[gpu.uuid]}"))
         seen[gpu.uuid] = section.line
-        problems += _mig_contradictions(gpu, raws)
+        problems += mig_contradictions(gpu, raws)
     if syntax or problems:
         # Malformed lines first: they are the cause when content then looks missing.
         ordered = sorted(syntax) + sorted(problems)
