@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from providers.runner.gpu_processes import DumpProcesses, GpuProcess
 from providers.runner.nvml import DumpGpus
 from providers.runner.nvsmi import DumpError, dump_files, load_dump, parse_dump, parse_text
 from providers.runner.nvsmi_health import health_from_tree
@@ -171,3 +172,24 @@ def test_simulated_mig_host_reads_health_of_the_parent():
     # 590's report: "Instantaneous Power Draw" (no "Power Draw"), "Utilization / GPU : N/A".
     assert (reading["temperature_c"], reading["power_w"], reading["utilization_pct"]) == (
         42, 72.63, None)
+
+
+def test_xml_processes_are_the_recorded_hosts_baseline():
+    table = DumpProcesses(DUMPS / "a10g-x1.telegraf.xml").table
+    assert list(table.values()) == [[GpuProcess(725, "/usr/lib/xorg/Xorg", "G", 22)]]
+
+
+@pytest.mark.parametrize("value", ["N/A", "[N/A]", "Requested functionality has been deprecated"])
+def test_a_required_field_without_a_value_is_refused_naming_it(value):
+    text = A10.read_text().replace("GPU-73d12ef7-f589-f867-4259-c7090ab44736", value, 1)
+    with pytest.raises(DumpError, match=r"lacks GPU UUID"):
+        parse_text(text, "a10.txt")
+
+
+def test_old_drivers_mig_uuids_in_a_listing():
+    # Driver 450/460 named MIG devices "MIG-GPU-<uuid>/<gi>/<ci>".
+    [gpu] = parse_list("GPU 0: A100-SXM4-40GB (UUID: GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f)\n"
+                       "  MIG 1g.5gb Device 0: (UUID: MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f"
+                       "/7/0)\n")
+    assert [(m.profile, m.uuid) for m in gpu.migs] == [
+        ("1g.5gb", "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0")]
