@@ -201,61 +201,72 @@ def _gpu(section: Node, sections: list[Node], announced: int,
     return gpu, mig_blocks(section, problems)
 
 
-def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu] | None,
-               name: str, list_name: str) -> tuple[list[GpuInfo], list[str]]:
-    """GpuInfos with their MIG devices named (UUID, profile) by the report or the `-L`
-    listing; notes for MIG devices neither names. DumpError where they disagree."""
-    if listed is not None and len(listed) != len(gpus):
-        raise DumpError(list_name, listed[0].line if listed else 1,
+def _listing_entries(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu],
+                     name: str, list_name: str, partial: bool) -> list[ListedGpu]:
+    """The `-L` entry of each GPU of the report: by UUID when the listing's are distinct
+    (a report of selected GPUs, `-q -i N`, may show fewer), else by position."""
+    by_uuid = {entry.uuid: entry for entry in listed}
+    if len(by_uuid) == len(listed) and (partial or len(listed) == len(gpus)):
+        missing = [gpu.uuid for gpu, _ in gpus if gpu.uuid not in by_uuid]
+        if missing:
+            raise DumpError(list_name, listed[0].line, f"lists no GPU {missing[0]}, which "
+                            f"{name} shows")
+        return [by_uuid[gpu.uuid] for gpu, _ in gpus]
+    if len(listed) != len(gpus):
+        raise DumpError(list_name, listed[0].line,
                         f"lists {len(listed)} GPU(s) but {name} has {len(gpus)}")
+    for position, ((gpu, _), entry) in enumerate(zip(gpus, listed, strict=True)):
+        if entry.uuid != gpu.uuid:
+            raise DumpError(list_name, entry.line, f"GPU {entry.index} is {entry.uuid} but GPU "
+                            f"{position} of {name} is {gpu.uuid}")
+    return listed
+
+
+def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu] | None,
+               name: str, list_name: str, partial: bool) -> tuple[list[GpuInfo], list[str]]:
+    """GpuInfos with their MIG devices named (UUID, profile) by the report or the `-L`
+    listing; notes for MIG devices neither names. DumpError where they disagree (a MIG
+    UUID twice, one GPU instance with two profiles, other MIG devices than the report's)."""
+    entries = _listing_entries(gpus, listed, name, list_name, partial) if listed else None
     out, notes = [], []
     seen_uuids: dict[str, str] = {}
     for position, (gpu, raws) in enumerate(gpus):
-        entry = listed[position] if listed is not None else None
-        if entry is not None and entry.uuid != gpu.uuid:
-            raise DumpError(list_name, entry.line, f"GPU {entry.index} is {entry.uuid} but GPU "
-                            f"{position} of {name} is {gpu.uuid}")
+        entry = entries[position] if entries is not None else None
         by_index = {m.index: m for m in entry.migs} if entry is not None else {}
         if entry is not None and set(by_index) != {r.index for r in raws}:
             raise DumpError(list_name, entry.line, f"GPU {entry.index} lists MIG device(s) "
                             f"{sorted(by_index)} but {name} shows {sorted(r.index for r in raws)}")
-        migs = []
+        migs, profiles = [], {}
         for raw in raws:
             named = by_index.get(raw.index)
+            where, line = (list_name, named.line) if named else (name, raw.line)
             if named is not None and raw.uuid and raw.uuid != named.uuid:
-                raise DumpError(list_name, named.line, f"MIG device {raw.index} is {named.uuid}"
-                                f" but {name} line {raw.line} says {raw.uuid}")
+                raise DumpError(where, line, f"MIG device {raw.index} is {named.uuid} but "
+                                f"{name} line {raw.line} says {raw.uuid}")
             uuid = raw.uuid or (named.uuid if named else "")
-            if uuid and uuid in seen_uuids:
-                raise DumpError(list_name if named else name, named.line if named else raw.line,
-                                f"MIG UUID {uuid} is given to two MIG devices "
-                                f"({seen_uuids[uuid]} and GPU {gpu.pci_bus_id} device {raw.index})")
-            seen_uuids[uuid] = f"GPU {gpu.pci_bus_id} device {raw.index}"
             profile = raw.profile or (named.profile if named else "")
-            if not (uuid and profile):
-                break
-            migs.append(MigDevice(uuid, profile, raw.gpu_instance_id, raw.compute_instance_id,
-                                  raw.memory_mib, raw.sm_count, raw.index))
-        else:
+            label = f"GPU {gpu.pci_bus_id} device {raw.index}"
+            if uuid and uuid in seen_uuids:
+                raise DumpError(where, line, f"MIG UUID {uuid} is given to two MIG devices "
+                                f"({seen_uuids[uuid]} and {label})")
+            seen_uuids[uuid] = label
+            known = profiles.setdefault(raw.gpu_instance_id, profile)
+            if profile and known and known != profile:
+                raise DumpError(where, line, f"GPU {gpu.pci_bus_id}: GPU instance "
+                                f"{raw.gpu_instance_id} is both {known} and {profile}")
+            if uuid and profile:
+                migs.append(MigDevice(uuid, profile, raw.gpu_instance_id,
+                                      raw.compute_instance_id, raw.memory_mib, raw.sm_count,
+                                      raw.index))
+        if len(migs) == len(raws):
             out.append(replace(gpu, mig_devices=tuple(sorted(migs, key=lambda m: m.index))))
             continue
         notes.append(f"GPU {gpu.pci_bus_id}: {len(raws)} MIG device(s) left out: {name} "
                      "gives no UUID or profile for them (`nvidia-smi -q` prints neither); "
-                     "record `nvidia-smi -L` next to it (docs/RUNNER.md, \"--simulate\")")
+                     "record `nvidia-smi -L` next to it (docs/RUNNER.md, \"Reading the "
+                     "GPUs\")")
         out.append(gpu)
-    _same_instance_profiles(out, name)
     return out, notes
-
-
-def _same_instance_profiles(gpus: list[GpuInfo], name: str) -> None:
-    """DumpError for one GPU instance given two profiles."""
-    for gpu in gpus:
-        profiles: dict[int, str] = {}
-        for mig in gpu.mig_devices:
-            known = profiles.setdefault(mig.gpu_instance_id, mig.profile)
-            if known != mig.profile:
-                raise DumpError(name, 1, f"GPU {gpu.pci_bus_id}: GPU instance "
-                                f"{mig.gpu_instance_id} is both {known} and {mig.profile}")
 
 
 def _with_nvlink_status(gpus: list[GpuInfo], text: str, list_name: str) -> list[GpuInfo]:
@@ -300,7 +311,8 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         )
     announced = int(attached.value)
     sections = [n for n in root.children if _GPU_HEADER.match(n.key) and n.value is None]
-    read = [g for g in (_gpu(s, sections, announced, problems) for s in sections) if g]
+    pairs = [(s, g) for s in sections if (g := _gpu(s, sections, announced, problems))]
+    read = [g for _s, g in pairs]
     notes = []
     if len(sections) < announced and (problems or not sections):
         problems.append((last, f"the report ends after {len(sections)} GPU section(s) but line "
@@ -313,7 +325,7 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         problems.append((sections[announced].line,
                          f"GPU section {announced + 1} found but 'Attached GPUs' is {announced}"))
     seen: dict[str, int] = {}
-    for section, (gpu, raws) in zip(sections, read, strict=False):
+    for section, (gpu, raws) in pairs:
         if gpu.uuid in seen:
             problems.append((section.line, f"GPU UUID {gpu.uuid} repeats line {seen[gpu.uuid]}"))
         seen[gpu.uuid] = section.line
@@ -324,7 +336,8 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         first_line, first = ordered[0]
         raise DumpError(name, first_line, first, ordered[1:])
     listed = parse_list(*listing) if listing else None
-    gpus, mig_notes = _name_migs(read, listed, name, listing[1] if listing else "")
+    gpus, mig_notes = _name_migs(read, listed, name, listing[1] if listing else "",
+                                 partial=len(sections) < announced)
     notes += mig_notes
     if nvlink:
         gpus = _with_nvlink_status(gpus, *nvlink)

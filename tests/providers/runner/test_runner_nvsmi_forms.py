@@ -120,6 +120,8 @@ def test_a_directory_holding_the_pair_is_one_host(tmp_path):
 
 MIG_Q = H100_MIG.read_text()
 MIG_L = H100_MIG_L.read_text()
+H200_Q = (DUMPS / "h200-mig-x1.utku-exporter-590.48.01.q-idle.txt").read_text()
+H200_L = (DUMPS / "h200-mig-x1.utku-exporter-590.48.01.L.txt").read_text()
 
 
 @pytest.mark.parametrize(("q", "listing", "where", "words"), [
@@ -144,7 +146,9 @@ MIG_L = H100_MIG_L.read_text()
                           "000000000003)\n", ""), "L",
      "lists MIG device(s) [0, 1, 2] but host.q.txt shows [0, 1, 2, 3]"),
     (MIG_Q, MIG_L.replace("GPU-00000000", "GPU-11111111", 1), "L",
-     "GPU 0 is GPU-11111111"),
+     "lists no GPU GPU-00000000-0000-0000-0000-000000000000, which host.q.txt shows"),
+    (H200_Q, H200_L.replace("MIG 2c.3g.71gb", "MIG 2c.4g.71gb"), "L",
+     "GPU instance 2 is both 3g.71gb and 4g.71gb"),
 ])
 def test_self_contradicting_mig_sections_are_refused(tmp_path, q, listing, where, words):
     path = _pair(tmp_path, q, listing)
@@ -193,3 +197,15 @@ def test_old_drivers_mig_uuids_in_a_listing():
                        "/7/0)\n")
     assert [(m.profile, m.uuid) for m in gpu.migs] == [
         ("1g.5gb", "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3f/7/0")]
+
+
+def test_a_listing_of_all_gpus_names_a_report_of_one_by_uuid():
+    # `nvidia-smi -q -i 0` beside a full `nvidia-smi -L` of a 2-GPU host.
+    text = A10.read_text().replace("Attached GPUs                             : 1",
+                                   "Attached GPUs                             : 2")
+    listing = ("GPU 0: NVIDIA A10 (UUID: GPU-99999999-f589-f867-4259-c7090ab44736)\n"
+               "GPU 1: NVIDIA A10 (UUID: GPU-73d12ef7-f589-f867-4259-c7090ab44736)\n")
+    inv = parse_text(text, "a10.txt", listing=(listing, "a10.L.txt"))
+    assert [g.uuid for g in inv.gpus] == ["GPU-73d12ef7-f589-f867-4259-c7090ab44736"]
+    with pytest.raises(DumpError, match="lists 2 GPU"):
+        parse_text(A10.read_text(), "a10.txt", listing=(listing, "a10.L.txt"))
