@@ -12,9 +12,10 @@ Shape of the report (NVIDIA driver ≥ 470):
 Every line is blank, a section header (text without " : ") or `key : value`, indented by a
 multiple of 4 spaces and at most 4 deeper than the line before it (a `key : value` line may
 have children: "HW Slowdown : Not Active" lists "HW Thermal Slowdown" under it). nvidia-smi
-pads every key so that " : " falls in one column for the whole report (column 43 up to
-driver 580, 56 from 590); a line whose " : " sits elsewhere although its key would fit is
-a corrupted line. Windows line endings and a byte-order mark are accepted.
+pads every key so that " : " falls in one column for the whole report (it begins in column
+42 up to driver 580, 55 from 590: the key column is 38 or 51 wide); a line whose " : "
+sits elsewhere although its key would fit is a corrupted line. Windows line endings and a
+byte-order mark are accepted.
 """
 
 from __future__ import annotations
