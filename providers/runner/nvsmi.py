@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .catalog import gpu_class_for
-from .nvsmi_health import health_from_tree
 from .nvsmi_listing import ListedGpu, parse_list, parse_nvlink_status
 from .nvsmi_mig import RawMig, mig_blocks, mig_contradictions
 from .nvsmi_tree import (  # noqa: F401  (re-exported: gpu_processes, tests)
@@ -345,13 +344,6 @@ def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | No
         gpus = [replace(g, gpu_class=gpu_class_for(g.product_name)) for g in gpus]
     return Inventory(driver.value, cuda.value, gpus, source=f"simulate:{name}",
                      notes=tuple(notes))
-
-
-def health_from_text(text: str, name: str = "<dump>") -> dict[str, dict]:
-    """Health readings of a report by GPU UUID (nvsmi_health.health_from_tree names the
-    keys); raises DumpError like parse_text."""
-    parse_text(text, name, classify=False)  # refuse what parse_text refuses
-    return health_from_tree(report_tree(text, name)[0])
 
 
 def read_text(path: str | Path) -> str:
