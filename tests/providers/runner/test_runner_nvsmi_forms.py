@@ -209,3 +209,30 @@ def test_a_listing_of_all_gpus_names_a_report_of_one_by_uuid():
     assert [g.uuid for g in inv.gpus] == ["GPU-73d12ef7-f589-f867-4259-c7090ab44736"]
     with pytest.raises(DumpError, match="lists 2 GPU"):
         parse_text(A10.read_text(), "a10.txt", listing=(listing, "a10.L.txt"))
+
+
+def _older_mig_layout(text: str) -> str:
+    """The H100 MIG report as drivers before 550 lay it out: the "MIG Device" blocks inside
+    a "MIG Devices" section (4 deeper, keys still padded to one column), memory under
+    "FB Memory Usage"."""
+    out, inside = [], False
+    for line in text.split("\n"):
+        if line == "    MIG Device":
+            if not inside:
+                out.append("    MIG Devices")
+            inside = True
+        elif inside and line.startswith("    ") and not line.startswith("     "):
+            inside = False
+        if inside:
+            line = "    " + line.replace("Shared FB Memory Usage", "FB Memory Usage")
+            line = line.replace("     : ", " : ", 1)
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_older_drivers_mig_devices_section_reads_the_same(tmp_path):
+    older = _older_mig_layout(MIG_Q)
+    assert "    MIG Devices\n        MIG Device\n            Index      " in older
+    [gpu] = parse_dump(_pair(tmp_path, older, MIG_L), classify=False).gpus
+    [expected] = parse_dump(H100_MIG, classify=False).gpus
+    assert gpu.mig_devices == expected.mig_devices and len(gpu.mig_devices) == 4
