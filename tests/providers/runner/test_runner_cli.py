@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -179,3 +180,18 @@ def test_inventory_of_a_mig_host_lists_its_slices_and_why_some_are_missing():
     assert done.returncode == 0, done.stderr
     assert "MIG Enabled: no MIG devices listed" in done.stdout
     assert "note: GPU 00000000:01:00.0: 4 MIG device(s) left out" in done.stdout
+
+
+def test_inventory_simulates_a_directory_holding_a_pair(tmp_path):
+    dumps = ROOT / "data" / "nvidia-smi"
+    base = "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01"
+    shutil.copy(dumps / f"{base}.q-idle.txt", tmp_path / "host.q.txt")
+    shutil.copy(dumps / f"{base}.L.txt", tmp_path / "host.L.txt")
+    done = runner("inventory", "--simulate", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "(source: simulate:host.q.txt)" in done.stdout
+    assert "MIG 3  MIG-00000003-0000-0000-0000-000000000003  1g.10gb" in done.stdout
+    (tmp_path / "host.L.txt").write_text("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n")
+    done = runner("inventory", "--simulate", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpumarket-runner: malformed nvidia-smi dump: host.L.txt:1: ")
