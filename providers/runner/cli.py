@@ -42,6 +42,7 @@ from .config import (
 )
 from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
+from .gpu_text import mig_lines, mig_summary, nvlink_summary
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
@@ -86,9 +87,15 @@ def _cmd_inventory(args) -> int:
                           "gpus": [g.as_protocol() for g in inventory.gpus]}, indent=2))
         return EXIT_OK
     print(f"{inventory.summary()} (source: {inventory.source})")
-    for gpu in inventory.gpus:
-        print(f"  {gpu.pci_bus_id}  {gpu.uuid}  {gpu.product_name}  {gpu.gpu_class}  "
-              f"{gpu.memory_mib} MiB  MIG {gpu.mig_mode}")
+    for index, gpu in enumerate(inventory.gpus):
+        print(f"  GPU {index}  {gpu.pci_bus_id}  {gpu.uuid}  {gpu.product_name}  "
+              f"{gpu.gpu_class}  {gpu.memory_mib} MiB  {mig_summary(gpu)}")
+        for line in mig_lines(gpu):
+            print(f"      {line}")
+        if nvlink_summary(gpu):
+            print(f"    {nvlink_summary(gpu)}")
+    for note in inventory.notes:
+        print(f"  note: {note}")
     return EXIT_OK
 
 
@@ -419,13 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    simulate_help = "read the GPUs from this recorded `nvidia-smi -q` dump instead of NVML"
+    simulate_help = ("read the GPUs from this recorded `nvidia-smi -q` (or `-q -x`) dump "
+                     "instead of NVML; a <base>.L.txt next to it names MIG devices; or a "
+                     "directory holding the dump (docs/RUNNER.md)")
     state_help = f"state directory (env GPUMARKET_RUNNER_STATE_DIR; default {DEFAULT_STATE_DIR})"
 
     reg = sub.add_parser("register", help="send this host's GPUs to the marketplace")
     reg.add_argument("--url", help="marketplace base URL (env GPUMARKET_URL)")
     reg.add_argument("--token", help="runner token of the node (env GPUMARKET_RUNNER_TOKEN)")
-    reg.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    reg.add_argument("--simulate", metavar="PATH", help=simulate_help)
     reg.add_argument("--state-dir", metavar="DIR", help=state_help)
     reg.set_defaults(func=_cmd_register)
 
@@ -433,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", metavar="DIR", help=state_help)
     run.add_argument("--url", help="override the registered marketplace URL")
     run.add_argument("--token", help="override the registered runner token")
-    run.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    run.add_argument("--simulate", metavar="PATH", help=simulate_help)
     run.add_argument("--poll-interval", type=_positive, default=2.0, metavar="S",
                      help="seconds between lease polls while the push websocket is down "
                           "(default 2)")
@@ -516,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     bm.set_defaults(func=_cmd_benchmark)
 
     inv = sub.add_parser("inventory", help="print this host's GPUs; contacts nobody")
-    inv.add_argument("--simulate", metavar="FILE", help=simulate_help)
+    inv.add_argument("--simulate", metavar="PATH", help=simulate_help)
     inv.add_argument("--json", action="store_true", help="print JSON (the inventory body)")
     inv.set_defaults(func=_cmd_inventory)
     return parser

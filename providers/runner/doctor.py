@@ -1,5 +1,6 @@
-"""`gpumarket-runner doctor`'s checks: NVIDIA driver, Docker Engine, NVIDIA container
-runtime, marketplace connectivity and token, clock offset against the marketplace.
+"""`gpumarket-runner doctor`'s checks: NVIDIA driver, MIG devices and NVLinks per GPU
+(gpu_text.doctor_lines), Docker Engine, NVIDIA container runtime, marketplace connectivity
+and token, clock offset against the marketplace.
 
 Each check gives one PASS/FAIL/SKIP line with the fix for a failure (doctor_checks);
 cli.py prints them and exits 1 when one failed.
@@ -13,6 +14,7 @@ from email.utils import parsedate_to_datetime
 
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
+from .gpu_text import doctor_lines
 from .nvml import NoDriverError, NvmlGpus
 from .runtime import docker_host
 
@@ -37,6 +39,10 @@ def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None,
         add(True, "NVIDIA driver / NVML",
             f"driver {inventory.driver_version}, CUDA {inventory.cuda_version}, "
             f"{len(inventory.gpus)} GPU(s)")
+        for ok, name, detail, fix in doctor_lines(inventory.gpus):
+            add(ok, name, detail, fix)
+        for note in inventory.notes:
+            add(None, "inventory", note)
     except (NoDriverError, UnknownGpuProduct) as exc:
         fix = ("install the NVIDIA datacenter driver for this GPU (e.g. `apt install "
                "nvidia-driver-550-server`), reboot or `modprobe nvidia`, and check that "

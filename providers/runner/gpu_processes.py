@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .nvml import DumpGpus, NvmlGpus, ReplayError
-from .nvsmi import _GPU_HEADER, _parse_tree, read_text
+from .nvsmi import _GPU_HEADER, dump_files, read_text, report_tree
 
 KINDS = ("C", "G", "C+G")
 NAME_MAX = 80  # characters of a process name shown in evidence
@@ -70,7 +70,7 @@ def processes_from_text(text: str, name: str = "<dump>") -> dict[str, list[GpuPr
     """{GPU UUID: processes} from an `nvidia-smi -q` report: every GPU section's
     "Processes" (absent or "None": no process). Each process is a "Process ID : N" line with
     "Type", "Name" and "Used GPU Memory" (e.g. "9212 MiB") under it."""
-    root, _ = _parse_tree(text)
+    root, _ = report_tree(text, name)
     out: dict[str, list[GpuProcess]] = {}
     for section in (n for n in root.children if _GPU_HEADER.match(n.key)):
         uuid = section.value_at("GPU UUID")
@@ -101,7 +101,8 @@ class DumpProcesses:
     def __init__(self, path: str | Path,
                  left_after_lease: dict[str, list[GpuProcess]] | None = None) -> None:
         self.path = Path(path)
-        self.table = processes_from_text(read_text(self.path), self.path.name)
+        report = dump_files(self.path).report
+        self.table = processes_from_text(read_text(report), report.name)
         self.pending = {u: list(p) for u, p in (left_after_lease or {}).items()}
 
     def set(self, uuid: str, processes: list[GpuProcess]) -> None:

@@ -64,7 +64,8 @@ def temperature(r: dict) -> Finding | None:
     (TEMP_WARN_MARGIN_C, runner policy); ok below. Source of the threshold: NVML
     `nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)` ("temperature
     at which the GPU will begin HW slowdown"), or `nvidia-smi -q` "GPU Slowdown Temp"
-    (dumps in T.Limit mode give it relative to T.Limit; nvsmi.health_from_text converts it).
+    (dumps in T.Limit mode give it relative to T.Limit; nvsmi_health.health_from_tree
+    converts it).
     Fatal because at that temperature the hardware clocks the GPU down: the buyer no longer
     gets the performance of the class that was sold, and shutdown is a few degrees away.
     """

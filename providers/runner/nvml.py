@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from . import nvml_mig
 from .catalog import gpu_class_for
-from .nvsmi import GpuInfo, Inventory, health_from_text, parse_text, read_text
+from .nvsmi import GpuInfo, Inventory, load_dump
+from .nvsmi_health import health_from_tree
 from .xid import NvmlXidWatcher, XidEvent, XidUnsupported, map_to_gpus, parse_kernel_log
 
 #: The keys of a heartbeat `gpus[]` item (docs/RUNNER_PROTOCOL.md); readings hold more.
@@ -80,7 +82,8 @@ class NvmlGpus:
         self.xid_note: str | None = None  # why XIDs are not watched, once known
 
     def inventory(self) -> Inventory:
-        """Every GPU NVML sees, in index order; memory in MiB (bytes // 2**20).
+        """Every GPU NVML sees, in index order; memory in MiB (bytes // 2**20); MIG
+        devices and NVLinks as nvml_mig reads them.
 
         Raises NoDriverError on an NVML failure, catalog.UnknownGpuProduct for an
         unknown model.
@@ -89,7 +92,7 @@ class NvmlGpus:
         try:
             driver = _text(nv.nvmlSystemGetDriverVersion())
             cuda = _cuda_version(nv.nvmlSystemGetCudaDriverVersion())
-            gpus = []
+            gpus, notes = [], []
             for index in range(nv.nvmlDeviceGetCount()):
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
                 name = _text(nv.nvmlDeviceGetName(handle))
@@ -98,19 +101,28 @@ class NvmlGpus:
                     mig = "Enabled" if current else "Disabled"
                 except nv.NVMLError:  # NVML_ERROR_NOT_SUPPORTED on GPUs without MIG
                     mig = "N/A"
+                bus_id = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+                slices: tuple = ()
+                if mig == "Enabled":
+                    try:
+                        slices = nvml_mig.mig_devices(nv, handle)
+                    except nvml_mig.ProfileUnknown as exc:
+                        notes.append(f"GPU {bus_id}: MIG devices left out: {exc}")
                 gpus.append(
                     GpuInfo(
                         uuid=_text(nv.nvmlDeviceGetUUID(handle)),
                         product_name=name,
                         memory_mib=nv.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
-                        pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(handle).busId),
+                        pci_bus_id=bus_id,
                         mig_mode=mig,
                         gpu_class=gpu_class_for(name),
+                        mig_devices=slices,
+                        nvlinks=nvml_mig.nvlinks(nv, handle),
                     )
                 )
         except nv.NVMLError as exc:
             raise NoDriverError(f"NVML failed while reading the GPUs: {exc}") from None
-        return Inventory(driver, cuda, gpus, source="nvml")
+        return Inventory(driver, cuda, gpus, source="nvml", notes=tuple(notes))
 
     def sample_health(self, uuids: list[str]) -> list[dict]:
         """One reading per UUID with every key of READING_KEYS (health.py names them);
@@ -240,9 +252,8 @@ class DumpGpus:
                  replay_health: dict[str, dict] | None = None,
                  replay_process_left: dict[str, list] | None = None) -> None:
         self.path = Path(path)
-        text = read_text(self.path)
-        self._inventory = parse_text(text, name=self.path.name)
-        self._health = health_from_text(text, name=self.path.name)
+        self._inventory, tree = load_dump(self.path)
+        self._health = health_from_tree(tree)
         self.source = self._inventory.source
         known = {g.uuid for g in self._inventory.gpus}
         for uuid, values in (replay_health or {}).items():

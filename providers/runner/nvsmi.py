@@ -1,41 +1,35 @@
-"""Parse the text of `nvidia-smi -q` into an Inventory, refusing anything malformed.
+"""A recorded host (`--simulate PATH`) as an Inventory, refusing anything malformed.
 
-Source: the human-readable report of `nvidia-smi -q` (NVIDIA driver ≥ 470). Its shape:
-
-    ==============NVSMI LOG==============          banner, line 1
-    Driver Version                            : 535.183.01
-    CUDA Version                              : 12.2
-    Attached GPUs                             : 8
-    GPU 00000000:53:00.0                            one section per GPU, indent 0
-        Product Name                          : NVIDIA H100 80GB HBM3
-        FB Memory Usage                             nested section, 4 more spaces
-            Total                             : 81559 MiB
-
-Every line is blank, a section header (text without " : ") or `key : value`, indented by a
-multiple of 4 spaces and at most 4 deeper than the line before it (a `key : value` line may
-have children: "HW Slowdown : Not Active" lists "HW Thermal Slowdown" under it). nvidia-smi
-pads every key so that " : " falls in one column for the whole report; a line whose " : "
-sits elsewhere although its key would fit is a corrupted line. Any violation raises
-DumpError naming the file and the 1-based line.
-
-This module is used for `--simulate FILE`: a host without an NVIDIA driver pretends to have
-the GPUs of a recorded report. On a real host the runner reads NVML instead (nvml.py).
+The report is `nvidia-smi -q` text (its shape: nvsmi_tree) or `nvidia-smi -q -x` XML
+(nvsmi_xml), told apart by a first '<'; `nvidia-smi -L` beside it names the MIG devices
+(nvsmi_listing, nvsmi_mig) and `nvidia-smi nvlink -s` gives NVLinks. Which files are read
+(dump_files), what is accepted and what is refused: docs/RUNNER.md, "Reading the GPUs".
+Every refusal is a DumpError naming the file and the 1-based line. The dataclasses here
+(GpuInfo, MigDevice, NvLinkInfo, Inventory) are what nvml.py fills on a real host too.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .catalog import gpu_class_for
+from .nvsmi_listing import ListedGpu, parse_list, parse_nvlink_status
+from .nvsmi_mig import RawMig, mig_blocks, mig_contradictions
+from .nvsmi_tree import (  # noqa: F401  (re-exported: gpu_processes, tests)
+    _GPU_HEADER,
+    BANNER,
+    INDENT,
+    DumpError,
+    Node,
+    _parse_tree,
+    first_content_line,
+)
+from .nvsmi_xml import looks_like_xml, xml_tree
 
-BANNER = "==============NVSMI LOG=============="
-INDENT = 4
 TIMES = "\u00d7"  # multiplication sign, as in "8 (times) NVIDIA H100 80GB HBM3"
-_GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])$")
-_SEP = " : "
 #: Required GPU fields, as paths of keys inside a GPU section.
 REQUIRED_FIELDS: tuple[tuple[str, ...], ...] = (
     ("GPU UUID",),
@@ -46,12 +40,36 @@ REQUIRED_FIELDS: tuple[tuple[str, ...], ...] = (
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance in a GPU instance) of a MIG-enabled GPU."""
+
+    uuid: str  # "MIG-…" as NVML / nvidia-smi -L print it
+    profile: str  # GPU instance profile, e.g. "1g.10gb" (no "1c." prefix)
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_mib: int
+    sm_count: int | None
+    index: int  # MIG device index within its GPU
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    """One NVLink of a GPU: link number, whether it is up, the peer's PCI bus id."""
+
+    link: int
+    active: bool
+    remote_pci_bus_id: str | None  # "00000000:53:00.0" form, None when unknown
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One physical GPU.
 
     uuid: "GPU-566e6f65-…" (NVML UUID); product_name: e.g. "NVIDIA H100 80GB HBM3";
     memory_mib: total framebuffer in MiB; pci_bus_id: "00000000:53:00.0";
-    mig_mode: "Enabled", "Disabled" or "N/A"; gpu_class: catalog slug, e.g. "h100-sxm-80gb".
+    mig_mode: "Enabled", "Disabled" or "N/A"; gpu_class: catalog slug, e.g. "h100-sxm-80gb";
+    mig_devices: its MIG devices by index (empty unless MIG is Enabled and instances exist);
+    nvlinks: its NVLinks by link number (empty when it has none or the source lacks them).
     """
 
     uuid: str
@@ -60,6 +78,8 @@ class GpuInfo:
     pci_bus_id: str
     mig_mode: str
     gpu_class: str
+    mig_devices: tuple[MigDevice, ...] = ()
+    nvlinks: tuple[NvLinkInfo, ...] = ()
 
     def as_protocol(self) -> dict:
         """The GPU as a `gpus[]` item of POST /api/v1/runner/inventory/."""
@@ -77,13 +97,16 @@ class GpuInfo:
 class Inventory:
     """The GPUs of a host: driver_version "535.183.01", cuda_version "12.2", gpus in bus order.
 
-    source: "nvml" or "simulate:<file name>" (the `source` field of the inventory call).
+    source: "nvml" or "simulate:<file name>" (the `source` field of the inventory call);
+    notes: what the source could not tell, one sentence each (e.g. MIG devices a `-q`
+    report shows without the `-L` listing that names them), for `inventory` and `doctor`.
     """
 
     driver_version: str
     cuda_version: str
     gpus: list[GpuInfo]
     source: str = "nvml"
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line: count, times sign, product (class) per model, then driver and CUDA, e.g.
@@ -93,135 +116,184 @@ class Inventory:
         return f"{groups or 'no GPUs'}, driver {self.driver_version}, CUDA {self.cuda_version}"
 
 
-class DumpError(ValueError):
-    """A `nvidia-smi -q` report that cannot be trusted.
 
-    path: the file name shown; line: 1-based line of the first problem; reason: what is wrong.
-    str() is one line: "<path>:<line>: <reason>" (plus "; also line N: …" for other problems).
-    """
+def report_tree(text: str, name: str = "<dump>") -> tuple[Node, list[tuple[int, str]]]:
+    """(tree, syntax problems) of a report, text or XML form (detected: XML begins '<').
 
-    def __init__(self, path: str, line: int, reason: str, more: list[tuple[int, str]] = ()):
-        self.path, self.line, self.reason = path, line, reason
-        self.more = list(more)
-        msg = f"{path}:{line}: {reason}"
-        for other_line, other in self.more[:3]:
-            msg += f"; also line {other_line}: {other}"
-        if len(self.more) > 3:
-            msg += f"; and {len(self.more) - 3} more problem(s)"
-        super().__init__(msg)
-
-
-@dataclass
-class Node:
-    """One line of the report: key, value (None for a section header), 1-based line, children."""
-
-    key: str
-    value: str | None
-    line: int
-    children: list[Node] = field(default_factory=list)
-
-    def find(self, *path: str) -> Node | None:
-        """The first descendant reached by following `path` keys, or None."""
-        node: Node | None = self
-        for key in path:
-            node = next((c for c in node.children if c.key == key), None)
-            if node is None:
-                return None
-        return node
-
-    def value_at(self, *path: str) -> str | None:
-        """The value of the node at `path`, or None when absent or a section header."""
-        node = self.find(*path)
-        return None if node is None else node.value
-
-
-def _parse_tree(text: str) -> tuple[Node, list[tuple[int, str]]]:
-    """Build the indentation tree; return (root, problems) with problems as (line, reason)."""
-    root = Node("", None, 0)
-    problems: list[tuple[int, str]] = []
-    lines = text.splitlines()
-    # The column where " : " sits in (nearly) every line: nvidia-smi pads keys to it.
-    seps = Counter(ln.find(_SEP) for ln in lines if _SEP in ln)
-    sep_col = seps.most_common(1)[0][0] if seps else -1
-    stack: list[tuple[int, Node]] = [(-INDENT, root)]  # (indent, node)
-    prev_indent = -INDENT  # indent of the last non-blank line; its children may go 4 deeper
-    misaligned: list[int] = []
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        if number == 1 and raw.strip() == BANNER:
-            continue
-        if "\t" in raw:
-            problems.append((number, "tab character; nvidia-smi indents with spaces only"))
-            continue
-        line = raw.rstrip()
-        indent = len(line) - len(line.lstrip(" "))
-        body = line[indent:]
-        if indent % INDENT:
-            problems.append((number, f"indented {indent} spaces, not a multiple of {INDENT}"))
-            continue
-        if indent > prev_indent + INDENT:
-            problems.append(
-                (number, f"indented {indent} spaces, more than {INDENT} deeper than the line above")
-            )
-            continue
-        if _SEP in line:
-            pos = line.find(_SEP)
-            key, value = line[indent:pos].strip(), line[pos + len(_SEP) :].strip()
-            if not key:
-                problems.append((number, f"'key : value' line with an empty key: {body!r}"))
-                continue
-            expected = max(sep_col, indent + len(key))
-            if pos != expected:
-                misaligned.append(number)
-        elif body.endswith(" :"):  # "key :" with an empty value
-            key, value = body[:-2].strip(), ""
-        elif ":" in body and not (indent == 0 and _GPU_HEADER.match(body)):
-            problems.append((number, f"not 'key : value' nor a section header: {body!r}"))
-            continue
-        else:
-            key, value = body, None
-        while stack[-1][0] >= indent:
-            stack.pop()
-        node = Node(key, value, number)
-        stack[-1][1].children.append(node)
-        stack.append((indent, node))
-        prev_indent = indent
-    # Report runs of misaligned lines as one problem each.
-    start = None
-    for i, number in enumerate(misaligned):
-        if start is None:
-            start = number
-        if i + 1 == len(misaligned) or misaligned[i + 1] != number + 1:
-            where = f"lines {start}-{number}" if number != start else f"line {start}"
-            problems.append(
-                (
-                    start,
-                    f"corrupted {where}: ' : ' is not in column {sep_col + 2} where every "
-                    "other line of the report puts it",
-                )
-            )
-            start = None
-    problems.sort(key=lambda p: p[0])
-    return root, problems
-
-
-def parse_text(text: str, name: str = "<dump>") -> Inventory:
-    """Parse the text of `nvidia-smi -q`; `name` is the file name used in errors and `source`.
-
-    Returns an Inventory (source "simulate:<name>"). Raises DumpError (file and line named)
-    for any malformed or incomplete report, and catalog.UnknownGpuProduct for a GPU model
-    the marketplace has no class for.
-    """
-    lines = text.splitlines()
-    last = max(len(lines), 1)
+    DumpError at once for an empty file, a text report without the banner as its first
+    non-blank line, or malformed XML."""
     if not text.strip():
         raise DumpError(name, 1, "empty file: not the output of `nvidia-smi -q`")
-    if lines[0].strip() != BANNER:
+    if looks_like_xml(text):
+        return xml_tree(text, name), []
+    number, first = first_content_line(text)
+    if first != BANNER:
         raise DumpError(
-            name, 1, f"missing the {BANNER!r} banner: not the output of `nvidia-smi -q`"
+            name, number, f"missing the {BANNER!r} banner: not the output of `nvidia-smi -q`"
         )
-    root, syntax = _parse_tree(text)
+    return _parse_tree(text)
+
+
+_LINK_KEY = re.compile(r"^Link (\d+)$")
+_BUS = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])$")
+
+
+def normal_bus_id(value: str | None) -> str | None:
+    """A PCI bus id in the "00000000:53:00.0" form (domain 8 hex digits, upper case);
+    None when `value` is not one."""
+    match = _BUS.match((value or "").strip())
+    if not match:
+        return None
+    domain, bus, dev, fn = match.groups()
+    return f"{int(domain, 16):08X}:{bus.upper()}:{dev.upper()}.{fn.upper()}"
+
+
+def _nvlinks(section: Node) -> tuple[NvLinkInfo, ...]:
+    """An "NVLink" section of a GPU, if the report has one: "Link N" entries whose value
+    (or "State"/"Status" child) is a speed or "Active" when up, with the peer's bus id in a
+    child whose key names "Remote" and "PCI"/"Bus". Reports without the section: ()."""
+    holder = next((c for c in section.children
+                   if c.value is None and c.key.replace(" ", "").lower()
+                   in ("nvlink", "nvlinks", "nvlinkinfo", "nvlinkstatus")), None)
+    if holder is None:
+        return ()
+    links = []
+    for child in holder.children:
+        match = _LINK_KEY.match(child.key)
+        if not match:
+            continue
+        state = (child.known_at("State") or child.known_at("Status") or child.value or "")
+        state = state.strip().strip("<>").lower()
+        active = bool(state) and state not in ("inactive", "down", "disabled", "n/a",
+                                               "not active")
+        remote = next((c.value for c in child.children if "remote" in c.key.lower()
+                       and ("pci" in c.key.lower() or "bus" in c.key.lower())), None)
+        links.append(NvLinkInfo(int(match.group(1)), active, normal_bus_id(remote)))
+    return tuple(sorted(links, key=lambda link: link.link))
+
+
+def _gpu(section: Node, sections: list[Node], announced: int,
+         problems: list[tuple[int, str]]) -> tuple[GpuInfo, list[RawMig]] | None:
+    """One GPU section as a GpuInfo (gpu_class "", no MIG devices yet) and its MIG blocks;
+    None (with a problem noted) when required fields are missing or wrong."""
+    missing = [" / ".join(p) for p in REQUIRED_FIELDS if not section.known_at(*p)]
+    if missing:
+        short = section is sections[-1] and len(sections) < announced
+        ends = " (the report ends inside it)" if short else ""
+        problems.append((section.line, f"section {section.key!r} lacks {', '.join(missing)}"
+                                       f"{ends}"))
+        return None
+    bus_id = section.value_at("PCI", "Bus Id")
+    if bus_id.lower() != _GPU_HEADER.match(section.key).group(1).lower():
+        problems.append((section.find("PCI", "Bus Id").line,
+                         f"Bus Id {bus_id} differs from {section.key}"))
+    total = section.find("FB Memory Usage", "Total")
+    match = re.fullmatch(r"(\d+) MiB", total.value.strip())
+    if not match:
+        problems.append((total.line, f"FB Memory Usage / Total is {total.value!r}, not 'N MiB'"))
+        return None
+    gpu = GpuInfo(uuid=section.value_at("GPU UUID").strip(),
+                  product_name=section.value_at("Product Name").strip(),
+                  memory_mib=int(match.group(1)), pci_bus_id=bus_id.strip(),
+                  mig_mode=section.known_at("MIG Mode", "Current") or "N/A", gpu_class="",
+                  nvlinks=_nvlinks(section))
+    return gpu, mig_blocks(section, problems)
+
+
+def _listing_entries(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu],
+                     name: str, list_name: str, partial: bool) -> list[ListedGpu]:
+    """The `-L` entry of each GPU of the report: by UUID when the listing's are distinct
+    (a report of selected GPUs, `-q -i N`, may show fewer), else by position."""
+    by_uuid = {entry.uuid: entry for entry in listed}
+    if len(by_uuid) == len(listed) and (partial or len(listed) == len(gpus)):
+        missing = [gpu.uuid for gpu, _ in gpus if gpu.uuid not in by_uuid]
+        if missing:
+            raise DumpError(list_name, listed[0].line, f"lists no GPU {missing[0]}, which "
+                            f"{name} shows")
+        return [by_uuid[gpu.uuid] for gpu, _ in gpus]
+    if len(listed) != len(gpus):
+        raise DumpError(list_name, listed[0].line,
+                        f"lists {len(listed)} GPU(s) but {name} has {len(gpus)}")
+    for position, ((gpu, _), entry) in enumerate(zip(gpus, listed, strict=True)):
+        if entry.uuid != gpu.uuid:
+            raise DumpError(list_name, entry.line, f"GPU {entry.index} is {entry.uuid} but GPU "
+                            f"{position} of {name} is {gpu.uuid}")
+    return listed
+
+
+def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu] | None,
+               name: str, list_name: str, partial: bool) -> tuple[list[GpuInfo], list[str]]:
+    """GpuInfos with their MIG devices named (UUID, profile) by the report or the `-L`
+    listing; notes for MIG devices neither names. DumpError where they disagree (a MIG
+    UUID twice, one GPU instance with two profiles, other MIG devices than the report's)."""
+    entries = _listing_entries(gpus, listed, name, list_name, partial) if listed else None
+    out, notes = [], []
+    seen_uuids: dict[str, str] = {}
+    for position, (gpu, raws) in enumerate(gpus):
+        entry = entries[position] if entries is not None else None
+        by_index = {m.index: m for m in entry.migs} if entry is not None else {}
+        if entry is not None and set(by_index) != {r.index for r in raws}:
+            raise DumpError(list_name, entry.line, f"GPU {entry.index} lists MIG device(s) "
+                            f"{sorted(by_index)} but {name} shows {sorted(r.index for r in raws)}")
+        migs, profiles = [], {}
+        for raw in raws:
+            named = by_index.get(raw.index)
+            where, line = (list_name, named.line) if named else (name, raw.line)
+            if named is not None and raw.uuid and raw.uuid != named.uuid:
+                raise DumpError(where, line, f"MIG device {raw.index} is {named.uuid} but "
+                                f"{name} line {raw.line} says {raw.uuid}")
+            uuid = raw.uuid or (named.uuid if named else "")
+            profile = raw.profile or (named.profile if named else "")
+            label = f"GPU {gpu.pci_bus_id} device {raw.index}"
+            if uuid and uuid in seen_uuids:
+                raise DumpError(where, line, f"MIG UUID {uuid} is given to two MIG devices "
+                                f"({seen_uuids[uuid]} and {label})")
+            seen_uuids[uuid] = label
+            known = profiles.setdefault(raw.gpu_instance_id, profile)
+            if profile and known and known != profile:
+                raise DumpError(where, line, f"GPU {gpu.pci_bus_id}: GPU instance "
+                                f"{raw.gpu_instance_id} is both {known} and {profile}")
+            if uuid and profile:
+                migs.append(MigDevice(uuid, profile, raw.gpu_instance_id,
+                                      raw.compute_instance_id, raw.memory_mib, raw.sm_count,
+                                      raw.index))
+        if len(migs) == len(raws):
+            out.append(replace(gpu, mig_devices=tuple(sorted(migs, key=lambda m: m.index))))
+            continue
+        notes.append(f"GPU {gpu.pci_bus_id}: {len(raws)} MIG device(s) left out: {name} "
+                     "gives no UUID or profile for them (`nvidia-smi -q` prints neither); "
+                     "record `nvidia-smi -L` next to it (docs/RUNNER.md, \"Reading the "
+                     "GPUs\")")
+        out.append(gpu)
+    return out, notes
+
+
+def _with_nvlink_status(gpus: list[GpuInfo], text: str, list_name: str) -> list[GpuInfo]:
+    """Links from `nvidia-smi nvlink -s` output for GPUs whose report has none (by UUID)."""
+    listed = {g.uuid: g for g in parse_nvlink_status(text, list_name)}
+    out = []
+    for gpu in gpus:
+        entry = listed.get(gpu.uuid)
+        if entry is not None and not gpu.nvlinks:
+            gpu = replace(gpu, nvlinks=tuple(NvLinkInfo(n, up, None)
+                                             for n, (up, _text) in sorted(entry.links.items())))
+        out.append(gpu)
+    return out
+
+
+def parse_text(text: str, name: str = "<dump>", *, listing: tuple[str, str] | None = None,
+               nvlink: tuple[str, str] | None = None, classify: bool = True) -> Inventory:
+    """Parse a report (`nvidia-smi -q` text or `-q -x` XML); `name`: the file name used in
+    errors and `source`. listing: (text, file name) of `nvidia-smi -L` (names MIG devices);
+    nvlink: (text, file name) of `nvidia-smi nvlink -s`. classify=False leaves gpu_class ""
+    (reading a report of a model the catalog lacks).
+
+    Returns an Inventory (source "simulate:<name>"). Raises DumpError (file and line named)
+    for any malformed, incomplete or self-contradicting report, and
+    catalog.UnknownGpuProduct (classify=True) for a model the marketplace has no class for.
+    """
+    root, syntax = report_tree(text, name)
+    last = max(len(text.splitlines()), 1)
     problems: list[tuple[int, str]] = []  # missing or inconsistent content
 
     def header(key: str) -> Node:
@@ -230,81 +302,48 @@ def parse_text(text: str, name: str = "<dump>") -> Inventory:
             raise DumpError(name, 1, f"header field {key!r} is missing", syntax)
         return node
 
-    driver = header("Driver Version")
-    cuda = header("CUDA Version")
-    attached = header("Attached GPUs")
+    driver, cuda, attached = header("Driver Version"), header("CUDA Version"), \
+        header("Attached GPUs")
     if not attached.value.isdigit():
         raise DumpError(
             name, attached.line, f"'Attached GPUs' is {attached.value!r}, not a number", syntax
         )
     announced = int(attached.value)
-    gpus: list[GpuInfo] = []
-    sections = [n for n in root.children if _GPU_HEADER.match(n.key)]
-    for section in sections:
-        missing = [" / ".join(p) for p in REQUIRED_FIELDS if not section.value_at(*p)]
-        if missing:
-            short = section is sections[-1] and len(sections) < announced
-            ends = " (the report ends inside it)" if short else ""
-            problems.append(
-                (
-                    section.line,
-                    f"section {section.key!r} lacks {', '.join(missing)}{ends}",
-                )
-            )
-            continue
-        bus_id = section.value_at("PCI", "Bus Id")
-        if bus_id.lower() != _GPU_HEADER.match(section.key).group(1).lower():
-            problems.append(
-                (section.find("PCI", "Bus Id").line, f"Bus Id {bus_id} differs from {section.key}")
-            )
-        total = section.find("FB Memory Usage", "Total")
-        match = re.fullmatch(r"(\d+) MiB", total.value)
-        if not match:
-            problems.append(
-                (total.line, f"FB Memory Usage / Total is {total.value!r}, not 'N MiB'")
-            )
-            continue
-        gpus.append(
-            GpuInfo(
-                uuid=section.value_at("GPU UUID"),
-                product_name=section.value_at("Product Name"),
-                memory_mib=int(match.group(1)),
-                pci_bus_id=bus_id,
-                mig_mode=section.value_at("MIG Mode", "Current") or "N/A",
-                gpu_class="",
-            )
-        )
-    if len(sections) < announced:
-        problems.append(
-            (
-                last,
-                f"the report ends after {len(sections)} GPU section(s) but line {attached.line} "
-                f"announces 'Attached GPUs : {announced}' (output cut short?)",
-            )
-        )
+    sections = [n for n in root.children if _GPU_HEADER.match(n.key) and n.value is None]
+    pairs = [(s, g) for s in sections if (g := _gpu(s, sections, announced, problems))]
+    read = [g for _s, g in pairs]
+    notes = []
+    if len(sections) < announced and (problems or not sections):
+        problems.append((last, f"the report ends after {len(sections)} GPU section(s) but line "
+                               f"{attached.line} announces 'Attached GPUs : {announced}' "
+                               "(output cut short?)"))
+    elif len(sections) < announced:  # `nvidia-smi -q -i N` prints the selected GPUs only
+        notes.append(f"the report shows {len(sections)} of the {announced} attached GPUs "
+                     "(recorded with `nvidia-smi -q -i …`?); only those are simulated")
     elif len(sections) > announced:
-        problems.append(
-            (
-                sections[announced].line,
-                f"GPU section {announced + 1} found but 'Attached GPUs' is {announced}",
-            )
-        )
+        problems.append((sections[announced].line,
+                         f"GPU section {announced + 1} found but 'Attached GPUs' is {announced}"))
     seen: dict[str, int] = {}
-    for section, gpu in zip(sections, gpus, strict=False):
+    for section, (gpu, raws) in pairs:
         if gpu.uuid in seen:
             problems.append((section.line, f"GPU UUID {gpu.uuid} repeats line {seen[gpu.uuid]}"))
         seen[gpu.uuid] = section.line
+        problems += mig_contradictions(gpu, raws)
     if syntax or problems:
         # Malformed lines first: they are the cause when content then looks missing.
         ordered = sorted(syntax) + sorted(problems)
         first_line, first = ordered[0]
         raise DumpError(name, first_line, first, ordered[1:])
-    gpus = [
-        GpuInfo(g.uuid, g.product_name, g.memory_mib, g.pci_bus_id, g.mig_mode,
-                gpu_class_for(g.product_name))
-        for g in gpus
-    ]
-    return Inventory(driver.value, cuda.value, gpus, source=f"simulate:{name}")
+    listed = parse_list(*listing) if listing else None
+    gpus, mig_notes = _name_migs(read, listed, name, listing[1] if listing else "",
+                                 partial=len(sections) < announced)
+    notes += mig_notes
+    if nvlink:
+        gpus = _with_nvlink_status(gpus, *nvlink)
+    if classify:
+        gpus = [replace(g, gpu_class=gpu_class_for(g.product_name)) for g in gpus]
+    return Inventory(driver.value, cuda.value, gpus, source=f"simulate:{name}",
+                     notes=tuple(notes))
 
 
 def read_text(path: str | Path) -> str:
@@ -316,105 +355,52 @@ def read_text(path: str | Path) -> str:
         raise DumpError(str(path), 1, f"cannot read the file: {reason}") from None
 
 
-def parse_dump(path: str | Path) -> Inventory:
-    """Parse the `nvidia-smi -q` report in file `path` (see parse_text for errors)."""
-    return parse_text(read_text(path), name=Path(path).name)
+_COMPANION = re.compile(r"^(?P<base>.+?)(\.q[^.]*)?\.(txt|xml)$")
 
 
-def _number(value: str | None) -> float | None:
-    match = re.match(r"^-?\d+(\.\d+)?", value or "")
-    return float(match.group(0)) if match else None
+@dataclass(frozen=True)
+class DumpFiles:
+    """The files of one recorded host: report (`-q` or `-q -x`), listing (`-L`, or None),
+    nvlink (`nvlink -s`, or None)."""
+
+    report: Path
+    listing: Path | None = None
+    nvlink: Path | None = None
 
 
-def _yes(value: str | None) -> bool | None:
-    """"Yes"/"Active" → True, "No"/"Not Active" → False, anything else (N/A) → None."""
-    text = (value or "").strip().lower()
-    if text in ("yes", "active"):
-        return True
-    if text in ("no", "not active"):
-        return False
-    return None
+def dump_files(path: str | Path) -> DumpFiles:
+    """The files `--simulate PATH` reads. PATH is a report file, whose companions
+    `<base>.L.txt` and `<base>.nvlink.txt` are used when they exist next to it (`<base>`:
+    the name without `.txt`/`.xml` and a last `.q…` part: `host.q.txt`, `host.q-idle.txt`,
+    `host.xml` → `host.L.txt`); or a directory holding one report (`*.txt`/`*.xml` other than
+    the companions) and optionally its companions. DumpError when that is ambiguous."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file()
+                       and p.suffix in (".txt", ".xml") and not p.name.endswith(
+                           (".L.txt", ".nvlink.txt")))
+        if len(files) != 1:
+            raise DumpError(str(path), 1, f"the directory holds {len(files)} reports "
+                            "(*.txt, *.xml other than *.L.txt, *.nvlink.txt); give one file")
+        path = files[0]
+    match = _COMPANION.match(path.name)
+    base = match.group("base") if match else path.stem
+    listing, nvlink = (path.with_name(f"{base}{end}") for end in (".L.txt", ".nvlink.txt"))
+    return DumpFiles(path, listing if listing.is_file() and listing != path else None,
+                     nvlink if nvlink.is_file() and nvlink != path else None)
 
 
-def _int(value: str | None) -> int | None:
-    number = _number(value)
-    return None if number is None else int(number)
+def load_dump(path: str | Path, classify: bool = True) -> tuple[Inventory, Node]:
+    """(inventory, report tree) of the recorded host at `path` (see dump_files)."""
+    files = dump_files(path)
+    text = read_text(files.report)
+    listing = (read_text(files.listing), files.listing.name) if files.listing else None
+    nvlink = (read_text(files.nvlink), files.nvlink.name) if files.nvlink else None
+    inventory = parse_text(text, files.report.name, listing=listing, nvlink=nvlink,
+                           classify=classify)
+    return inventory, report_tree(text, files.report.name)[0]
 
 
-def _slowdown_temp(section: Node, temp: float | None) -> int | None:
-    """The GPU's HW slowdown temperature in °C: "GPU Slowdown Temp" when the report gives it
-    absolutely; in T.Limit mode (Hopper, Ada on driver ≥ 530) the report gives the margin
-    to T.Limit ("GPU T.Limit Temp", positive = below T.Limit) and the slowdown point as a
-    margin ("GPU Slowdown T.Limit Temp", e.g. -2 C); slowdown starts when the margin falls
-    to that value, i.e. at current + margin − slowdown margin °C."""
-    absolute = _number(section.value_at("Temperature", "GPU Slowdown Temp"))
-    if absolute is not None:
-        return int(absolute)
-    margin = _number(section.value_at("Temperature", "GPU T.Limit Temp"))
-    slowdown_margin = _number(section.value_at("Temperature", "GPU Slowdown T.Limit Temp"))
-    if temp is None or margin is None or slowdown_margin is None:
-        return None
-    return int(temp + margin - slowdown_margin)
-
-
-def health_from_text(text: str, name: str = "<dump>") -> dict[str, dict]:
-    """Health readings recorded in a report, by GPU UUID (the keys of health.py's readings).
-
-    Each value: {"temperature_c": int|None ("Temperature / GPU Current Temp", °C),
-    "power_w": float|None ("GPU Power Readings" or "Power Readings" / "Power Draw", W),
-    "utilization_pct": int|None ("Utilization / Gpu", %),
-    "ecc_uncorrectable": int|None (sum of "ECC Errors / Volatile / *Uncorrectable*"),
-    "slowdown_temp_c": int|None (see _slowdown_temp),
-    "retired_pages": int|None (sum of "Retired Pages / Single Bit ECC, Double Bit ECC"),
-    "retired_pages_pending": bool|None ("Retired Pages / Pending Page Blacklist"),
-    "remapped_rows_pending", "remapping_failure": bool|None ("Remapped Rows / Pending",
-    "… / Remapping Failure Occurred"), "hw_thermal_slowdown", "hw_power_brake": bool|None
-    ("Clocks Event Reasons" (or "Clocks Throttle Reasons") / "HW Slowdown" / "HW Thermal
-    Slowdown", "HW Power Brake Slowdown"), "pcie_gen_current", "pcie_gen_max",
-    "pcie_width_current", "pcie_width_max": int|None ("PCI / GPU Link Info"),
-    "lost": False}.
-    None where the report says N/A. Raises DumpError like parse_text.
-    """
-    parse_text(text, name)  # refuse what parse_text refuses
-    root, _ = _parse_tree(text)
-    out: dict[str, dict] = {}
-    for section in (n for n in root.children if _GPU_HEADER.match(n.key)):
-        temp = _number(section.value_at("Temperature", "GPU Current Temp"))
-        power = _number(
-            section.value_at("GPU Power Readings", "Power Draw")
-            or section.value_at("Power Readings", "Power Draw")
-        )
-        util = _number(section.value_at("Utilization", "Gpu"))
-        volatile = section.find("ECC Errors", "Volatile")
-        ecc = None
-        if volatile is not None:
-            counts = [_number(c.value) for c in volatile.children if "Uncorrectable" in c.key]
-            counts = [c for c in counts if c is not None]
-            ecc = int(sum(counts)) if counts else None
-        retired = [_int(section.value_at("Retired Pages", k))
-                   for k in ("Single Bit ECC", "Double Bit ECC")]
-        retired = [c for c in retired if c is not None]
-        reasons = section.find("Clocks Event Reasons") or section.find("Clocks Throttle Reasons")
-        hw = reasons.find("HW Slowdown") if reasons is not None else None
-        link = ("PCI", "GPU Link Info")
-        out[section.value_at("GPU UUID")] = {
-            "temperature_c": None if temp is None else int(temp),
-            "power_w": power,
-            "utilization_pct": None if util is None else int(util),
-            "ecc_uncorrectable": ecc,
-            "slowdown_temp_c": _slowdown_temp(section, temp),
-            "retired_pages": sum(retired) if retired else None,
-            "retired_pages_pending": _yes(section.value_at("Retired Pages",
-                                                           "Pending Page Blacklist")),
-            "remapped_rows_pending": _yes(section.value_at("Remapped Rows", "Pending")),
-            "remapping_failure": _yes(section.value_at("Remapped Rows",
-                                                       "Remapping Failure Occurred")),
-            "hw_thermal_slowdown": _yes(hw.value_at("HW Thermal Slowdown")) if hw else None,
-            "hw_power_brake": _yes(hw.value_at("HW Power Brake Slowdown")) if hw else None,
-            "pcie_gen_current": _int(section.value_at(*link, "PCIe Generation", "Current")),
-            "pcie_gen_max": _int(section.value_at(*link, "PCIe Generation", "Max")),
-            "pcie_width_current": _int(section.value_at(*link, "Link Width", "Current")),
-            "pcie_width_max": _int(section.value_at(*link, "Link Width", "Max")),
-            "lost": False,
-        }
-    return out
+def parse_dump(path: str | Path, classify: bool = True) -> Inventory:
+    """The inventory of the recorded host at `path` (see dump_files, parse_text)."""
+    return load_dump(path, classify)[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -162,3 +163,35 @@ def test_run_starts_a_lease_and_sigterm_leaves_it_running(
         for container in docker_client.containers.list(all=True,
                                                        filters={"label": node_label}):
             container.remove(force=True)
+
+
+def test_inventory_of_a_mig_host_lists_its_slices_and_why_some_are_missing():
+    dumps = ROOT / "data" / "nvidia-smi"
+    done = runner("inventory", "--simulate",
+                  str(dumps / "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01.q-idle.txt"))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("  GPU 0  00000000:00:09.0  GPU-00000000-0000-0000-0000-")
+    assert lines[1].endswith("MIG Enabled: 1 \u00d7 3g.40gb, 1 \u00d7 2g.20gb, 2 \u00d7 1g.10gb")
+    assert lines[2].split() == ["MIG", "0", "MIG-00000000-0000-0000-0000-000000000000",
+                                "3g.40gb", "GI", "2", "CI", "0", "40448", "MiB", "60", "SMs"]
+    assert len(lines) == 6
+    done = runner("inventory", "--simulate", str(dumps / "a100-sxm4-80gb-mig-x1of4.telegraf.xml"))
+    assert done.returncode == 0, done.stderr
+    assert "MIG Enabled: no MIG devices listed" in done.stdout
+    assert "note: GPU 00000000:01:00.0: 4 MIG device(s) left out" in done.stdout
+
+
+def test_inventory_simulates_a_directory_holding_a_pair(tmp_path):
+    dumps = ROOT / "data" / "nvidia-smi"
+    base = "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01"
+    shutil.copy(dumps / f"{base}.q-idle.txt", tmp_path / "host.q.txt")
+    shutil.copy(dumps / f"{base}.L.txt", tmp_path / "host.L.txt")
+    done = runner("inventory", "--simulate", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "(source: simulate:host.q.txt)" in done.stdout
+    assert "MIG 3  MIG-00000003-0000-0000-0000-000000000003  1g.10gb" in done.stdout
+    (tmp_path / "host.L.txt").write_text("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n")
+    done = runner("inventory", "--simulate", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpumarket-runner: malformed nvidia-smi dump: host.L.txt:1: ")

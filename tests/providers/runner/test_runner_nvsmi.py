@@ -146,7 +146,7 @@ def test_synthetic_good_input_parses():
         (GOOD_HEAD + GOOD_GPU.replace("    PCI\n", "    PCI:thing\n"), 11,
          "not 'key : value' nor a section header"),
         (GOOD_HEAD + GOOD_GPU.replace("        Total    ", "\tTotal"), 14, "tab"),
-        (GOOD_HEAD.replace(": 1\n", ": 2\n") + GOOD_GPU, 14, "announces 'Attached GPUs : 2'"),
+        (GOOD_HEAD.replace(": 1\n", ": 2\n"), 8, "(the report ends inside it)"),
         (GOOD_HEAD.replace("CUDA Version", "CUDA Versoin"), 1, "'CUDA Version' is missing"),
         (GOOD_HEAD + GOOD_GPU.replace("23028 MiB", "lots"), 14, "not 'N MiB'"),
     ],
@@ -157,6 +157,14 @@ def test_bad_inputs_are_refused(text, line, words):
     assert caught.value.line == line, str(caught.value)
     assert str(caught.value).startswith(f"bad.txt:{line}: ")
     assert words in str(caught.value)
+
+
+def test_a_report_of_selected_gpus_parses_with_a_note():
+    # `nvidia-smi -q -i 0` prints "Attached GPUs : 2" and the one selected GPU, complete.
+    inv = parse_text(GOOD_HEAD.replace(": 1\n", ": 2\n") + GOOD_GPU, "one.txt")
+    assert len(inv.gpus) == 1
+    assert inv.notes == ("the report shows 1 of the 2 attached GPUs (recorded with "
+                         "`nvidia-smi -q -i …`?); only those are simulated",)
 
 
 def test_unknown_product_in_a_dump_is_refused():

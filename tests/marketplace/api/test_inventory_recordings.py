@@ -1,0 +1,35 @@
+"""Every recorded real host (data/nvidia-smi/) registers through POST /api/v1/runner/inventory/
+with the product names its GPUs report (the runner's --simulate path, the real server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from providers import services as provider_services
+from providers.models import Gpu
+from providers.runner.nvsmi import parse_dump
+from tests.conftest import DATA
+from tests.factories import UserFactory, ensure_catalog
+from tests.providers.runner.test_runner_recordings import RECORDINGS
+from tests.support.api import runner_client
+
+pytestmark = pytest.mark.django_db
+
+DUMPS = DATA / "nvidia-smi"
+
+
+@pytest.mark.parametrize("name", sorted(RECORDINGS))
+def test_every_recording_registers_with_its_real_model_names(name):
+    # needs: catalog (its classes for these products); passes once that branch is merged
+    ensure_catalog()
+    provider = provider_services.provider_onboard(user_id=UserFactory().pk, display_name="Acme")
+    created = provider_services.node_create(provider=provider, name="rec-1")
+    inv = parse_dump(DUMPS / name)
+    body = {"hostname": "rec-1", "driver_version": inv.driver_version,
+            "cuda_version": inv.cuda_version, "runner_version": "test", "source": inv.source,
+            "gpus": [g.as_protocol() for g in inv.gpus]}
+    r = runner_client(created.runner_token).post("/api/v1/runner/inventory/", body,
+                                                 format="json")
+    assert r.status_code == 200, r.content
+    names = set(Gpu.objects.filter(node=created.node).values_list("product_name", flat=True))
+    assert names == {RECORDINGS[name][1]}
