@@ -24,6 +24,11 @@ class GpuClass(models.Model):
         max_digits=7, decimal_places=1, null=True, blank=True,
         help_text="dense (no sparsity) BF16 tensor TFLOPS, datasheet; empty: no BF16 support")
     datasheet_source = models.CharField(max_length=300)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="mig_profiles",
+                               help_text="the whole GPU's class of this MIG profile market")
+    mig_profile = models.CharField(max_length=32, blank=True,
+                                   help_text="MIG GPU instance profile, e.g. 1g.10gb")
     reference_price = models.BigIntegerField(
         default=0, help_text="micro-USD per GPU-hour, public reference (data/reference-prices.csv)"
     )

@@ -46,6 +46,25 @@ REQUIRED_FIELDS: tuple[tuple[str, ...], ...] = (
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance in a GPU instance) of a MIG-enabled GPU."""
+    uuid: str                 # "MIG-…" as NVML / nvidia-smi -L print it
+    profile: str              # GPU instance profile, e.g. "1g.10gb" (no "1c." prefix)
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_mib: int
+    sm_count: int | None
+    index: int                # MIG device index within its GPU
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    link: int
+    active: bool
+    remote_pci_bus_id: str | None   # "00000000:53:00.0" form, None when unknown
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One physical GPU.
 
@@ -60,6 +79,8 @@ class GpuInfo:
     pci_bus_id: str
     mig_mode: str
     gpu_class: str
+    mig_devices: tuple[MigDevice, ...] = ()
+    nvlinks: tuple[NvLinkInfo, ...] = ()
 
     def as_protocol(self) -> dict:
         """The GPU as a `gpus[]` item of POST /api/v1/runner/inventory/."""
