@@ -9,9 +9,10 @@ finding on it fails every slice) but never offers it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .nvsmi import GpuInfo, Inventory
+from .xid import XidEvent
 
 
 def sliced(gpu: GpuInfo) -> bool:
@@ -74,3 +75,27 @@ def summary(inventory: Inventory) -> str:
                                                          key=lambda d: d.index))
             parts.append(f"{len(gpu.mig_devices)} MIG slices of {gpu.uuid}: {profiles}")
     return "; ".join(parts)
+
+
+def parents(inventory: Inventory) -> dict[str, str]:
+    """{slice UUID: its GPU's UUID} of every sliced GPU."""
+    return {u.uuid: u.parent for u in units(inventory) if u.uuid != u.parent}
+
+
+def scope_xids(events: list[XidEvent], inventory: Inventory) -> list[XidEvent]:
+    """`events` (mapped to GPUs) with an XID the driver attributes to a GPU instance
+    moved to the slice of that instance (and compute instance, where the line names one),
+    so that only that slice's lease fails. An XID without an instance, or naming one that
+    is no slice here, stays on its GPU: it takes every slice of the GPU out."""
+    slices: dict[tuple[str, int], list] = {}
+    for gpu in inventory.gpus:
+        if sliced(gpu):
+            for dev in gpu.mig_devices:
+                slices.setdefault((gpu.uuid, dev.gpu_instance_id), []).append(dev)
+    out = []
+    for event in events:
+        found = slices.get((event.uuid, event.gpu_instance_id)) if event.uuid else None
+        if found and event.compute_instance_id is not None:
+            found = [d for d in found if d.compute_instance_id == event.compute_instance_id]
+        out.append(replace(event, uuid=found[0].uuid) if found and len(found) == 1 else event)
+    return out
