@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from decimal import Decimal
 
 import pytest
 
@@ -15,7 +16,8 @@ from marketplace import book
 from marketplace.lease_end import end_lease
 from marketplace.leases import mark_running
 from marketplace.models import LeaseGpu
-from providers.models import Gpu
+from providers import benchmarks
+from providers.models import Gpu, GpuBenchmark
 from providers.runner import mig as runner_mig
 from providers.runner.nvsmi import MigDevice
 from settlement.checks import first_violation
@@ -207,3 +209,24 @@ def test_a_fatal_finding_on_the_parent_takes_every_slice_out_one_on_a_slice_only
     assert node.gpus.get(uuid=other).findings == [on_parent]
     ask.refresh_from_db()
     assert ask.remaining_gpus == 0
+
+
+def test_a_slice_is_benchmarked_against_its_profiles_share_of_the_datasheet():
+    _user, node, token = mig_node()
+    one_g = node.gpus.filter(gpu_class__slug=ONE_G).order_by("uuid").first()
+    share = one_g.gpu_class  # 1/7 of the H100's figures (tests.factories.mig_market)
+    assert (share.bf16_dense_tflops, share.memory_bandwidth_gbps) == (Decimal("141.3"), 478)
+    item = {"uuid": one_g.uuid, "correct": True, "bf16_tflops": 120.4,
+            "memory_bandwidth_gbps": 401.0}
+    url = "/api/v1/runner/benchmarks/"
+    body = {"runner_version": "test", "backend": "torch", "results": [item]}
+    r = runner_client(token).post(url, body, format="json")
+    assert r.status_code == 201, r.content
+    score = benchmarks.gpu_score(one_g, GpuBenchmark.objects.get(gpu=one_g))
+    assert score.as_api()["summary"] == ("measured 120.4 of 141.3 TFLOPS (BF16 dense); "
+                                         "measured 401 of 478 GB/s memory bandwidth")
+    # the whole H100's figure is not plausible for a 1g.10gb slice: refused, nothing stored
+    whole = {**item, "bf16_tflops": 794.1}
+    r = runner_client(token).post(url, {**body, "results": [whole]}, format="json")
+    assert_refused(r, "results[0].bf16_tflops", contains="h100-sxm-80gb.1g.10gb datasheet")
+    assert GpuBenchmark.objects.filter(gpu=one_g).count() == 1
