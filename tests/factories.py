@@ -92,6 +92,9 @@ def mig_node(inventory: Inventory = H100_MIG, name: str = "mig-1", user=None):
     ensure_catalog()
     for profile in H100_MIG_PROFILES:
         mig_market(H100, profile)
+    for gpu in inventory.gpus:
+        for dev in gpu.mig_devices:
+            mig_market(gpu.gpu_class, dev.profile)
     user = user or UserFactory()
     provider = provider_services.provider_onboard(user_id=user.pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name=name)

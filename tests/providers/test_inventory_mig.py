@@ -23,6 +23,7 @@ from providers.runner.nvsmi import MigDevice
 from settlement.checks import first_violation
 from tests.factories import H100, H100_MIG, funded_buyer, in_a_day, mig_node
 from tests.support.api import assert_refused, runner_client
+from tests.support.mig_host import A100_MIG
 
 pytestmark = pytest.mark.django_db
 
@@ -65,6 +66,14 @@ def test_a_mig_enabled_gpu_registers_as_its_slices_only():
     slices = {g["uuid"]: g for g in answer.json()["node"]["gpus"]}
     assert slices["MIG-00000002-0000-0000-0000-000000000002"]["parent_uuid"] == PARENT
     assert PARENT not in slices
+
+
+def test_the_recorded_a100_registers_its_four_1g_20gb_slices():
+    _user, node, _token = mig_node(A100_MIG)
+    assert sorted(node.gpus.values_list("gpu_class__slug", "memory_mib", "sm_count",
+                                        "gpu_instance_id")) == [
+        ("a100-sxm-80gb.1g.20gb", 19968, 14, gi) for gi in (3, 4, 5, 6)]
+    assert book.node_market(node, None).slug == "a100-sxm-80gb.1g.20gb"
 
 
 def _items() -> list[dict]:
