@@ -542,7 +542,8 @@ class Agent:
             again = "" if failed_since is None else \
                 f" (the marketplace answered after {time.monotonic() - failed_since:.0f} s)"
             self.log(f"node {node.get('name', '?')}: inventory sent "
-                     f"({len(self._uuids)} GPU(s)), runtime {self.runtime.name}{again}")
+                     f"({len(self._uuids)} GPU(s){self._slices_text()}), runtime "
+                     f"{self.runtime.name}{again}")
             return True
         return False
 
@@ -573,6 +574,12 @@ class Agent:
                 self.log(f"error during reconciliation: {exc.__class__.__name__}: {exc}")
             self._sleep(stop, wait)
         self.log(f"stopped; {self._left_running()} left running for re-adoption")
+
+    def _slices_text(self) -> str:
+        """', of which 1 as 4 MIG slices' for the inventory log line ('' when none)."""
+        sliced = set(self._parents.values())
+        return (f", of which {len(sliced)} as {len(self._parents)} MIG slices"
+                if sliced else "")
 
     def _left_running(self) -> str:
         """'N lease workload(s)' for the last log line; never raises (the engine may be

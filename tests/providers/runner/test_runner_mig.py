@@ -98,6 +98,7 @@ def test_slice_leases_run_on_their_mig_devices_and_fail_by_scope(
         assert [(g["uuid"], g.get("listed", True)) for g in sent[:5]] == [
             (GPU0, False), *((d.uuid, True) for d in gpus.inventory().gpus[0].mig_devices)]
         assert len(sent) == 12  # 7 whole GPUs, the parent, its 4 slices
+        assert agent._slices_text() == ", of which 1 as 4 MIG slices"
 
         marketplace.add_lease(41, [one], image=test_image, command=["sleep", "60"])
         marketplace.add_lease(42, [other], image=test_image, command=["sleep", "60"])
