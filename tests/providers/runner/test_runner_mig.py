@@ -5,6 +5,7 @@ slice's lease and no other. Real Docker (--simulate), the stand-in marketplace."
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -15,11 +16,12 @@ from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
+from providers.runner.runtime_common import RuntimeFailure
 from providers.runner.xid import XidEvent, parse_kernel_log
 from tests.support.containers import inspected
 from tests.support.mig_host import H100_MIG
 
-from .runner_helpers import H100, ROOT, TOKEN, FakeMarketplace
+from .runner_helpers import H100, ROOT, TOKEN, FakeMarketplace, lease_for
 
 PARENT = H100_MIG.gpus[0].uuid
 SLICE_3G, SLICE_2G, SLICE_9, SLICE_10 = (d.uuid for d in H100_MIG.gpus[0].mig_devices)
@@ -165,3 +167,20 @@ def test_each_slice_is_benchmarked_alone_and_reported_by_its_mig_uuid():
         bench.BenchmarkResult(True, "m", "torch", [_device(0, GPU1, 1.0)]), "test", units)
     assert notes == [f"GPU 0 NVIDIA H100 80GB HBM3 MIG 1g.10gb: UUID {GPU1} is not in this "
                      "node's inventory; its result is not reported"]
+
+
+@pytest.mark.docker
+def test_a_slice_lease_requests_exactly_its_mig_devices_from_docker(docker_client, docker_node,
+                                                                     test_image):
+    """Without --simulate: the container is created with a device request for the MIG
+    UUIDs (the engine here has no NVIDIA toolkit, so it is created but cannot start)."""
+    leased = [SLICE_9, SLICE_10]
+    runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none",
+                            simulate=False)
+    with contextlib.suppress(RuntimeFailure):  # "could not select device driver nvidia"
+        runtime.start(lease_for(61, test_image, ["true"], uuids=leased))
+    [container] = inspected(docker_client, label="gpumarket.lease=61")
+    [request] = container.attrs["HostConfig"]["DeviceRequests"]
+    assert (request["Driver"], request["DeviceIDs"]) == ("nvidia", leased)
+    env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(leased)
