@@ -76,7 +76,8 @@ def _check_whole(i: int, g: dict[str, Any], error) -> None:
 
 
 def _check_profile(i: int, g: dict[str, Any], market, parent_market, error) -> None:
-    known = sorted(c.mig_profile for c in parent_market.mig_profiles.all())
+    known = sorted(type(parent_market).objects.filter(parent=parent_market)
+                   .values_list("mig_profile", flat=True))
     if g["mig_profile"] not in known:
         raise error(f"MIG profile {g['mig_profile']} is unknown for {parent_market.slug} "
                     f"(known: {', '.join(known) or 'none'})", field=f"gpus[{i}].mig_profile")
