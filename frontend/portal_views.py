@@ -159,8 +159,10 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
     latest = latest_results(node.gpus.all())
-    for g in node.gpus.select_related("gpu_class").order_by("pci_bus_id"):
-        health = g.last_health or {}
+    for g in node.gpus.select_related("gpu_class", "parent").order_by("pci_bus_id",
+                                                                      "gpu_instance_id"):
+        # a MIG slice has no readings of its own: its GPU's (the runner reads the GPU)
+        health = g.last_health or (g.parent.last_health if g.parent_id else {}) or {}
         result = latest.get(g.pk)
         gpus.append({
             "uuid": g.uuid, "product_name": g.product_name, "gpu_class": g.gpu_class.slug,

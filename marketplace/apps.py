@@ -10,11 +10,13 @@ class MarketplaceConfig(AppConfig):
 
         install_uvicorn_redaction()  # no credential of a URL in uvicorn's log lines
 
-        from marketplace.health import on_gpu_health_changed
-        from providers.signals import gpu_health_changed
+        from marketplace.health import on_gpu_health_changed, on_units_changed
+        from providers.signals import gpu_health_changed, units_changed
 
         gpu_health_changed.connect(on_gpu_health_changed,
                                    dispatch_uid="marketplace.health.on_gpu_health_changed")
+        units_changed.connect(on_units_changed,
+                              dispatch_uid="marketplace.health.on_units_changed")
 
         from marketplace import runner_push  # lease changes → the node's runner, on commit
 

@@ -7,9 +7,11 @@ leases, charging only up to the last heartbeat, and withdraws all its GPUs from 
 its next heartbeat puts them back (providers.services.heartbeat_record sends
 gpu_health_changed when a silent node speaks again).
 
-Runs on `providers.signals.gpu_health_changed`, after the heartbeat's commit, under
-the market lock. The GPUs an ask offers never exceed the node's healthy GPUs of that
-class that no active lease or open auction holds.
+Runs on `providers.signals.gpu_health_changed`, after the heartbeat's commit, and on
+`units_changed` after an inventory changed a MIG layout, under the market lock. A MIG
+slice is one unit like a GPU; a fatal finding on its parent GPU makes it unhealthy too
+(providers.services.heartbeat_record). The GPUs an ask offers never exceed the node's
+healthy GPUs of that class that no active lease or open auction holds.
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ def on_gpu_health_changed(sender, *, node: Node, unhealthy: list[str], recovered
         log.warning("node %s: heartbeating again after missing heartbeats", node.pk)
     if unhealthy or recovered:
         log.warning("node %s: GPUs unhealthy %s, recovered %s", node.pk, unhealthy, recovered)
+    rebalance_asks(node=node)
+
+
+def on_units_changed(sender, *, node: Node, **kwargs) -> None:
+    """A MIG layout changed (providers/mig.py): fit the node's asks to its new units."""
+    log.info("node %s: listed units changed (MIG layout)", node.pk)
     rebalance_asks(node=node)
 
 

@@ -12,8 +12,12 @@ class ProviderAdmin(StrictAdmin):
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ["uuid", "product_name", "gpu_class", "memory_mib", "pci_bus_id"]
+    fields = ["uuid", "product_name", "gpu_class", "memory_mib", "pci_bus_id", "parent",
+              "listed"]
     readonly_fields = fields
+
+    def get_queryset(self, request):  # every unit: parents of MIG slices and retired ones too
+        return Gpu.every.get_queryset()
 
 
 @admin.register(Node)
@@ -42,8 +46,15 @@ class GpuBenchmarkInline(admin.TabularInline):
 
 @admin.register(Gpu)
 class GpuAdmin(StrictAdmin):
-    list_display = ["uuid", "product_name", "gpu_class", "node", "memory_mib"]
+    """Every unit: whole GPUs, MIG slices (`parent`), and the unlisted ones (the parent of
+    slices, a slice of a replaced layout) that the market never sees."""
+
+    list_display = ["uuid", "product_name", "gpu_class", "node", "memory_mib", "listed"]
+    list_filter = ["listed"]
     inlines = [GpuBenchmarkInline]
+
+    def get_queryset(self, request):
+        return Gpu.every.get_queryset().select_related("gpu_class", "node")
 
 
 @admin.register(GpuBenchmark)

@@ -60,12 +60,17 @@ class GpuSerializer(serializers.ModelSerializer):
     (benchmarks.latest_results) to serialize many GPUs without a query each."""
 
     gpu_class = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    parent_uuid = serializers.SlugRelatedField(source="parent", slug_field="uuid",
+                                               read_only=True,
+                                               help_text="a MIG slice's GPU; null: a GPU")
     benchmark = serializers.SerializerMethodField()
 
     class Meta:
         model = Gpu
         fields = ["uuid", "gpu_class", "product_name", "memory_mib", "pci_bus_id", "mig_mode",
-                  "last_health", "healthy", "findings", "unhealthy_since", "benchmark"]
+                  "parent_uuid", "mig_profile", "sm_count", "gpu_instance_id",
+                  "compute_instance_id", "last_health", "healthy", "findings",
+                  "unhealthy_since", "benchmark"]
 
     def get_benchmark(self, gpu) -> dict | None:
         known = self.context.get("benchmarks")
@@ -190,6 +195,15 @@ class RunnerGpuIn(serializers.Serializer):
     memory_mib = StrictIntegerField(min_value=1, max_value=10_000_000)
     pci_bus_id = StrictCharField(max_length=32)
     mig_mode = StrictCharField(max_length=16, required=False, allow_blank=True, default="")
+    # a MIG slice (docs/RUNNER_PROTOCOL.md, "MIG slices"); providers/mig.py checks them
+    parent_uuid = serializers.RegexField(r"^GPU-[0-9a-fA-F-]{8,60}$", max_length=64,
+                                         required=False)
+    mig_profile = serializers.RegexField(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)*$", max_length=32,
+                                         required=False)
+    sm_count = StrictIntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
+    gpu_instance_id = StrictIntegerField(min_value=0, max_value=1024, required=False)
+    compute_instance_id = StrictIntegerField(min_value=0, max_value=1024, required=False)
+    listed = StrictBooleanField(required=False, default=True)
 
 
 class InventoryIn(serializers.Serializer):

@@ -62,8 +62,22 @@ class Node(models.Model):
         return f"{self.name} ({self.provider})"
 
 
+class ListedGpus(models.Manager):
+    """The units the market may offer: whole GPUs and the MIG slices of the current layout
+    (`listed`). The parent of slices and the slices of a replaced layout are left out."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(listed=True)
+
+
 class Gpu(models.Model):
-    """One GPU device, identified by its NVML UUID."""
+    """One unit of a node, identified by its NVML UUID: a whole GPU ("GPU-…") or a MIG
+    slice ("MIG-…", `parent` its GPU, `mig_profile` e.g. "1g.10gb"). A GPU is listed whole
+    or as slices, never both (docs/RUNNER_PROTOCOL.md, "MIG slices").
+
+    `Gpu.objects` (and `node.gpus`) hold only listed units: the market never sees the
+    parent of slices (kept for its health) nor a slice of a replaced layout (kept while
+    leases name it). `Gpu.every` holds them all."""
 
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
     uuid = models.CharField(max_length=64, unique=True)
@@ -73,6 +87,18 @@ class Gpu(models.Model):
     memory_mib = models.PositiveIntegerField()
     pci_bus_id = models.CharField(max_length=32)
     mig_mode = models.CharField(max_length=16, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="slices",
+                               help_text="the GPU this MIG slice is part of; empty: a GPU")
+    mig_profile = models.CharField(max_length=32, blank=True,
+                                   help_text="MIG GPU instance profile, e.g. 1g.10gb")
+    sm_count = models.PositiveIntegerField(null=True, blank=True,
+                                           help_text="streaming multiprocessors of the slice")
+    gpu_instance_id = models.PositiveIntegerField(null=True, blank=True)
+    compute_instance_id = models.PositiveIntegerField(null=True, blank=True)
+    listed = models.BooleanField(
+        default=True, help_text="offered as a unit; false: the parent of MIG slices, or a "
+                                "slice of a replaced MIG layout that a lease still names")
     last_health = models.JSONField(default=dict, blank=True)
     healthy = models.BooleanField(
         default=True, help_text="false while the runner reports a fatal finding for it")
@@ -81,8 +107,13 @@ class Gpu(models.Model):
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    every = models.Manager()
+    objects = ListedGpus()
+
     class Meta:
-        ordering = ["node_id", "pci_bus_id"]
+        ordering = ["node_id", "pci_bus_id", "gpu_instance_id"]
+        default_manager_name = "objects"
+        base_manager_name = "every"
 
     def __str__(self) -> str:
         return f"{self.product_name} {self.uuid}"

@@ -10,11 +10,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from providers import push
+from providers import mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
-from providers.signals import gpu_health_changed
+from providers.signals import gpu_health_changed, units_changed
 
 MAX_GPUS_PER_NODE = 64
 MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
@@ -106,11 +107,15 @@ def _gpu_class_model():
 
 def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_version: str,
                      runner_version: str, source: str, gpus: list[dict[str, Any]]) -> Node:
-    """Record what the runner found on its host: create or update each GPU by UUID.
+    """Record what the runner found on its host: create or update each unit by UUID.
 
     `gpus`: dicts with uuid, product_name, gpu_class (slug), memory_mib, pci_bus_id,
-    mig_mode. Raises ProviderError naming `gpus[i].gpu_class` for an unknown class, and
-    InventoryConflict for a UUID registered to another node. All or nothing.
+    mig_mode; a MIG slice also parent_uuid, mig_profile, sm_count, gpu_instance_id,
+    compute_instance_id, and its parent `listed` false (providers/mig.py checks them).
+    Raises ProviderError naming `gpus[i].<field>` for an unknown class or a contradictory
+    slice, and InventoryConflict for a UUID registered to another node or a MIG layout
+    change under a running lease. All or nothing. A layout change sends `units_changed`
+    after commit, and the market fits the node's asks to its units again.
 
     Concurrency: one transaction; the listed GPUs that exist are locked (FOR UPDATE, in
     UUID order) before their node is compared, and new ones are inserted in UUID order, so
@@ -126,13 +131,13 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
         if g["gpu_class"] not in classes:
             raise ProviderError(f"unknown GPU class '{g['gpu_class']}'",
                                 field=f"gpus[{i}].gpu_class")
+    mig.check_report(gpus, classes, (ProviderError,))
     uuids = [g["uuid"] for g in gpus]
-    if len(set(uuids)) != len(uuids):
-        raise ProviderError("the same GPU UUID is listed twice", field="gpus")
     for _attempt in range(2):
         try:
             with transaction.atomic():
-                _inventory_write(node, classes, sorted(gpus, key=lambda g: g["uuid"]))
+                if _inventory_write(node, classes, sorted(gpus, key=lambda g: g["uuid"])):
+                    transaction.on_commit(lambda: units_changed.send(sender=Node, node=node))
                 node.hostname = hostname[:255]
                 node.driver_version = driver_version[:32]
                 node.cuda_version = cuda_version[:32]
@@ -143,7 +148,7 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
             return node
         except IntegrityError:
             # another transaction inserted one of these UUIDs first (and committed)
-            taken = (Gpu.objects.filter(uuid__in=uuids).exclude(node=node)
+            taken = (Gpu.every.filter(uuid__in=uuids).exclude(node=node)
                      .order_by("uuid").values_list("uuid", flat=True).first())
             if taken is not None:
                 raise InventoryConflict(f"GPU {taken} is registered to another node",
@@ -151,10 +156,12 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     raise InventoryConflict("the GPUs changed while they were recorded; retry", field="gpus")
 
 
-def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
-    """Inside inventory_record's transaction: lock the known GPUs, refuse another node's
-    or a changed model, update ours, insert the new ones (`gpus` sorted by UUID)."""
-    known = {g.uuid: g for g in Gpu.objects.select_for_update().select_related("gpu_class")
+def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> bool:
+    """Inside inventory_record's transaction: lock the known units, refuse another node's
+    or a changed model, update ours, insert the new ones (`gpus` sorted by UUID: whole
+    GPUs, "GPU-…", before slices, "MIG-…"), then apply each GPU's MIG layout
+    (providers/mig.py). Returns whether a GPU's layout changed."""
+    known = {g.uuid: g for g in Gpu.every.select_for_update().select_related("gpu_class")
              .filter(uuid__in=[g["uuid"] for g in gpus]).order_by("uuid")}
     for g in gpus:
         row = known.get(g["uuid"])
@@ -169,20 +176,29 @@ def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, A
                 f"GPU {g['uuid']} is registered as {row.gpu_class.slug}, not "
                 f"{g['gpu_class']}: a GPU's model cannot change (a new board has a new UUID)",
                 field="gpus")
-    fresh = []
-    for g in gpus:
-        values = {"product_name": g["product_name"], "memory_mib": g["memory_mib"],
-                  "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", "")}
-        row = known.get(g["uuid"])
-        if row is None:
-            fresh.append(Gpu(uuid=g["uuid"], node=node, gpu_class=classes[g["gpu_class"]],
-                             **values))
-        elif any(getattr(row, k) != v for k, v in values.items()):
-            for k, v in values.items():
-                setattr(row, k, v)
-            row.save(update_fields=list(values))
-    if fresh:
-        Gpu.objects.bulk_create(fresh)
+    rows = dict(known)
+    for whole in (True, False):  # parents first: a new slice's row names its parent's
+        fresh = []
+        for g in gpus:
+            if whole == bool(g.get("parent_uuid")):
+                continue
+            values = {"product_name": g["product_name"], "memory_mib": g["memory_mib"],
+                      "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", "")}
+            if not whole:
+                values.update({k: g.get(k) for k in mig.SLICE_FIELDS}, listed=True,
+                              parent=rows[g["parent_uuid"]])
+                values["mig_profile"] = values["mig_profile"] or ""
+            row = rows.get(g["uuid"])
+            if row is None:
+                fresh.append(Gpu(uuid=g["uuid"], node=node,
+                                 gpu_class=classes[g["gpu_class"]], **values))
+            elif any(getattr(row, k) != v for k, v in values.items()):
+                for k, v in values.items():
+                    setattr(row, k, v)
+                row.save(update_fields=list(values))
+        for row in Gpu.objects.bulk_create(fresh):
+            rows[row.uuid] = row
+    return mig.apply_layouts(node, gpus, rows, InventoryConflict)
 
 
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
@@ -196,7 +212,9 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     ProviderError naming `gpus` when it lists more readings than the node has GPUs.
 
     A GPU with a `fatal` finding becomes unhealthy; one whose heartbeat carries no fatal
-    finding any more is healthy again. On a change, `gpu_health_changed` is sent after
+    finding any more is healthy again. A MIG slice also takes its parent GPU's findings
+    (a fatal one on the parent makes every slice of it unhealthy; one naming the slice,
+    only that slice). On a change, `gpu_health_changed` is sent after
     commit, and the market takes the GPU out of (or back into) the node's asks. It is also
     sent (with `back=True`) when the node had been silent longer than
     GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS, so the market offers its GPUs again.
@@ -205,7 +223,8 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
     last_seen = node.last_heartbeat_at or node.registered_at
     back = last_seen is not None and last_seen < now - timeout
-    mine = set(node.gpus.values_list("uuid", flat=True))
+    units = _reported_units(node)
+    mine = set(units.values_list("uuid", flat=True))
     if len(gpus) > len(mine):
         raise ProviderError(f"lists {len(gpus)} readings but the node has {len(mine)} GPUs "
                             "registered: at most one reading per GPU", field="gpus")
@@ -227,11 +246,14 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
         node.last_heartbeat_at = now
         node.runtime = runtime[:16]
         node.save(update_fields=["last_heartbeat_at", "runtime"])
-        for gpu in node.gpus.select_for_update():
-            fatal = any(f["severity"] == "fatal" for f in found.get(gpu.uuid, []))
+        locked = units.select_for_update(of=("self",)).select_related("parent").order_by("pk")
+        for gpu in locked:
+            # a MIG slice carries its parent GPU's findings: a fatal one takes it out too
+            inherited = found.get(gpu.parent.uuid, []) if gpu.parent_id else []
+            gpu.findings = found.get(gpu.uuid, []) + inherited
+            fatal = any(f["severity"] == "fatal" for f in gpu.findings)
             if gpu.uuid in by_uuid:
                 gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
-            gpu.findings = found.get(gpu.uuid, [])
             if fatal and gpu.healthy:
                 gpu.healthy, gpu.unhealthy_since = False, now
                 unhealthy.append(gpu.uuid)
@@ -243,6 +265,12 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
         transaction.on_commit(lambda: gpu_health_changed.send(
             sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
     return warnings
+
+
+def _reported_units(node: Node):
+    """The node's units a heartbeat speaks of: its listed GPUs and slices, and the
+    parents of its slices (never a slice of a replaced MIG layout)."""
+    return Gpu.every.filter(node=node).filter(Q(listed=True) | Q(parent__isnull=True))
 
 
 def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:

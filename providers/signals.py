@@ -6,3 +6,7 @@ from django.dispatch import Signal
 # Sent after a heartbeat changed the health of GPUs of `node` (kwargs: node, unhealthy:
 # list of GPU UUIDs that turned unhealthy, recovered: list that turned healthy again).
 gpu_health_changed = Signal()
+
+# Sent after an inventory changed which units of `node` are listed (a MIG layout
+# changed: slices replaced, or a GPU listed whole instead of as slices; kwargs: node).
+units_changed = Signal()

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from . import __version__
-from .benchmark import post_result, run_in_subprocess
+from . import __version__, mig
+from .benchmark import post_result, run_in_subprocess, run_slices
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_processes import GpuProcess, source_for
@@ -86,7 +86,10 @@ class Agent:
         self._secret_values: dict[int, list[str]] = {}
         self.log = log
         self.node: dict | None = None
-        self._uuids = [g.uuid for g in gpus.inventory().gpus]
+        self._inventory = inventory = gpus.inventory()
+        self._uuids = [g.uuid for g in inventory.gpus]  # the physical GPUs: read for health
+        self._parents = mig.parents(inventory)  # MIG slice → its GPU
+        self._units = units = [u.uuid for u in mig.units(inventory)]  # what leases name
         self._next_heartbeat = 0.0
         self._skew = timedelta(0)  # server clock minus ours, from the last heartbeat
         self.findings: list[Finding] = []  # the last evaluation, ok ones included
@@ -94,11 +97,13 @@ class Agent:
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
         # no process may hold a lease's GPUs after its workload (source None: no check)
-        self.guard = ReleaseGuard(self._uuids, source_for(gpus), self._describe, log)
+        self.guard = ReleaseGuard(units, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
-        self.benchmark_run = run_in_subprocess
+        # a MIG slice is benchmarked in a child that sees only it (benchmark.run_slices)
+        self.benchmark_run = ((lambda: run_slices(units)) if self._parents
+                              else run_in_subprocess)
         # runtimes a previous runner may have left workloads in (switch.py); set by `run`
         self.previous_runtimes: list = []
 
@@ -112,7 +117,7 @@ class Agent:
             "cuda_version": inventory.cuda_version,
             "runner_version": __version__,
             "source": inventory.source,
-            "gpus": [g.as_protocol() for g in inventory.gpus],
+            "gpus": mig.inventory_items(inventory),
         }
         self.node = self.client.post_inventory(body).get("node") or {}
         label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
@@ -129,7 +134,7 @@ class Agent:
         if readings is None:
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
-        xids = self.gpus.xid_events()
+        xids = mig.scope_xids(self.gpus.xid_events(), self._inventory)
         note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
@@ -286,7 +291,7 @@ class Agent:
             self.benchmark_schedule = None
             return True
         try:
-            post_result(self.client, result, __version__, self._uuids, self.log)
+            post_result(self.client, result, __version__, self._units, self.log)
         except MarketplaceError as exc:
             if exc.transient or isinstance(exc, Unauthorized):
                 raise
@@ -375,10 +380,12 @@ class Agent:
                 self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
 
     def _unhealthy(self, lease: RunnerLease) -> Finding | None:
-        """The fatal finding of the first leased GPU that has one, else None."""
+        """The fatal finding of the first leased GPU that has one (a MIG slice: its own,
+        else its parent GPU's), else None."""
         for uuid in lease.gpu_uuids:
-            if uuid in self.fatal:
-                return self.fatal[uuid]
+            for unit in (uuid, self._parents.get(uuid)):
+                if unit in self.fatal:
+                    return self.fatal[unit]
         return None
 
     def _fail_unhealthy(self, lease: RunnerLease, handle: str | None, finding: Finding
@@ -542,7 +549,8 @@ class Agent:
             again = "" if failed_since is None else \
                 f" (the marketplace answered after {time.monotonic() - failed_since:.0f} s)"
             self.log(f"node {node.get('name', '?')}: inventory sent "
-                     f"({len(self._uuids)} GPU(s)), runtime {self.runtime.name}{again}")
+                     f"({len(self._uuids)} GPU(s){self._slices_text()}), runtime "
+                     f"{self.runtime.name}{again}")
             return True
         return False
 
@@ -573,6 +581,12 @@ class Agent:
                 self.log(f"error during reconciliation: {exc.__class__.__name__}: {exc}")
             self._sleep(stop, wait)
         self.log(f"stopped; {self._left_running()} left running for re-adoption")
+
+    def _slices_text(self) -> str:
+        """', of which 1 as 4 MIG slices' for the inventory log line ('' when none)."""
+        sliced = set(self._parents.values())
+        return (f", of which {len(sliced)} as {len(self._parents)} MIG slices"
+                if sliced else "")
 
     def _left_running(self) -> str:
         """'N lease workload(s)' for the last log line; never raises (the engine may be

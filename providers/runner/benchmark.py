@@ -25,7 +25,7 @@ import math
 import time
 import uuid as uuidlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 MATMUL_N = 8192
@@ -157,6 +157,16 @@ def nvml_uuid(raw) -> str | None:
         return f"GPU-{uuidlib.UUID(text)}"
     except ValueError:
         return None
+
+
+def typed_uuid(uuid: str | None, known: list[str] | None) -> str | None:
+    """`uuid` as the inventory names it: CUDA (torch, CuPy) gives a MIG device's UUID
+    without its type, so nvml_uuid reads it as "GPU-…"; when the inventory has no such
+    GPU but has "MIG-…" with the same digits, that slice is meant."""
+    if uuid is None or known is None or uuid in known or not uuid.startswith("GPU-"):
+        return uuid
+    mig = "MIG-" + uuid[4:]
+    return mig if mig in known else uuid
 
 
 def _round(x: float) -> float:
@@ -363,6 +373,7 @@ def report_body(result: BenchmarkResult, runner_version: str,
     measured = (result.measured_at or datetime.now(UTC)).isoformat()
     items = []
     for d in result.devices:
+        d = replace(d, uuid=typed_uuid(d.uuid, known_uuids))
         if d.uuid is None or (known_uuids is not None and d.uuid not in known_uuids):
             notes.append(f"GPU {d.index} {d.name}: UUID {d.uuid or 'unknown'} is not in this "
                          "node's inventory; its result is not reported")
@@ -387,19 +398,22 @@ def report_body(result: BenchmarkResult, runner_version: str,
             "results": items}, notes
 
 
-def run_in_subprocess(timeout: float = 1800.0) -> BenchmarkResult:
+def run_in_subprocess(timeout: float = 1800.0, visible: str | None = None) -> BenchmarkResult:
     """Run the benchmark in a child process (`python -m providers.runner benchmark --json
     --no-post`), so the long-lived `run` never imports torch or CuPy (hundreds of MB
     resident) and a crash in a CUDA library cannot take the agent down. A child that fails
-    or times out gives ran=False with the reason: never a figure."""
+    or times out gives ran=False with the reason: never a figure. `visible`: the child's
+    CUDA_VISIBLE_DEVICES (a MIG slice's "MIG-…" UUID: run_slices)."""
     import json
+    import os
     import subprocess
     import sys
 
     command = [sys.executable, "-m", "providers.runner", "benchmark", "--json", "--no-post"]
+    env = None if visible is None else {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+                              check=False, env=env)
     except subprocess.TimeoutExpired:
         return BenchmarkResult(False, f"benchmark failed: timed out after {timeout:g} s")
     try:
@@ -408,6 +422,20 @@ def run_in_subprocess(timeout: float = 1800.0) -> BenchmarkResult:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return BenchmarkResult(False, f"benchmark failed (exit status {done.returncode}): "
                                       f"{tail[0][:300]}")
+
+
+def run_slices(uuids: list[str], run: Callable[..., BenchmarkResult] = run_in_subprocess
+               ) -> BenchmarkResult:
+    """Benchmark each unit of `uuids` in a child of its own that sees only it (CUDA lets
+    a process use one MIG device: with CUDA_VISIBLE_DEVICES unset it sees the first), and
+    merge the results, devices numbered in `uuids` order. Not ran when none ran."""
+    results = [run(visible=uuid) for uuid in uuids]
+    ran = [r for r in results if r.ran]
+    if not ran:
+        return results[0] if results else BenchmarkResult(False, "no GPU: benchmark not run")
+    devices = [replace(d, index=i) for i, d in enumerate(d for r in ran for d in r.devices)]
+    return BenchmarkResult(True, ran[0].reason, ran[0].backend, devices,
+                           ran[-1].measured_at, ran[0].n)
 
 
 class BenchmarkSchedule:

@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import __version__
+from . import __version__, mig
 from . import benchmark as bench
 from .agent import Agent, print_line
 from .benchmark import run_benchmark
@@ -84,7 +84,7 @@ def _cmd_inventory(args) -> int:
     if args.json:
         print(json.dumps({"driver_version": inventory.driver_version,
                           "cuda_version": inventory.cuda_version, "source": inventory.source,
-                          "gpus": [g.as_protocol() for g in inventory.gpus]}, indent=2))
+                          "gpus": mig.inventory_items(inventory)}, indent=2))
         return EXIT_OK
     print(f"{inventory.summary()} (source: {inventory.source})")
     for index, gpu in enumerate(inventory.gpus):
@@ -120,9 +120,11 @@ def _cmd_register(args) -> int:
     save_config(state_dir, {"url": url, "token": token, "simulate": simulate,
                             "node": {"id": node.get("id"), "uid": node.get("uid"),
                                      "name": node.get("name")}})
-    print(f"registered node {node.get('name', '?')}: {inventory.summary()}")
+    slices = mig.summary(inventory)
+    print(f"registered node {node.get('name', '?')}: {inventory.summary()}"
+          + (f"; offered as {slices}" if slices else ""))
     if not simulate:  # simulated GPUs are not the ones a CUDA stack here would measure
-        _benchmark_after_register(url, token, [g.uuid for g in inventory.gpus])
+        _benchmark_after_register(url, token, [u.uuid for u in mig.units(inventory)])
     return EXIT_OK
 
 
@@ -135,7 +137,8 @@ def _benchmark_after_register(url: str, token: str, uuids: list[str]) -> None:
               "host; the listing says \"not benchmarked yet\"")
         return
     print(f"benchmarking the GPUs with {backend} (about a minute)…", flush=True)
-    result = run_benchmark()
+    sliced = any(u.startswith("MIG-") for u in uuids)  # one child per unit: run_slices
+    result = bench.run_slices(uuids) if sliced else run_benchmark()
     for line in result.lines():
         print(line)
     client = MarketplaceClient(url, token)
@@ -370,7 +373,7 @@ def _cmd_benchmark(args) -> int:
         return EXIT_OK
     url, token = require_marketplace(url, token, config)
     simulate = config.get("simulate")
-    uuids = None if simulate else [g.uuid for g in load_gpus(None).inventory().gpus]
+    uuids = None if simulate else [u.uuid for u in mig.units(load_gpus(None).inventory())]
     client = MarketplaceClient(url, token)
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     try:

@@ -225,8 +225,10 @@ def xid(event: XidEvent) -> Finding | None:
     where = f" at {event.stamp}" if event.stamp else ""
     who = f", pid={event.pid} name={event.name}" if event.pid or event.name else ""
     detail = f": {event.message}" if event.message else ""
+    scope = "" if event.gpu_instance_id is None else \
+        f" in MIG GPU instance {event.gpu_instance_id}"
     return Finding(event.uuid, "xid", severity,
-                   f"XID {event.code} {what}{where}, NVIDIA immediate action {action}"
+                   f"XID {event.code} {what}{scope}{where}, NVIDIA immediate action {action}"
                    f"{who}{detail}")
 
 

@@ -8,7 +8,8 @@ What it keeps from a workload, and nothing more:
   False), the workload runs as the runner's own user and CAN read its token: the CLI
   allows that only with --simulate, and says so (cli.py);
 - the runner's environment: the workload gets the lease's env, NVIDIA_VISIBLE_DEVICES and
-  BASE_ENV (PATH, LANG), HOME and TMPDIR = its working directory, nothing else;
+  CUDA_VISIBLE_DEVICES (the leased GPU or MIG UUIDs), BASE_ENV (PATH, LANG), HOME and
+  TMPDIR = its working directory, nothing else;
 - the state dir: 0700, its files 0600 (the runner's user only); the workload's working
   directory is elsewhere: <system temp dir>/gpumarket-lease-<id>-XXXX/work (the outer
   directory the runner's, 0711; `work` the lease user's, 0700), removed with the workload,
@@ -228,6 +229,9 @@ class ProcessRuntime:
         log = self.dir / f"lease-{lease_id}.log"
         status_file.unlink(missing_ok=True)
         env = {**BASE_ENV, "HOME": str(home), "TMPDIR": str(home), **lease_env(lease)}
+        # no container toolkit reads NVIDIA_VISIBLE_DEVICES here: CUDA itself is told which
+        # devices to use, by UUID ("GPU-…", or "MIG-…" for a lease of MIG slices)
+        env["CUDA_VISIBLE_DEVICES"] = env["NVIDIA_VISIBLE_DEVICES"]
         spec = {"command": command, "env": env, "cwd": str(home), "uid": uid,
                 "status_file": str(status_file)}
         out = _private_file(log)

@@ -293,7 +293,8 @@ class DockerRuntime:
 
         Real GPUs: `nvidia-smi -L` in the container (the NVIDIA container toolkit mounts
         it), UUIDs compared with the lease's (MIG UUIDs when the lease is of MIG slices).
-        Simulate: no device is passed, so the check reads NVIDIA_VISIBLE_DEVICES with `env`.
+        Simulate: no device is passed, so the container lists NVIDIA_VISIBLE_DEVICES in the
+        shape of `nvidia-smi -L` (SIMULATED_LIST) and the same comparison runs.
         Returns None when they match or when the check cannot run (the container already
         exited, or lacks the tool; `last_check` then says why, for the log); otherwise the
         evidence, e.g. "container sees GPU-a,GPU-b; leased GPU-a (`nvidia-smi -L`)".
@@ -304,28 +305,39 @@ class DockerRuntime:
         found = self._containers(lease.id)
         if not found:
             return None
-        command = ["env"] if self.simulate else ["nvidia-smi", "-L"]
+        command = SIMULATED_LIST if self.simulate else ["nvidia-smi", "-L"]
+        shown = "nvidia-smi -L (simulated)" if self.simulate else "nvidia-smi -L"
         try:
             code, out = found[0].exec_run(command, stdout=True, stderr=True)
         except self._docker.errors.DockerException as exc:  # e.g. 409: not running
-            self.last_check = f"`{' '.join(command)}` could not run: {exc.__class__.__name__}"
+            self.last_check = f"`{shown}` could not run: {exc.__class__.__name__}"
             return None
         text = (out or b"").decode("utf-8", "replace")
         if code != 0:
-            self.last_check = f"`{' '.join(command)}` exited with status {code}"
+            self.last_check = f"`{shown}` exited with status {code}"
             return None
-        if self.simulate:
-            env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-            seen = sorted(u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
-        else:
-            uuids = re.findall(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)", text)
-            mig = bool(leased) and all(u.startswith("MIG-") for u in leased)
-            seen = sorted(u for u in uuids if u.startswith("MIG-" if mig else "GPU-"))
-        self.last_check = f"`{' '.join(command)}` sees {','.join(seen) or 'no GPU'}"
+        seen = listed_uuids(text, leased)
+        self.last_check = f"`{shown}` sees {','.join(seen) or 'no GPU'}"
         if seen == leased:
             return None
         return (f"container sees {','.join(seen) or 'no GPU'}; "
-                f"leased {','.join(leased) or 'no GPU'} (`{' '.join(command)}`)")
+                f"leased {','.join(leased) or 'no GPU'} (`{shown}`)")
+
+
+#: With --simulate no device reaches the container: it lists NVIDIA_VISIBLE_DEVICES in
+#: the shape of `nvidia-smi -L` (a MIG device indented under a GPU line), so the check
+#: below reads what a real container would print.
+SIMULATED_LIST = ["sh", "-c", 'for u in $(echo "$NVIDIA_VISIBLE_DEVICES" | tr , " "); do '
+                  'case "$u" in MIG-*) echo "  MIG Device: (UUID: $u)";; '
+                  '*) echo "GPU: (UUID: $u)";; esac; done']
+
+
+def listed_uuids(text: str, leased: list[str]) -> list[str]:
+    """The devices `nvidia-smi -L` output `text` lists, sorted: the MIG devices when the
+    lease is of MIG slices (the output also names their parent GPUs), else the GPUs."""
+    uuids = re.findall(r"\(UUID: ((?:GPU|MIG)-[0-9A-Za-z-]+)\)", text)
+    mig = bool(leased) and all(u.startswith("MIG-") for u in leased)
+    return sorted(u for u in uuids if u.startswith("MIG-" if mig else "GPU-"))
 
 
 def docker_host() -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: XID code → (mnemonic, description, NVIDIA immediate action, runner severity).
 #: Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog",
@@ -63,7 +63,12 @@ XID_CATALOG: dict[int, tuple[str, str, str, str]] = {
 XID_154_FATAL = ("Drain and Reset", "GPU Reset Required", "Node Reboot Required")
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-9A-Fa-f])?"
-_XID_LINE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<code>\d+)(?:, (?P<rest>.*))?$")
+# On a MIG-enabled GPU the driver attributes an XID to a GPU instance (and compute
+# instance) where it can: "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, …", or
+# "(PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u)" (decimal ids; NVIDIA open-gpu-kernel-modules,
+# kernel_rc, and "A100 GPU memory error management", docs.nvidia.com/deploy).
+_XID_LINE = re.compile(r"NVRM: Xid \(" + _BUS + r"(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?"
+                       r"\): (?P<code>\d+)(?:, (?P<rest>.*))?$")
 _PID_NAME = re.compile(r"^pid=(?P<pid>'?[^,]*?'?), name=(?P<name>[^,]*), ?(?P<message>.*)$")
 _GPU_AT = re.compile(r"NVRM: GPU at " + _BUS + r": (?P<uuid>GPU-[0-9A-Fa-f-]+)")
 _STAMP = re.compile(r"^\s*\[(?P<stamp>[^\]]*)\]")
@@ -99,6 +104,8 @@ class XidEvent:
     message: str = ""
     stamp: str = ""
     line: str = ""
+    gpu_instance_id: int | None = None  # MIG: the GPU instance the driver attributes it to
+    compute_instance_id: int | None = None
 
     @property
     def mnemonic(self) -> str:
@@ -148,6 +155,7 @@ def parse_kernel_log(text: str) -> tuple[list[XidEvent], dict[str, str]]:
             code=int(match.group("code")), bus_id=normalise_bus_id(match.group("bus")),
             pid=pid, name=name, message=message.strip(),
             stamp=stamp.group("stamp") if stamp else "", line=raw.strip(),
+            gpu_instance_id=_id(match.group("gi")), compute_instance_id=_id(match.group("ci")),
         ))
     return events, gpu_at
 
@@ -160,9 +168,18 @@ def map_to_gpus(events: list[XidEvent], gpus) -> list[XidEvent]:
     out = []
     for event in events:
         uuid = event.uuid or (by_bus.get(event.bus_id) if event.bus_id else None)
-        out.append(XidEvent(event.code, event.bus_id, uuid, event.pid, event.name,
-                            event.message, event.stamp, event.line))
+        out.append(replace(event, uuid=uuid))
     return out
+
+
+def _id(text: str | None) -> int | None:
+    return None if text is None else int(text)
+
+
+def _nvml_id(value) -> int | None:
+    """nvmlEventData_t's gpuInstanceId / computeInstanceId: None when absent or 0xFFFFFFFF
+    (the driver's "not attributed to an instance")."""
+    return value if isinstance(value, int) and 0 <= value < 0xFFFFFFFF else None
 
 
 class XidUnsupported(RuntimeError):
@@ -233,7 +250,10 @@ class NvmlXidWatcher:
             except nv.NVMLError:
                 pass
             out.append(XidEvent(code=int(data.eventData), bus_id=self._bus.get(uuid),
-                                uuid=uuid, message="reported by NVML event"))
+                                uuid=uuid, message="reported by NVML event",
+                                gpu_instance_id=_nvml_id(getattr(data, "gpuInstanceId", None)),
+                                compute_instance_id=_nvml_id(
+                                    getattr(data, "computeInstanceId", None))))
         return out
 
     def close(self) -> None:

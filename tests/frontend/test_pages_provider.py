@@ -166,3 +166,21 @@ def test_leases_on_my_gpus_and_earnings_split(client, provider):
     for amount in (lease.cost, lease.provider_amount, lease.platform_fee):
         assert usd(amount) in html
     assert "earnings-chart" in html and '"cumulative":' in html
+
+
+def test_node_page_lists_mig_slices_with_their_gpus_health(client):
+    from providers.services import heartbeat_record
+    from tests.factories import H100_MIG, mig_node
+
+    user, node, _ = mig_node()
+    login(client, user)
+    parent = H100_MIG.gpus[0].uuid
+    heartbeat_record(node=node, runtime="docker", gpus=[{"uuid": parent, "temperature_c": 41}],
+                     findings=[{"uuid": parent, "severity": "fatal", "rule": "xid",
+                                "evidence": "GPU has fallen off the bus"}])
+    html = client.get(reverse("node", args=[node.pk])).content.decode()
+    for dev in H100_MIG.gpus[0].mig_devices:
+        assert dev.uuid in html and f"h100-sxm-80gb.{dev.profile}" in html
+    assert parent not in html  # the GPU itself is not a unit of the node
+    assert html.count("GPU has fallen off the bus") == 4  # each slice carries its GPU's finding
+    assert html.count('<td class="num">41</td>') == 4  # the GPU's temperature on each slice

@@ -11,9 +11,9 @@ from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
 from providers.runner.logtail import LOG_MAX_BYTES, trim_tail
 from providers.runner.nvml import DumpGpus
-from providers.runner.runtime import DockerRuntime, ProcessRuntime
+from providers.runner.runtime import DockerRuntime, ProcessRuntime, listed_uuids
 
-from .runner_helpers import H100, TOKEN, FakeMarketplace, wait_for
+from .runner_helpers import DUMPS, H100, TOKEN, FakeMarketplace, wait_for
 from .runner_helpers import LEASE_UUIDS as UUIDS
 from .runner_helpers import lease_for as lease
 
@@ -64,10 +64,11 @@ def test_simulated_gpu_check_reads_the_container_env(docker_client, test_image, 
     runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none", simulate=True)
     runtime.start(lease(53, test_image, ["sleep", "30"]))
     assert runtime.verify_gpus(lease(53, test_image, ["sleep", "30"])) is None
-    assert runtime.last_check == f"`env` sees {','.join(sorted(UUIDS))}"
+    assert runtime.last_check == f"`nvidia-smi -L (simulated)` sees {','.join(sorted(UUIDS))}"
     # the container was started for other GPUs than these: the evidence names both sets
     evidence = runtime.verify_gpus(lease(53, test_image, ["sleep", "30"], uuids=[UUIDS[0]]))
-    assert evidence == (f"container sees {','.join(sorted(UUIDS))}; leased {UUIDS[0]} (`env`)")
+    assert evidence == (f"container sees {','.join(sorted(UUIDS))}; leased {UUIDS[0]} "
+                        "(`nvidia-smi -L (simulated)`)")
 
 
 @pytest.mark.docker
@@ -77,7 +78,7 @@ def test_gpu_check_of_an_exited_container_is_not_a_mismatch(docker_client, test_
     runtime.start(lease(54, test_image, ["true"]))
     wait_for(lambda: runtime.exit_status(54) is not None)
     assert runtime.verify_gpus(lease(54, test_image, ["true"])) is None
-    assert runtime.last_check.startswith("`env` could not run")
+    assert runtime.last_check.startswith("`nvidia-smi -L (simulated)` could not run")
 
 
 class _ExecOnly:
@@ -176,7 +177,33 @@ def test_agent_fails_a_lease_whose_container_sees_other_gpus(agent_for, marketpl
     assert [e["status"] for e in events] == ["starting", "failed"]
     seen = ",".join(sorted([UUIDS[0], OTHER]))
     assert events[1]["cause"] == (f"GPU check failed: container sees {seen}; "
-                                  f"leased {UUIDS[0]} (`env`)")
+                                  f"leased {UUIDS[0]} (`nvidia-smi -L (simulated)`)")
     assert docker_client.containers.list(
         all=True, filters={"label": f"gpumarket.node={docker_node}"}) == []
     assert any(line.startswith("lease 62: failed: GPU check failed") for line in lines)
+
+
+MIG_LISTING = DUMPS / "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01.L.txt"
+MIG_1G = ["MIG-00000002-0000-0000-0000-000000000002", "MIG-00000003-0000-0000-0000-000000000003"]
+
+
+def test_the_gpu_check_reads_a_recorded_mig_listing():
+    """`nvidia-smi -L` of the recorded MIG H100 names the parent GPU and its 4 MIG
+    devices: a lease of slices is compared with the MIG devices only."""
+    text = MIG_LISTING.read_text()
+    assert listed_uuids(text, MIG_1G) == [f"MIG-0000000{i}-0000-0000-0000-00000000000{i}"
+                                          for i in range(4)]
+    assert listed_uuids(text, [UUIDS[0]]) == ["GPU-00000000-0000-0000-0000-000000000000"]
+
+
+@pytest.mark.docker
+def test_a_simulated_lease_of_mig_slices_is_checked_by_its_mig_uuids(docker_client, test_image,
+                                                                     docker_node):
+    runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none", simulate=True)
+    runtime.start(lease(57, test_image, ["sleep", "30"], uuids=MIG_1G))
+    assert runtime.verify_gpus(lease(57, test_image, ["sleep", "30"], uuids=MIG_1G)) is None
+    assert runtime.last_check == f"`nvidia-smi -L (simulated)` sees {','.join(MIG_1G)}"
+    other = ["MIG-00000000-0000-0000-0000-000000000000", MIG_1G[0]]
+    assert runtime.verify_gpus(lease(57, test_image, ["x"], uuids=other)) == (
+        f"container sees {','.join(MIG_1G)}; leased {','.join(other)} "
+        "(`nvidia-smi -L (simulated)`)")
