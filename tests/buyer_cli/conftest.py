@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -35,6 +35,7 @@ class Gm:
 
     url: str
     config: Path
+    started: list = field(default_factory=list)
 
     def env(self, **extra: str) -> dict[str, str]:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
@@ -48,9 +49,11 @@ class Gm:
                               env=self.env(**env))
 
     def popen(self, *args: str, **env) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "buyer_cli", *args], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=self.env(**env))
+        process = subprocess.Popen([sys.executable, "-m", "buyer_cli", *args], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=self.env(**env))
+        self.started.append(process)
+        return process
 
     def login(self, user) -> str:
         """Log `user` in with a new API token (`login --token -`); returns the token."""
@@ -61,8 +64,15 @@ class Gm:
 
 
 @pytest.fixture
-def gm(server, tmp_path) -> Gm:
-    return Gm(server, tmp_path / "gm" / "config.json")
+def gm(server, tmp_path):
+    """`gm(*args)`: the CLI logged in nowhere yet; what it started is killed afterwards."""
+    runs = Gm(server, tmp_path / "gm" / "config.json")
+    yield runs
+    for process in runs.started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+        process.stdout.close()
 
 
 @dataclass
