@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
+from django.utils import timezone
+
+from marketplace.auctions import open_auction
 from marketplace.models import Lease, Order
 from settlement.models import Hold
-from tests.factories import H100, UserFactory, funded_buyer
+from tests.factories import H100, UserFactory, ask, funded_buyer, registered_node
+from tests.support.servers import AsgiServer
 from tests.support.waiting import wait_until
 
-from .conftest import Gm
+from .conftest import Gm, Market
 
 IMAGE = "gpumarket/busybox:local"
 
@@ -168,3 +173,44 @@ def test_another_buyers_lease_is_a_refusal_exit_1(gm, market):
         done = other(*args)
         assert done.returncode == 1, done.stderr
         assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_sealed_bid_is_placed_listed_and_counted_on_the_open_auction(gm):
+    provider, node, _ = registered_node(name="auction-node")
+    auction = open_auction(provider_id=provider.pk, node_id=node.pk, gpus=4,
+                           reserve_price=1_000_000, duration_seconds=7200,
+                           closes_at=timezone.now() + timedelta(hours=1), rule="uniform_price")
+    gm.login(funded_buyer(100))
+    done = gm("sealed-bid", str(auction.pk), "--price", "1.75", "--gpus", "2", "--image", IMAGE)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("sealed bid ") and f"on auction {auction.pk}: active, 2 GPUs " \
+        "at $1.750000/GPU-h" in done.stdout
+    mine = json.loads(gm("--json", "sealed-bids").stdout)["results"]
+    assert [(b["auction"], b["price"], b["gpus"]) for b in mine] == [(auction.pk, "1.750000", 2)]
+    listed = gm("auctions", "--open", "--url", gm.url)
+    [row] = [r for r in listed.stdout.splitlines() if r.startswith(str(auction.pk))]
+    assert row.split()[1:8] == ["open", H100, "4", "$1.000000", "uniform_price", "2", "h"]
+    assert row.split()[8] == "1"  # the bid count; never its price or bidder
+    assert json.loads(gm("wallet", "--json").stdout)["held"] == "7.000000"  # 1.75 × 2 × 2 h
+
+
+def test_wait_polls_when_the_server_has_no_websockets(tmp_path, transactional_db):
+    with AsgiServer(ws="none") as live:
+        gm = Gm(live.url, tmp_path / "config.json")
+        provider, node, token = registered_node(name="poll-node")
+        ask(provider, node, price=1_500_000, gpus=8)
+        market = Market(provider, node, token, funded_buyer(100), live.url)
+        gm.login(market.buyer)
+        [lease_id] = _bid(gm)["leases"]
+        waiting = gm.popen("wait", str(lease_id), "--interval", "0.2")
+        try:
+            seen: list[str] = []
+            _read_until(waiting, "(the live feed is unavailable", seen)
+            market.run(lease_id)
+            assert waiting.wait(timeout=30) == 0
+            assert f"lease {lease_id}: running" in waiting.stdout.read()
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+            waiting.wait(timeout=10)
+            waiting.stdout.close()

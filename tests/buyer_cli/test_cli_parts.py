@@ -3,6 +3,9 @@ options, the one-line refusal, the config file's mode check."""
 
 from __future__ import annotations
 
+import importlib
+import tomllib
+
 import pytest
 
 from buyer_cli import config
@@ -10,6 +13,7 @@ from buyer_cli.api import refusal_line
 from buyer_cli.bidding import pairs
 from buyer_cli.follow import lease_in, new_lines
 from buyer_cli.money import lease_cost, parse_usd, shown, usd
+from tests.conftest import ROOT
 
 
 def test_money_is_exact_integers_and_six_decimals():
@@ -83,3 +87,11 @@ def test_the_config_path_follows_the_flag_the_variable_then_xdg(tmp_path):
     # a token saved for one server is never sent to another
     assert config.server({"url": "http://a", "token": "t"}, "http://b", {}) == ("http://b", None)
     assert config.server({"url": "http://a/", "token": "t"}, None, {}) == ("http://a", "t")
+
+
+def test_gpumarket_is_a_console_script_of_the_package():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = project["project"]["scripts"]["gpumarket"]
+    module, _, name = target.partition(":")
+    assert callable(getattr(importlib.import_module(module), name))
+    assert "buyer_cli*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
