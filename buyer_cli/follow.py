@@ -18,12 +18,25 @@ from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
 from .api import Api
-from .config import EXIT_REFUSED, CliError
+from .config import EXIT_AUTH, EXIT_REFUSED, CliError
 
 ENDED = ("completed", "failed", "preempted", "cancelled")
 SAYS = {"pending": "waiting for the provider's runner to take it",
         "starting": "the runner is starting the container",
         "running": "running"}
+
+
+def open_feed(api: Api) -> tuple[Feed | None, str | None]:
+    """(the feed, None), or (None, why) when it cannot be opened: no ticket (an older
+    server), no websocket, a refused handshake. A refused token stays an error (exit 3)."""
+    try:
+        return Feed(api), None
+    except CliError as exc:
+        if exc.code == EXIT_AUTH:
+            raise
+        return None, str(exc)
+    except (OSError, WebSocketException) as exc:
+        return None, str(exc) or exc.__class__.__name__
 
 
 class Feed:
@@ -105,10 +118,9 @@ def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,
     path = f"/leases/{int(lease_id)}/"
     if done := note(api.get(path)):
         return done
-    try:
-        feed = Feed(api)
-    except (OSError, WebSocketException) as exc:
-        say(f"(the live feed is unavailable: {exc}; polling every {interval:g} s)")
+    feed, why = open_feed(api)
+    if feed is None:
+        say(f"(the live feed is unavailable: {why}; polling every {interval:g} s)")
     else:
         try:
             for message in feed.messages(timeout=max(0.1, deadline - time.monotonic())):
@@ -161,12 +173,7 @@ def follow_logs(api: Api, lease_id: int, *, interval: float,
 
     read()
     lease = api.get(path)
-    feed = None
-    if lease.get("status") not in ENDED:
-        try:
-            feed = Feed(api)
-        except (OSError, WebSocketException):
-            feed = None
+    feed = open_feed(api)[0] if lease.get("status") not in ENDED else None
     try:
         while lease.get("status") not in ENDED:
             if feed is not None:
