@@ -13,10 +13,17 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from . import config, follow, render
+from . import config, render
 from .api import Api
 from .bidding import bid_body, sealed_bid_body
 from .config import EXIT_AUTH, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError
+from .render import ENDED
+
+
+def _follow():
+    """follow.py, imported when a command follows a lease (websockets costs ~70 ms)."""
+    from . import follow
+    return follow
 
 
 def _api(args) -> Api:
@@ -186,7 +193,7 @@ def lease(args) -> int:
 
 
 def wait(args) -> int:
-    found = follow.wait_running(_api(args), args.lease, timeout=args.timeout,
+    found = _follow().wait_running(_api(args), args.lease, timeout=args.timeout,
                                 interval=args.interval, say=_say(args))
     return _emit(args, found, lambda le: "\n".join(render.connect_lines(le))
                  or f"lease {le.get('id')} is running")
@@ -199,7 +206,7 @@ def ssh(args) -> int:  # needs: connect field (issue 12 contract)
         status = found.get("status")
         why = (f"it is {status}: `gpumarket wait {args.lease}` first"
                if status in ("pending", "starting") else
-               f"it has ended ({status})" if status in follow.ENDED else
+               f"it has ended ({status})" if status in ENDED else
                "it was not bid with --ssh (or a template with an SSH port)"
                if found.get("port_roles") is not None or "connect" in found else
                "this server gives no `connect` commands")
@@ -234,6 +241,7 @@ def logs(args) -> int:
             print("\n".join(lines), flush=True)
 
     try:
+        follow = _follow()
         ended = follow.follow_logs(api, args.lease, interval=args.interval, out=out)
     except KeyboardInterrupt:
         return EXIT_OK

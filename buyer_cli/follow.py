@@ -19,8 +19,8 @@ from websockets.sync.client import connect
 
 from .api import Api
 from .config import EXIT_AUTH, EXIT_REFUSED, CliError
+from .render import ENDED
 
-ENDED = ("completed", "failed", "preempted", "cancelled")
 SAYS = {"pending": "waiting for the provider's runner to take it",
         "starting": "the runner is starting the container",
         "running": "running"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from .money import shown
 
+ENDED = ("completed", "failed", "preempted", "cancelled")  # a lease's final statuses
+
 
 def table(rows: list[list], header: list[str]) -> str:
     """Columns padded to their widest cell; "(none)" for no rows."""
