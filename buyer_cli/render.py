@@ -3,7 +3,9 @@ sends it, shown with 6 decimals ("$2.490000"); durations in hours where they are
 
 from __future__ import annotations
 
-from .money import shown
+from datetime import UTC, datetime
+
+from .money import lease_cost, parse_usd, shown, usd
 
 ENDED = ("completed", "failed", "preempted", "cancelled")  # a lease's final statuses
 
@@ -107,7 +109,7 @@ def connect_lines(lease: dict) -> list[str]:
     return lines
 
 
-def lease(le: dict) -> str:
+def lease(le: dict, now: datetime | None = None) -> str:
     lines = [f"lease {le.get('id')}: {le.get('status')}"
              + (f" ({le['cause']})" if le.get("cause") else ""),
              f"GPUs:     {le.get('gpu_count')} × {le.get('gpu_class')} on node {le.get('node')}"
@@ -122,9 +124,24 @@ def lease(le: dict) -> str:
         lines.append("secrets:  " + ", ".join(le["secret_names"]) + " (values never shown)")
     lines.append(f"started:  {le.get('started_at') or '-'}; ends {le.get('ends_at') or '-'}"
                  + (f"; ended {le['ended_at']}" if le.get("ended_at") else ""))
-    lines.append(f"cost:     {shown(le.get('cost'))}")
+    lines.append(f"cost:     {shown(le.get('cost'))}" + _so_far(le, now or datetime.now(UTC)))
     lines += connect_lines(le)
     return "\n".join(lines)
+
+
+def _so_far(le: dict, now: datetime) -> str:
+    """For a running lease: the cost of the seconds so far at its price (the billing rule,
+    money.lease_cost) and the time left; "" otherwise."""
+    try:
+        started = datetime.fromisoformat(le["started_at"])
+        used = max(0, int((now - started).total_seconds()))
+        so_far = lease_cost(parse_usd(le["price"]), int(le["gpu_count"]), used)
+        left = max(0, int((datetime.fromisoformat(le["ends_at"]) - now).total_seconds()))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if le.get("status") != "running":
+        return ""
+    return f" (running: ${usd(so_far)} for {used} s so far, {left} s left)"
 
 
 def wallet(w: dict) -> str:

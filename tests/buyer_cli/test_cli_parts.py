@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import importlib
 import tomllib
+from datetime import UTC, datetime
 
 import pytest
 
-from buyer_cli import config
+from buyer_cli import config, render
 from buyer_cli.api import refusal_line
 from buyer_cli.bidding import pairs
 from buyer_cli.follow import lease_in, new_lines
@@ -95,3 +96,16 @@ def test_gpumarket_is_a_console_script_of_the_package():
     module, _, name = target.partition(":")
     assert callable(getattr(importlib.import_module(module), name))
     assert "buyer_cli*" in project["tool"]["setuptools"]["packages"]["find"]["include"]
+
+
+def test_a_running_lease_shows_its_cost_so_far_by_the_billing_rule():
+    lease = {"id": 7, "status": "running", "price": "2.490000", "gpu_count": 3,
+             "started_at": "2026-12-01T10:00:00Z", "ends_at": "2026-12-01T12:00:00+00:00",
+             "cost": "0.000000", "duration_seconds": 7200}
+    now = datetime(2026, 12, 1, 10, 30, 1, tzinfo=UTC)
+    so_far = 2_490_000 * 3 * 1801 // 3600  # 3735622 micro-USD: floor, never float
+    assert ("cost:     $0.000000 (running: $3.735622 for 1801 s so far, 5399 s left)"
+            in render.lease(lease, now).splitlines())
+    assert so_far == 3_735_622
+    ended = {**lease, "status": "completed", "cost": "3.735622"}
+    assert "cost:     $3.735622" in render.lease(ended, now).splitlines()
