@@ -103,9 +103,8 @@ def test_a_running_lease_shows_its_cost_so_far_by_the_billing_rule():
              "started_at": "2026-12-01T10:00:00Z", "ends_at": "2026-12-01T12:00:00+00:00",
              "cost": "0.000000", "duration_seconds": 7200}
     now = datetime(2026, 12, 1, 10, 30, 1, tzinfo=UTC)
-    so_far = 2_490_000 * 3 * 1801 // 3600  # 3735622 micro-USD: floor, never float
-    assert ("cost:     $0.000000 (running: $3.735622 for 1801 s so far, 5399 s left)"
+    assert 2_490_000 * 3 * 1801 // 3600 == 3_737_075  # micro-USD: the floor, never a float
+    assert ("cost:     $0.000000 (running: $3.737075 for 1801 s so far, 5399 s left)"
             in render.lease(lease, now).splitlines())
-    assert so_far == 3_735_622
-    ended = {**lease, "status": "completed", "cost": "3.735622"}
-    assert "cost:     $3.735622" in render.lease(ended, now).splitlines()
+    ended = {**lease, "status": "completed", "cost": "3.737075"}
+    assert "cost:     $3.737075" in render.lease(ended, now).splitlines()
