@@ -143,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up after S seconds (default 900)")
     p.add_argument("--interval", type=_seconds, default=2.0, metavar="S",
                    help="seconds between polls when the live feed is down (default 2)")
-    p = command("ssh", commands.ssh, "SSH into a lease (runs its `ssh` command; arguments "
-                "after -- are added to it)")
+    p = command("ssh", commands.ssh, "SSH into a lease (runs its `ssh` command; what follows "
+                "-- is appended: ssh options or a remote command)")
+    p.usage = "gpumarket ssh [-h] [--json] [--config PATH] [--url URL] LEASE [-- ARGS…]"
     p.add_argument("lease", type=_positive, metavar="LEASE")
-    p.add_argument("extra", nargs=argparse.REMAINDER, metavar="-- ARGS")
     p = command("logs", commands.logs, "the lease container's latest output")
     p.add_argument("lease", type=_positive, metavar="LEASE")
     p.add_argument("--follow", "-f", action="store_true",
@@ -176,9 +176,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; for `ssh LEASE [options] -- ARGS…`, `extra` is ARGS as
+    given (argparse alone cannot take options between LEASE and `--`). Exit 2 on a usage
+    error."""
+    parser, extra = build_parser(), []
+    args = None
+    if "--" in argv and "ssh" in argv[:argv.index("--")]:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        if args.command == "ssh":
+            extra = argv[cut + 1:]
+        else:
+            args = None
+    args = args or parser.parse_args(argv)
+    args.extra = extra
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `gpumarket` with `argv` (default sys.argv[1:]); return the exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     try:
         return args.func(args)
     except CliError as exc:

@@ -215,8 +215,7 @@ def ssh(args) -> int:  # needs: connect field (issue 12 contract)
     if not argv or Path(argv[0]).name != "ssh":
         raise CliError(f"lease {args.lease}: the server's SSH command does not start with "
                        "`ssh`; not running it", EXIT_REFUSED)
-    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
-    argv = ["ssh", *argv[1:], *extra]
+    argv = ["ssh", *argv[1:], *args.extra]  # what followed `--` (cli.main)
     if args.json:
         return _emit(args, {"lease": args.lease, "argv": argv}, str)
     program = shutil.which("ssh")

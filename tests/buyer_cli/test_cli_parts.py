@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from buyer_cli import config, render
+from buyer_cli import cli, config, render
 from buyer_cli.api import refusal_line
 from buyer_cli.bidding import pairs
 from buyer_cli.follow import lease_in, new_lines
@@ -108,3 +108,18 @@ def test_a_running_lease_shows_its_cost_so_far_by_the_billing_rule():
             in render.lease(lease, now).splitlines())
     ended = {**lease, "status": "completed", "cost": "3.737075"}
     assert "cost:     $3.737075" in render.lease(ended, now).splitlines()
+
+
+def test_ssh_takes_its_options_before_and_the_ssh_arguments_after_the_double_dash():
+    for argv, json_, extra in (
+        (["ssh", "7", "--json"], True, []),
+        (["ssh", "7", "--", "-o", "BatchMode=yes", "nvidia-smi"], False,
+         ["-o", "BatchMode=yes", "nvidia-smi"]),
+        (["--json", "ssh", "7", "--", "-v"], True, ["-v"]),
+        (["ssh", "7", "--json", "--", "--", "x"], True, ["--", "x"]),
+    ):
+        args = cli.parse(argv)
+        assert (args.lease, args.json, args.extra) == (7, json_, extra), argv
+    with pytest.raises(SystemExit) as usage:
+        cli.parse(["ssh", "7", "-v"])  # ssh's own options go after --
+    assert usage.value.code == config.EXIT_USAGE
