@@ -154,6 +154,11 @@ def test_templates_are_listed_and_a_bid_may_name_one(gm, market):
     assert items and all({"id", "title", "image", "ports", "min_cuda"} <= set(t) for t in items)
     human = gm("templates").stdout.splitlines()
     assert human[0].split() == ["ID", "TITLE", "IMAGE", "PORTS", "MIN", "CUDA"]
+    ready = next(t for t in items if t["image"])
+    placed = gm("bid", H100, "--gpus", "1", "--price", "2.50", "--hours", "1",
+                "--template", ready["id"], "--json")  # the template gives the image
+    assert placed.returncode == 0, placed.stderr
+    assert json.loads(placed.stdout)["status"] in ("open", "filled")
     unknown = gm("bid", H100, "--gpus", "1", "--price", "2.50", "--hours", "1",
                  "--template", "no-such-template")
     assert unknown.returncode == 1 and "template" in unknown.stderr
