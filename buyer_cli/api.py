@@ -8,10 +8,14 @@ Every failure is a CliError with its exit status (config.py): 401 → 3 (auth); 
 
 from __future__ import annotations
 
+import re
+
 import httpx
 
 from . import __version__
 from .config import EXIT_AUTH, EXIT_REFUSED, EXIT_UNREACHABLE, CliError
+
+_TOKEN = re.compile(r"[\x21-\x7e]{1,1000}")
 
 
 def refusal_line(status: int, data) -> str:
@@ -38,6 +42,9 @@ class Api:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
+        if token and not _TOKEN.fullmatch(token):  # httpx's error would quote the header
+            raise CliError("the API token has characters no token has (spaces, control or "
+                           "non-ASCII characters; it is not shown): log in again", EXIT_AUTH)
         headers = {"User-Agent": f"gpumarket-cli/{__version__}", "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

@@ -61,7 +61,10 @@ def login(args) -> int:
     url = config.check_url(raw)
     if args.token is not None:
         token = _read_secret_line("API token: ") if args.token == "-" else args.token
-        api = Api(url, token)
+        if not token.strip():
+            raise CliError("login --token: no token given", EXIT_USAGE)
+        api = Api(url, token.strip())
+        token = token.strip()
         me = api.get("/me/")
         _, tokens = api.results("/auth/tokens/")
         current = next((t for t in tokens if t.get("current")), {})

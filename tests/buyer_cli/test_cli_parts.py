@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from buyer_cli import cli, config, render
-from buyer_cli.api import refusal_line
+from buyer_cli.api import Api, refusal_line
 from buyer_cli.bidding import pairs
 from buyer_cli.follow import lease_in, new_lines
 from buyer_cli.money import lease_cost, parse_usd, shown, usd
@@ -123,3 +123,10 @@ def test_ssh_takes_its_options_before_and_the_ssh_arguments_after_the_double_das
     with pytest.raises(SystemExit) as usage:
         cli.parse(["ssh", "7", "-v"])  # ssh's own options go after --
     assert usage.value.code == config.EXIT_USAGE
+
+
+def test_a_token_no_header_can_carry_is_refused_without_showing_it():
+    for token in ("abc def-s3cr3t", "s3cr3t\n", "s3cr3t\u00e9"):
+        with pytest.raises(config.CliError) as refused:
+            Api("http://127.0.0.1:9", token)
+        assert refused.value.code == config.EXIT_AUTH and "s3cr3t" not in str(refused.value)
