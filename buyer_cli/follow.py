@@ -110,9 +110,9 @@ def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,
             say(progress_line(lease))
         if status in ENDED:
             cause = f": {lease['cause']}" if lease.get("cause") else ""
-            raise CliError(f"lease {lease_id} {status} before it ran{cause}"
-                           if status != "completed" or not lease.get("started_at")
-                           else f"lease {lease_id} has ended ({status}{cause})", EXIT_REFUSED)
+            raise CliError(f"lease {lease_id} has ended ({status}{cause})"
+                           if lease.get("started_at") else
+                           f"lease {lease_id} {status} before it ran{cause}", EXIT_REFUSED)
         return lease if status == "running" else None
 
     path = f"/leases/{int(lease_id)}/"
