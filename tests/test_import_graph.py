@@ -2,7 +2,8 @@
 `marketplace`, `settlement`, `providers` and `frontend` (module-level imports), and the
 directions of docs/ARCHITECTURE.md / DESIGN.md: `settlement` imports neither the market
 nor the pages, `providers` not the pages, `core`, `marketplace/engine` and
-`providers/runner` nothing of the project outside themselves (at any level).
+`providers/runner` and the buyer CLI `buyer_cli` nothing of the project outside themselves
+(at any level), and the runner and the CLI no Django either.
 
 Reads the source with ast; run alone: `python -m pytest tests/test_import_graph.py`."""
 
@@ -12,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "marketplace", "settlement", "providers", "frontend")
+PACKAGES = ("core", "marketplace", "settlement", "providers", "frontend", "buyer_cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -101,7 +102,9 @@ FORBIDDEN = [
     ("core", ("marketplace", "settlement", "providers", "frontend")),
     ("marketplace.engine", ("core", "marketplace", "settlement", "providers", "frontend")),
     ("providers.runner", ("core", "marketplace", "settlement", "providers", "frontend")),
+    ("buyer_cli", ("core", "marketplace", "settlement", "providers", "frontend")),
 ]
+NO_DJANGO = ("providers.runner", "buyer_cli")  # programs on other machines: HTTP only
 
 
 def test_imports_follow_the_designs_directions():
@@ -116,4 +119,16 @@ def test_imports_follow_the_designs_directions():
                     continue
                 if any(_is_within(target, b) for b in banned):
                     wrong.append(f"{module} imports {target}")
+    assert wrong == [], wrong
+
+
+def test_the_runner_and_the_cli_import_no_django():
+    wrong = []
+    for name, path in _modules().items():
+        if not any(_is_within(name, who) for who in NO_DJANGO):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _imported(node, name, path.name == "__init__.py"):
+                if _is_within(target, "django") or _is_within(target, "rest_framework"):
+                    wrong.append(f"{name} imports {target}")
     assert wrong == [], wrong

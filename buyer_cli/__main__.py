@@ -1,0 +1,7 @@
+"""`python -m buyer_cli` = `gpumarket`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

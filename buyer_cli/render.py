@@ -1,0 +1,165 @@
+"""Human output of each command (`--json` prints the API's JSON instead). Money as the API
+sends it, shown with 6 decimals ("$2.490000"); durations in hours where they are whole."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from .money import lease_cost, parse_usd, shown, usd
+
+ENDED = ("completed", "failed", "preempted", "cancelled")  # a lease's final statuses
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    """Columns padded to their widest cell; "(none)" for no rows."""
+    if not rows:
+        return "(none)"
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r]
+                                          for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds} s"
+
+
+def markets(items: list[dict]) -> str:
+    return table([[m.get("slug"), m.get("name"), f"{m.get('memory_gb')} GB",
+                   shown(m.get("reference_price"))] for m in items],
+                 ["CLASS", "NAME", "MEMORY", "REFERENCE $/GPU-h"])
+
+
+def book(data: dict) -> str:
+    lines = [f"order book of {data.get('gpu_class')} (USD per GPU-hour)"]
+    asks, bids = data.get("asks") or [], data.get("bids") or []
+    lines.append("asks:" if asks else "asks: (none)")
+    lines += [f"  {shown(a['price'])}  {a['gpus']} GPUs" for a in reversed(asks)]
+    lines.append("bids:" if bids else "bids: (none)")
+    lines += [f"  {shown(b['price'])}  {b['gpus']} GPUs" for b in bids]
+    return "\n".join(lines)
+
+
+def templates(items: list[dict]) -> str:
+    def ports(t):
+        return ",".join(f"{p.get('port')}/{p.get('role')}" for p in t.get("ports") or []) or "-"
+    return table([[t.get("id"), t.get("title"), t.get("image") or "(your own)", ports(t),
+                   t.get("min_cuda") or "-"] for t in items],
+                 ["ID", "TITLE", "IMAGE", "PORTS", "MIN CUDA"])
+
+
+def auctions(items: list[dict]) -> str:
+    return table([[a.get("id"), a.get("status"), a.get("gpu_class"), a.get("gpus"),
+                   shown(a.get("reserve_price")), a.get("rule"),
+                   duration(a.get("duration_seconds")), a.get("bid_count"),
+                   a.get("closes_at"), shown(a.get("clearing_price"))] for a in items],
+                 ["ID", "STATUS", "CLASS", "GPUS", "RESERVE", "RULE", "FOR", "BIDS",
+                  "CLOSES", "CLEARING"])
+
+
+def orders(items: list[dict]) -> str:
+    return table([[o.get("id"), o.get("side"), o.get("status"), o.get("gpu_class"),
+                   shown(o.get("price")), f"{o.get('remaining_gpus')}/{o.get('gpus')}",
+                   duration(o.get("duration_seconds")) if o.get("side") == "bid" else "-",
+                   o.get("created_at")] for o in items],
+                 ["ID", "SIDE", "STATUS", "CLASS", "PRICE", "LEFT/GPUS", "FOR", "CREATED"])
+
+
+def order_placed(o: dict) -> str:
+    leases = o.get("leases") or []
+    won = (f"; leases {', '.join(str(x) for x in leases)} (`gpumarket wait {leases[0]}`)"
+           if leases else "")
+    return (f"order {o.get('id')}: {o.get('status')}, {o.get('gpus')} × {o.get('gpu_class')} "
+            f"at {shown(o.get('price'))}/GPU-h for {duration(o.get('duration_seconds'))}, "
+            f"{o.get('remaining_gpus')} GPUs left to fill{won}")
+
+
+def sealed_bid(b: dict) -> str:
+    return (f"sealed bid {b.get('id')} on auction {b.get('auction')}: {b.get('status')}, "
+            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h")
+
+
+def leases(items: list[dict]) -> str:
+    return table([[le.get("id"), le.get("status"), le.get("gpu_class"), le.get("gpu_count"),
+                   shown(le.get("price")), duration(le.get("duration_seconds")),
+                   le.get("started_at"), le.get("ends_at"), shown(le.get("cost"))]
+                  for le in items],
+                 ["ID", "STATUS", "CLASS", "GPUS", "PRICE", "FOR", "STARTED", "ENDS", "COST"])
+
+
+def connect_lines(lease: dict) -> list[str]:
+    """How to reach the lease: `connect` (ssh, jupyter, http) when the API gives it, else
+    the raw endpoints."""
+    connect = lease.get("connect") or {}
+    lines = []
+    if connect.get("ssh"):
+        lines.append(f"ssh:      {connect['ssh']}   (or `gpumarket ssh {lease.get('id')}`)")
+    if connect.get("jupyter"):
+        lines.append(f"jupyter:  {connect['jupyter']}")
+    lines += [f"http:     {u}" for u in connect.get("http") or []]
+    if not lines:
+        lines = [f"port {e.get('container_port')}: {e.get('address')}"
+                 for e in lease.get("endpoints") or []]
+    return lines
+
+
+def lease(le: dict, now: datetime | None = None) -> str:
+    lines = [f"lease {le.get('id')}: {le.get('status')}"
+             + (f" ({le['cause']})" if le.get("cause") else ""),
+             f"GPUs:     {le.get('gpu_count')} × {le.get('gpu_class')} on node {le.get('node')}"
+             + (" (interruptible)" if le.get("interruptible") else ""),
+             f"price:    {shown(le.get('price'))}/GPU-h for "
+             f"{duration(le.get('duration_seconds'))}",
+             f"image:    {le.get('image') or '-'}"
+             + (f" (template {le['template']})" if le.get("template") else "")]
+    if le.get("env"):
+        lines.append("env:      " + " ".join(f"{k}={v}" for k, v in sorted(le["env"].items())))
+    if le.get("secret_names"):
+        lines.append("secrets:  " + ", ".join(le["secret_names"]) + " (values never shown)")
+    lines.append(f"started:  {le.get('started_at') or '-'}; ends {le.get('ends_at') or '-'}"
+                 + (f"; ended {le['ended_at']}" if le.get("ended_at") else ""))
+    lines.append(f"cost:     {shown(le.get('cost'))}" + _so_far(le, now or datetime.now(UTC)))
+    lines += connect_lines(le)
+    return "\n".join(lines)
+
+
+def _so_far(le: dict, now: datetime) -> str:
+    """For a running lease: the cost of the seconds so far at its price (the billing rule,
+    money.lease_cost) and the time left; "" otherwise."""
+    try:
+        started = datetime.fromisoformat(le["started_at"])
+        used = max(0, int((now - started).total_seconds()))
+        so_far = lease_cost(parse_usd(le["price"]), int(le["gpu_count"]), used)
+        left = max(0, int((datetime.fromisoformat(le["ends_at"]) - now).total_seconds()))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if le.get("status") != "running":
+        return ""
+    return f" (running: ${usd(so_far)} for {used} s so far, {left} s left)"
+
+
+def wallet(w: dict) -> str:
+    lines = [f"available: {shown(w.get('available'))}", f"held:      {shown(w.get('held'))}",
+             f"earned:    {shown(w.get('earned'))}"]
+    holds = w.get("holds") or []
+    if holds:
+        lines.append("holds:")
+        lines += [f"  {_hold(h)}" for h in holds]
+    return "\n".join(lines)
+
+
+def _hold(h: dict) -> str:
+    return (f"hold {h.get('id')} ({h.get('reference')}): {shown(h.get('amount'))} held of "
+            f"{shown(h.get('original'))}")
+
+
+def ssh_keys(items: list[dict]) -> str:
+    return table([[k.get("id"), k.get("name"), k.get("type"), k.get("fingerprint"),
+                   k.get("created_at")] for k in items],
+                 ["ID", "NAME", "TYPE", "FINGERPRINT", "ADDED"])
