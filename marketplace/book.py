@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
+from marketplace.env_templates import ROLES, clean_env, clean_min_cuda
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.ports import clean_ports
@@ -174,7 +175,9 @@ class BidRequest:
     image/command: the container; expires_at: when a resting bid expires (None: never);
     client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
     its leases may be preempted by a higher bid; ports: container TCP ports its leases
-    expose (ports.clean_ports).
+    expose (ports.clean_ports); template, min_cuda, port_roles, ssh, env: as
+    env_templates.resolve returns them (the API resolves a template into these; a
+    min_cuda fills only against asks on nodes whose CUDA version meets it).
     """
 
     buyer_id: int
@@ -190,6 +193,11 @@ class BidRequest:
     client_order_id: str | None = None
     interruptible: bool = False
     ports: list[int] | None = None
+    template: str = ""
+    min_cuda: str = ""
+    port_roles: dict[str, str] | None = None
+    ssh: bool = False
+    env: dict[str, str] | None = None
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -200,7 +208,10 @@ class BidRequest:
                 "gang_size": self.gpus if self.gang_size is None else self.gang_size,
                 "time_in_force": self.time_in_force, "image": self.image,
                 "command": self.command, "expires_at": self.expires_at,
-                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or [])}
+                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or []),
+                "template": self.template, "min_cuda": self.min_cuda,
+                "port_roles": dict(self.port_roles or {}), "ssh": bool(self.ssh),
+                "env": dict(self.env or {})}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -284,7 +295,15 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
-    clean_ports(r.ports)
+    ports = clean_ports(r.ports)
+    if clean_min_cuda(r.min_cuda) != r.min_cuda:
+        raise InvalidInput('must be a CUDA version "MAJOR.MINOR", such as "12.4"',
+                           field="min_cuda")
+    if any(k not in {str(p) for p in ports} or v not in ROLES
+           for k, v in (r.port_roles or {}).items()):
+        raise InvalidInput("maps a port that is not in ports, or an unknown role",
+                           field="port_roles")
+    clean_env(r.env)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
 from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
 from marketplace.ports import clean_endpoints
@@ -46,10 +47,17 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
                  sealed_bid=None, hold_id: int | None = None,
-                 interruptible: bool = False, ports: list[int] | None = None) -> Lease:
+                 interruptible: bool = False, ports: list[int] | None = None,
+                 template: str = "", min_cuda: str = "", port_roles: dict | None = None,
+                 ssh: bool = False, env: dict | None = None) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
     cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
-    transaction, under the market lock."""
+    transaction, under the market lock. Template terms (template, min_cuda, port_roles,
+    ssh, env) are copied from the bid; a node below `min_cuda` is refused (Conflict
+    naming min_cuda: matching never gets here with one, docs/MATCHING.md)."""
+    if not cuda_ok(node.cuda_version, min_cuda):
+        raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
+                       f"below the {min_cuda} this lease needs", field="min_cuda")
     chosen = _pick_gpus(node, market, gpus)
     if hold_id is None:
         hold_id = ledger.hold_place(
@@ -61,7 +69,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         gpu_count=gpus, duration_seconds=duration_seconds,
         image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
         sealed_bid=sealed_bid, hold_id=hold_id, interruptible=interruptible,
-        ports=list(ports or []),
+        ports=list(ports or []), template=template, min_cuda=min_cuda,
+        port_roles=dict(port_roles or {}), ssh=ssh, env=dict(env or {}),
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
@@ -76,7 +85,8 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
         cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
-        ports=bid.ports,
+        ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
+        port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
     )
 
 

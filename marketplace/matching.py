@@ -118,7 +118,7 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     again (reconsider_preemptions): the GPUs back on the ask may complete a gang with
     them, the matching may have made new interruptible leases, or the ended lease was
     a victim whose bid did not get its GPUs."""
-    ask = Order.objects.get(pk=ask_id)
+    ask = Order.objects.select_related("node").get(pk=ask_id)
     if ask.status not in (*Order.ACTIVE, "filled") or ask.available_until <= now:
         preemption.reconsider_preemptions(ask.market_id, now)
         return []

@@ -105,6 +105,15 @@ class Order(StateMachine):
         default=list, blank=True,
         help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
                   "buyer; the runner publishes them on the provider's public host")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
+    port_roles = models.JSONField(default=dict, blank=True,
+                                  help_text='container port → role: {"22": "ssh"}')
+    ssh = models.BooleanField(default=False, help_text="the lease gets the buyer's SSH keys")
+    env = models.JSONField(default=dict, blank=True, help_text="non-secret {NAME: value}")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -225,6 +234,15 @@ class SealedBid(StateMachine):
     command = models.JSONField(null=True, blank=True)
     ports = models.JSONField(default=list, blank=True,
                              help_text="container ports the lease exposes (as Order.ports)")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
+    port_roles = models.JSONField(default=dict, blank=True,
+                                  help_text='container port → role: {"22": "ssh"}')
+    ssh = models.BooleanField(default=False, help_text="the lease gets the buyer's SSH keys")
+    env = models.JSONField(default=dict, blank=True, help_text="non-secret {NAME: value}")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -302,6 +320,15 @@ class Lease(StateMachine):
         default=list, blank=True,
         help_text="where the buyer reaches them, as the runner reported with `running`: "
                   "[{container_port, host, host_port}]; empty: none published")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
+    port_roles = models.JSONField(default=dict, blank=True,
+                                  help_text='container port → role: {"22": "ssh"}')
+    ssh = models.BooleanField(default=False, help_text="the lease gets the buyer's SSH keys")
+    env = models.JSONField(default=dict, blank=True, help_text="non-secret {NAME: value}")
     started_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)

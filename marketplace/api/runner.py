@@ -29,7 +29,8 @@ def runner_lease(lease: Lease) -> dict:
         "image": lease.image,
         "command": lease.command,
         "gpu_uuids": lease_services.gpu_uuids(lease),
-        "env": {"GPUMARKET_LEASE_ID": str(lease.pk)},
+        # the bid's env (a template's defaults, the buyer's values); the lease id wins
+        "env": {**(lease.env or {}), "GPUMARKET_LEASE_ID": str(lease.pk)},
         "duration_seconds": lease.duration_seconds,
         "started_at": lease.started_at.isoformat() if lease.started_at else None,
         "ends_at": lease.ends_at.isoformat() if lease.ends_at else None,
@@ -38,6 +39,8 @@ def runner_lease(lease: Lease) -> dict:
         "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
         # container TCP ports to publish on the provider's public host (may be [])
         "ports": list(lease.ports or []),
+        # container port (string key) → "ssh" | "jupyter" | "http"; every key is in ports
+        "port_roles": dict(lease.port_roles or {}),
     }
 
 
@@ -55,6 +58,7 @@ class RunnerLeaseOut(serializers.Serializer):
     ends_at = serializers.DateTimeField(allow_null=True)
     preempt_at = serializers.DateTimeField(allow_null=True)
     ports = serializers.ListField(child=serializers.IntegerField())
+    port_roles = serializers.DictField(child=serializers.CharField())
 
 
 class RunnerLeasesOut(serializers.Serializer):

@@ -15,8 +15,9 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from marketplace import selectors
+from marketplace import env_templates, selectors
 from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
+from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from providers.benchmarks import class_summary
@@ -135,6 +136,29 @@ class GpuClassSerializer(serializers.ModelSerializer):
         return score.as_api() if score else None
 
 
+class TemplatePortSerializer(serializers.Serializer):
+    port = serializers.IntegerField()
+    role = serializers.ChoiceField(choices=env_templates.ROLES)
+
+
+class TemplateSerializer(serializers.Serializer):
+    """One environment template (env_templates.Template.as_api)."""
+
+    id = serializers.CharField()
+    title = serializers.CharField()
+    image = serializers.CharField(help_text='"" for custom: your own image')
+    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    ports = TemplatePortSerializer(many=True)
+    env = serializers.DictField(child=serializers.CharField())
+    min_cuda = serializers.CharField(help_text='"12.4"; "" when none')
+    needs_shell_user = serializers.BooleanField()
+    cuda_source = serializers.CharField(help_text="where min_cuda comes from")
+
+
+class TemplateListSerializer(serializers.Serializer):
+    results = TemplateSerializer(many=True)
+
+
 class LevelSerializer(serializers.Serializer):
     price = UsdField()
     gpus = serializers.IntegerField()
@@ -156,18 +180,49 @@ def ports_field() -> serializers.ListField:
         required=False, max_length=8, default=list)
 
 
+class TemplateFields(serializers.Serializer):
+    """A bid's template terms (bids and sealed bids): `template` (an id of GET
+    /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh`, `env`
+    ({NAME: value}). `terms()` resolves them with image, command and ports
+    (env_templates.resolve: what was given overrides the template)."""
+
+    template = StrictCharField(required=False, allow_blank=True, max_length=64)
+    min_cuda = StrictCharField(required=False, allow_blank=True, max_length=16)
+    ssh = StrictBooleanField(required=False)
+    env = serializers.DictField(
+        child=StrictCharField(allow_blank=True, trim_whitespace=False,
+                              max_length=env_templates.ENV_MAX_VALUE), required=False)
+
+    def resolve_template(self, attrs: dict) -> dict:
+        """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
+        they will be stored; a refusal is a 400 naming its field."""
+        given = self.initial_data
+        try:
+            terms = env_templates.resolve(
+                template=attrs.get("template", ""),
+                image=attrs.get("image") if "image" in given else None,
+                command=attrs.get("command") if "command" in given else None,
+                ports=attrs.get("ports") if "ports" in given else None,
+                env=attrs.get("env"), min_cuda=attrs.get("min_cuda"), ssh=attrs.get("ssh"))
+        except InvalidInput as exc:
+            raise serializers.ValidationError({exc.field: exc.message}) from None
+        return {**attrs, **terms}
+
+
+TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
-            "ports", "expires_at", "interruptible")
+            "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env")
 ASK_ONLY = ("node", "available_until")
 
 
-class OrderInSerializer(StrictInputSerializer):
+class OrderInSerializer(TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice) or an ask (node, gpus, price, available_until, optional
-    gpu_class); either with an optional client_order_id (yours, unique per user: placing
-    it again returns the first order with 200). A field of the other side is refused,
-    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
+    higher bid after a notice; template, min_cuda, ssh, env: TemplateFields) or an ask
+    (node, gpus, price, available_until, optional gpu_class); either with an optional
+    client_order_id (yours, unique per user: placing it again returns the first order
+    with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY), whatever
+    its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = StrictCharField(required=False, max_length=40)
@@ -203,6 +258,7 @@ class OrderInSerializer(StrictInputSerializer):
             gang = attrs.get("gang_size", attrs["gpus"])
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
+            attrs = self.resolve_template(attrs)
         else:
             for name in BID_ONLY:
                 if name in given:
@@ -226,7 +282,8 @@ class OrderInSerializer(StrictInputSerializer):
             duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-            interruptible=v["interruptible"], ports=v["ports"])
+            interruptible=v["interruptible"], ports=v["ports"],
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -239,7 +296,14 @@ class OrderSerializer(serializers.ModelSerializer):
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "node", "available_until",
-                  "created_at"]
+                  "created_at", "image", "command", *TEMPLATE_TERMS, "match_note"]
+
+    match_note = serializers.SerializerMethodField()
+
+    def get_match_note(self, order) -> str | None:
+        """Why a resting bid with a min_cuda may not fill ("needs CUDA 12.4: 0 of 3 nodes
+        with asks qualify"); null for any other order."""
+        return selectors.cuda_match_note(order)
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""
@@ -300,7 +364,7 @@ class LeaseSerializer(serializers.ModelSerializer):
         model = Lease
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
                   "duration_seconds", "image", "command", "ports", "endpoints",
-                  "container_id", "started_at",
+                  *TEMPLATE_TERMS, "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
 
@@ -367,7 +431,10 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(StrictInputSerializer):
+class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
+    """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
+    ports, and TemplateFields)."""
+
     price = UsdField()
     gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
@@ -375,6 +442,9 @@ class SealedBidInSerializer(StrictInputSerializer):
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()
+
+    def validate(self, attrs):
+        return self.resolve_template(super().validate(attrs))
 
 
 class SealedBidSerializer(serializers.ModelSerializer):
@@ -386,7 +456,7 @@ class SealedBidSerializer(serializers.ModelSerializer):
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "ports", "created_at"]
+                  "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "created_at"]
 
 
 _templates = threading.local()
