@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from providers import push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
-from providers.signals import gpu_health_changed
+from providers.signals import gpu_health_changed, node_cuda_changed
 
 MAX_GPUS_PER_NODE = 64
 MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
@@ -135,7 +135,10 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
                 _inventory_write(node, classes, sorted(gpus, key=lambda g: g["uuid"]))
                 node.hostname = hostname[:255]
                 node.driver_version = driver_version[:32]
-                node.cuda_version = cuda_version[:32]
+                old_cuda, node.cuda_version = node.cuda_version, cuda_version[:32]
+                if old_cuda != node.cuda_version and node.registered_at is not None:
+                    transaction.on_commit(lambda old=old_cuda: node_cuda_changed.send(
+                        sender=Node, node=node, old=old, new=node.cuda_version))
                 node.runner_version = runner_version[:32]
                 node.inventory_source = source[:120]
                 node.registered_at = node.registered_at or timezone.now()

@@ -6,3 +6,7 @@ from django.dispatch import Signal
 # Sent after a heartbeat changed the health of GPUs of `node` (kwargs: node, unhealthy:
 # list of GPU UUIDs that turned unhealthy, recovered: list that turned healthy again).
 gpu_health_changed = Signal()
+
+# Sent after an inventory changed the CUDA version `node` reports (kwargs: node, old, new):
+# the market's cached order books hold each ask's node CUDA version (docs/MATCHING.md).
+node_cuda_changed = Signal()
