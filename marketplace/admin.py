@@ -101,7 +101,8 @@ class SealedBidAdmin(ReadOnlyAdmin):
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]
     list_filter = ["status"]
-    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports")
+    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "template",
+                     "min_cuda", "port_roles", "ssh", "env")
     readonly_fields = ["reveal"]
 
     def sealed_q(self):
@@ -159,7 +160,9 @@ def _figures(bid: SealedBid) -> list[tuple[str, object]]:
     hold = Hold.objects.filter(pk=bid.hold_id).first()
     rows = [("price (micro-USD per GPU-hour)", bid.price), ("GPUs", bid.gpus),
             ("minimum GPUs", bid.min_gpus), ("image", bid.image or "-"),
-            ("command", bid.command), ("ports", bid.ports)]
+            ("command", bid.command), ("ports", bid.ports),
+            ("template", bid.template or "-"), ("min CUDA", bid.min_cuda or "-"),
+            ("port roles", bid.port_roles), ("SSH", bid.ssh), ("env", bid.env)]
     if hold is not None:
         rows += [(f"hold #{hold.pk} {label} (micro-USD)", getattr(hold, name))
                  for label, name in (("original", "original"), ("still held", "amount"),
