@@ -270,7 +270,7 @@ class OrderBook:
                     del ix[a.id]
                     tot -= ag
                     stc.append(a.id)
-                elif ag < gang or end > a.available_until or a.cuda < need:
+                elif ag < gang or end > a.available_until or (need and a.cuda < need):
                     j += 1
                     continue
                 else:
@@ -414,7 +414,7 @@ class OrderBook:
             for cell in qs[p]:
                 a = cell[0]
                 if (a is None or a.owner == owner or a.gpus < gang
-                        or end > a.available_until or a.cuda < need):
+                        or end > a.available_until or (need and a.cuda < need)):
                     continue
                 got += (a.gpus // gang) * gang
                 if got >= want:
