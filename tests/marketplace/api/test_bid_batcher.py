@@ -216,3 +216,18 @@ def test_a_bid_of_every_field_answers_alike_both_ways_in_and_again_as_a_replay()
     assert bid_batcher.batcher().stats["bids"] == 2
     assert Order.objects.filter(side="bid").count() == 2
     assert first_violation() is None
+
+
+def test_a_template_bid_no_node_can_run_rests_with_the_same_note_both_ways_in():
+    provider, node, _ = registered_node()  # CUDA 12.2 (driver 535)
+    client_for(provider).post("/api/v1/orders/", {
+        "side": "ask", "node": node.pk, "gpus": 4, "price": "2.00",
+        "available_until": in_a_day().isoformat()}, format="json")
+    bid = {**BID, "template": "cuda-ssh"}
+    [fast] = asgi_post((token_of(funded_buyer(100)), bid))
+    slow = client_for(funded_buyer(100)).post("/api/v1/orders/", bid, format="json")
+    assert fast.status_code == slow.status_code == 201
+    assert bid_batcher.batcher().stats["bids"] == 1
+    assert without_ids(fast.json()) == without_ids(slow.json())
+    assert fast.json()["match_note"] == "needs CUDA 12.4: 0 of 1 nodes with asks qualify"
+    assert fast.json()["status"] == "open" and fast.json()["leases"] == []
