@@ -24,7 +24,7 @@ from marketplace.ports import clean_ports
 
 ROLES = ("ssh", "jupyter", "http")
 SSH_PORT = 22
-MIN_CUDA = re.compile(r"\A([0-9]{1,3})\.([0-9]{1,3})\Z")
+MIN_CUDA = re.compile(r"\A([1-9][0-9]{0,2})\.([0-9]{1,3})\Z")
 _NODE_CUDA = re.compile(r"\A\s*([0-9]{1,3})\.([0-9]{1,3})(?:\.[0-9]+)?\s*\Z")
 ENV_NAME = re.compile(r"\A[A-Z_][A-Z0-9_]*\Z")
 ENV_MAX_COUNT = 64
@@ -58,7 +58,8 @@ class Template(NamedTuple):
 
 def parse_min_cuda(value: str) -> tuple[int, int] | None:
     """(major, minor) of a requirement "12.4"; None for "". Raises InvalidInput naming
-    `min_cuda` for anything but MAJOR.MINOR (1–3 digits each)."""
+    `min_cuda` for anything but MAJOR.MINOR (1–3 digits each, MAJOR 1 or more: a need of
+    "0.x" would read as none in the engine)."""
     if value == "":
         return None
     m = MIN_CUDA.match(value) if isinstance(value, str) else None

@@ -7,6 +7,8 @@ preemption never frees GPUs of an incompatible node for it."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from marketplace import engine, locking
 from marketplace.env_templates import cuda_key, cuda_ok
@@ -37,6 +39,17 @@ def test_versions_compare_as_tuples_and_an_unknown_node_qualifies_for_no_require
     assert cuda_ok("12.4.1", "12.4") and cuda_ok("13.0", "12.4")
     assert not cuda_ok("", "12.4") and not cuda_ok("n/a", "12.4")
     assert cuda_ok("", "") and cuda_key("") == 0
+
+
+@given(st.one_of(st.just(""), st.text(max_size=8),
+                 st.builds("{}.{}".format, st.integers(0, 999), st.integers(0, 999)),
+                 st.builds("{}.{}.{}".format, st.integers(0, 999), st.integers(0, 999),
+                           st.integers(0, 99))),
+       st.builds("{}.{}".format, st.integers(1, 999), st.integers(0, 999)))
+def test_the_engines_integers_decide_as_the_tuples_do(node_version, need):
+    """What the engine compares (cuda_key) is what leases and sealed bids check (cuda_ok)."""
+    assert cuda_ok(node_version, need) == (cuda_key(node_version) >= cuda_key(need))
+    assert cuda_ok(node_version, "")
 
 
 def test_engine_a_bid_skips_asks_below_its_cuda_and_fills_the_next_compatible_one():

@@ -115,6 +115,7 @@ def test_a_bid_no_node_can_run_rests_and_its_answer_and_get_say_why():
     ({"template": 7}, "template", "must be a string"),
     ({"min_cuda": "12"}, "min_cuda", "MAJOR.MINOR"),
     ({"min_cuda": "v12.4"}, "min_cuda", "MAJOR.MINOR"),
+    ({"min_cuda": "0.0"}, "min_cuda", "MAJOR.MINOR"),
     ({"min_cuda": 12.4}, "min_cuda", "must be a string"),
     ({"template": "pytorch-jupyter", "ports": [8888]}, "ports", "22 (ssh)"),
     ({"template": "cuda-ssh", "min_cuda": "11.8"}, "min_cuda", "needs CUDA 12.4"),
