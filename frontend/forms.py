@@ -51,8 +51,7 @@ def template_choices() -> list[tuple[str, str]]:
 
 def _template(serializer) -> ApiField:
     """The environment template (marketplace/templates.json) or "" for own image."""
-    return ApiField(serializer, "template", label="Template",
-                    initial="pytorch-jupyter",
+    return ApiField(serializer, "template", label="Template", initial="",
                     widget=forms.Select(choices=template_choices()),
                     help_text="its image, command, ports (SSH, Jupyter, HTTP) and CUDA need; "
                               "a field below overrides it")

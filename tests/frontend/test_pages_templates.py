@@ -55,7 +55,7 @@ def test_the_bid_form_offers_the_templates_first_then_own_image(client):
     assert names.index("template") < names.index("gpus") < names.index("image")
     options = re.findall(r'<option value="([^"]*)"', form[form.index('name="template"'):])
     assert options[:4] == ["cuda-ssh", "pytorch-jupyter", "vllm", ""]
-    assert re.search(r'<option value="pytorch-jupyter" selected>', form)
+    assert re.search(r'<option value="" selected>Own image', form)  # unless one is picked
     assert "needs CUDA 12.4" in form
 
 
