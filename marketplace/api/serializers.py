@@ -183,7 +183,7 @@ def ports_field() -> serializers.ListField:
 class TemplateFields(serializers.Serializer):
     """A bid's template terms (bids and sealed bids): `template` (an id of GET
     /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh`, `env`
-    ({NAME: value}). `terms()` resolves them with image, command and ports
+    ({NAME: value}). `resolve_template` resolves them with image, command and ports
     (env_templates.resolve: what was given overrides the template)."""
 
     template = StrictCharField(required=False, allow_blank=True, max_length=64)
