@@ -16,11 +16,11 @@ class MarketplaceConfig(AppConfig):
         gpu_health_changed.connect(on_gpu_health_changed,
                                    dispatch_uid="marketplace.health.on_gpu_health_changed")
 
-        from marketplace.locking import on_node_cuda_changed
+        from marketplace.matching import on_node_cuda_changed
         from providers.signals import node_cuda_changed
 
         node_cuda_changed.connect(on_node_cuda_changed,
-                                  dispatch_uid="marketplace.locking.on_node_cuda_changed")
+                                  dispatch_uid="marketplace.matching.on_node_cuda_changed")
 
         from marketplace import runner_push  # lease changes → the node's runner, on commit
 

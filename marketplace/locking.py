@@ -266,14 +266,3 @@ def resting_orders(market: GpuClass, *, now: datetime | None = None):
     return resting
 
 
-
-def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
-    """A node now reports another CUDA version: every market with an active ask of it
-    takes the lock as a foreign holder once, so that each process rebuilds its cached
-    book (whose asks carry the node's old version) before matching again."""
-    market_ids = sorted(set(Order.objects.filter(node=node, side=Order.Side.ASK,
-                                                 status__in=Order.ACTIVE)
-                            .values_list("market_id", flat=True)))
-    for market_id in market_ids:
-        with transaction.atomic():
-            lock_market(market_id)

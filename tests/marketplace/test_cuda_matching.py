@@ -144,6 +144,23 @@ def test_cached_books_follow_a_node_that_registers_again_with_another_driver():
 
 
 @pytest.mark.django_db
+def test_a_resting_bid_fills_as_soon_as_its_node_registers_with_a_newer_driver(
+        django_capture_on_commit_callbacks):
+    [node] = _nodes("12.2")
+    placed = bid(funded_buyer(100), price=3_000_000, gpus=2, min_cuda="12.4")
+    assert placed.leases == []
+    with django_capture_on_commit_callbacks(execute=True):
+        provider_services.inventory_record(
+            node=node, hostname=node.name, driver_version="560.35.03", cuda_version="12.6",
+            runner_version="test", source="simulate", gpus=dump_gpus(name=node.name))
+    lease = Lease.objects.get()
+    assert lease.fill.bid_id == placed.order.pk and lease.node == node
+    assert lease.price == 2_000_000  # the ask stood first: its price
+    placed.order.refresh_from_db()
+    assert placed.order.status == "filled"
+
+
+@pytest.mark.django_db
 def test_a_min_cuda_bid_preempts_no_lease_on_a_node_it_cannot_run_on():
     [node] = _nodes("12.2")
     [victim] = bid(funded_buyer(100), price=2_100_000, gpus=2, interruptible=True).leases
