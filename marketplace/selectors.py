@@ -85,10 +85,14 @@ def cuda_note(min_cuda: str, cudas: list[str]) -> str:
     return f"needs CUDA {min_cuda}: {ok} of {len(cudas)} nodes with asks qualify"
 
 
-def cuda_match_note(order) -> str | None:
+def cuda_match_note(order, known: dict[int, list[str]] | None = None) -> str | None:
     """Why a resting bid with a min_cuda may not fill (cuda_note over its market's nodes
-    with asks), or None: another order, one not resting, or one that needs no CUDA."""
+    with asks), or None: another order, one not resting, or one that needs no CUDA.
+    known: ask_node_cudas by market id, read once per market of a list and kept there."""
     if (order.side != Order.Side.BID or not order.min_cuda
             or order.status not in Order.ACTIVE or order.remaining_gpus <= 0):
         return None
-    return cuda_note(order.min_cuda, ask_node_cudas(order.market_id))
+    known = {} if known is None else known
+    if order.market_id not in known:
+        known[order.market_id] = ask_node_cudas(order.market_id)
+    return cuda_note(order.min_cuda, known[order.market_id])

@@ -302,8 +302,9 @@ class OrderSerializer(serializers.ModelSerializer):
 
     def get_match_note(self, order) -> str | None:
         """Why a resting bid with a min_cuda may not fill ("needs CUDA 12.4: 0 of 3 nodes
-        with asks qualify"); null for any other order."""
-        return selectors.cuda_match_note(order)
+        with asks qualify"); null for any other order. A list reads each market's
+        nodes once (the one child serializer keeps them)."""
+        return selectors.cuda_match_note(order, self.__dict__.setdefault("_node_cudas", {}))
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""

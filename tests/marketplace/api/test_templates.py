@@ -206,3 +206,16 @@ def test_missing_image_without_a_template_still_uses_the_default_image():
     ask(provider, node, price=2_000_000)
     r = _post_bid(funded_buyer(100), image=MISSING)
     assert r.status_code == 201 and r.json()["template"] == "" and r.json()["port_roles"] == {}
+
+
+def test_listing_resting_template_bids_reads_the_nodes_once(django_assert_max_num_queries):
+    provider, node, _ = registered_node()  # CUDA 12.2
+    ask(provider, node, price=2_000_000)
+    buyer = funded_buyer(100)
+    for _ in range(5):
+        assert _post_bid(buyer, template="cuda-ssh").json()["status"] == "open"
+    client = client_for(buyer)
+    with django_assert_max_num_queries(6):
+        body = client.get("/api/v1/orders/?side=bid").json()
+    assert [o["match_note"] for o in body["results"]] == \
+        ["needs CUDA 12.4: 0 of 1 nodes with asks qualify"] * 5
