@@ -23,7 +23,7 @@ from marketplace.book import (
     free_gpu_count,
     node_market,
 )
-from marketplace.env_templates import clean_env, clean_min_cuda, cuda_ok
+from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
@@ -115,8 +115,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     """
     now = now or timezone.now()
     ports = clean_ports(ports)
-    min_cuda = clean_min_cuda(min_cuda)
-    env = clean_env(env)
+    check_terms(ports=ports, port_roles=port_roles, min_cuda=min_cuda, env=env)
     with transaction.atomic():
         auction = (Auction.objects.select_for_update(of=("self",)).select_related("node")
                    .filter(pk=auction_id).first())
@@ -152,7 +151,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
                         template=template, min_cuda=min_cuda, port_roles=dict(port_roles or {}),
-                        ssh=ssh, env=env, hold_id=0)
+                        ssh=ssh, env=dict(env or {}), hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk

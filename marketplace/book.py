@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
-from marketplace.env_templates import ROLES, clean_env, clean_min_cuda
+from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.ports import clean_ports
@@ -295,15 +295,8 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
-    ports = clean_ports(r.ports)
-    if clean_min_cuda(r.min_cuda) != r.min_cuda:
-        raise InvalidInput('must be a CUDA version "MAJOR.MINOR", such as "12.4"',
-                           field="min_cuda")
-    if any(k not in {str(p) for p in ports} or v not in ROLES
-           for k, v in (r.port_roles or {}).items()):
-        raise InvalidInput("maps a port that is not in ports, or an unknown role",
-                           field="port_roles")
-    clean_env(r.env)
+    check_terms(ports=clean_ports(r.ports), port_roles=r.port_roles, min_cuda=r.min_cuda,
+                env=r.env)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 

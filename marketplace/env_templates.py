@@ -146,6 +146,21 @@ def clean_env(env: dict | None) -> dict[str, str]:
     return dict(env)
 
 
+def check_terms(*, ports: list[int], port_roles: dict | None, min_cuda: str,
+                env: dict | None) -> None:
+    """The stored shape of resolved terms (what resolve returns), for Python callers
+    that pass them directly: min_cuda normalised, each port_roles key a port of `ports`
+    with a known role, env as clean_env. InvalidInput naming the field."""
+    if clean_min_cuda(min_cuda) != min_cuda:
+        raise InvalidInput('must be a CUDA version "MAJOR.MINOR", such as "12.4"',
+                           field="min_cuda")
+    listed = {str(p) for p in ports}
+    if any(k not in listed or v not in ROLES for k, v in (port_roles or {}).items()):
+        raise InvalidInput("maps a port that is not in ports, or an unknown role",
+                           field="port_roles")
+    clean_env(env)
+
+
 def resolve(*, template: str = "", image: str | None = None,
             command: list[str] | None = None, ports: list[int] | None = None,
             env: dict | None = None, min_cuda: str | None = None,

@@ -6,11 +6,14 @@ preemption never frees GPUs of an incompatible node for it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marketplace import engine, locking
+from marketplace import auctions, engine, locking
 from marketplace.env_templates import cuda_key, cuda_ok
 from marketplace.errors import InvalidInput
 from marketplace.leases import mark_running
@@ -188,3 +191,20 @@ def test_book_refuses_a_malformed_min_cuda_or_port_roles_writing_nothing():
             bid(buyer, price=3_000_000, gpus=2, **terms)
         assert err.value.field == field
     assert not Order.objects.filter(side="bid").exists()
+
+
+@pytest.mark.django_db
+def test_a_sealed_bid_from_python_is_held_to_the_same_shapes():
+    provider, node, _ = registered_node(cuda_version="12.6")
+    auction = auctions.open_auction(provider_id=provider.pk, node_id=node.pk, gpus=8,
+                                    reserve_price=1_000_000, duration_seconds=3600,
+                                    closes_at=timezone.now() + timedelta(minutes=5))
+    buyer = funded_buyer(100)
+    for terms, field in (({"min_cuda": "12.04"}, "min_cuda"),
+                         ({"port_roles": {"8888": "jupyter"}}, "port_roles"),
+                         ({"env": {"GPUMARKET_LEASE_ID": "1"}}, "env.GPUMARKET_LEASE_ID")):
+        with pytest.raises(InvalidInput) as err:
+            auctions.place_sealed_bid(bidder_id=buyer.pk, auction_id=auction.pk,
+                                      price=1_500_000, **terms)
+        assert err.value.field == field
+    assert not auction.bids.exists()
