@@ -19,6 +19,7 @@ from marketplace.api.serializers import (
     SealedBidInSerializer,
 )
 from marketplace.api.ssh_keys import SshKeyIn
+from marketplace.env_templates import CUSTOM, TEMPLATES
 from marketplace.models import Auction, Order
 from providers.api import NodeCreateIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
@@ -38,8 +39,41 @@ def _whole(serializer, name: str, label: str, **kwargs) -> ApiField:
 
 
 def _image(serializer) -> ApiField:
-    return ApiField(serializer, "image", label="Container image",
-                    initial="gpumarket/busybox:local")
+    return ApiField(serializer, "image", label="Own image (or the template's, overridden)",
+                    help_text="with a template: empty runs the template's image; without "
+                              "one: e.g. gpumarket/busybox:local (empty: the default image)")
+
+
+def template_choices() -> list[tuple[str, str]]:
+    """The template select: each template (with its CUDA need), then "own image"."""
+    rows = [(t.id, f"{t.title}" + (f" — needs CUDA {t.min_cuda}" if t.min_cuda else ""))
+            for t in TEMPLATES.values() if t.id != CUSTOM]
+    return [*rows, ("", "Own image (the fields below)")]
+
+
+def _template(serializer) -> ApiField:
+    """The environment template (marketplace/templates.json) or "" for own image."""
+    return ApiField(serializer, "template", label="Template", initial="",
+                    widget=forms.Select(choices=template_choices()),
+                    help_text="its image, command, ports (SSH, Jupyter, HTTP) and CUDA need; "
+                              "a field below overrides it")
+
+
+def _min_cuda(serializer) -> ApiField:
+    return ApiField(serializer, "min_cuda", label="Minimum CUDA version",
+                    help_text='optional, e.g. "12.4": only nodes whose driver supports it '
+                              "(empty: the template's)")
+
+
+def _yes_no(text: str):
+    return {"yes": True, "no": False}.get(text, text)
+
+
+def _ssh(serializer) -> ApiField:
+    return ApiField(serializer, "ssh", label="SSH access", to_json=_yes_no,
+                    widget=forms.Select(choices=[("", "as the template says"),
+                                                 ("yes", "yes: my SSH keys, port 22"),
+                                                 ("no", "no")]))
 
 
 def _command(serializer, **kwargs) -> ApiField:
@@ -84,6 +118,7 @@ class TopUpForm(forms.Form):
 
 
 class BidForm(forms.Form):
+    template = _template(OrderInSerializer)
     gpus = _whole(OrderInSerializer, "gpus", "GPUs", initial=1)
     hours = _whole(OrderInSerializer, "hours", "Hours", required=True, initial=1)
     price = _usd(OrderInSerializer, "price", "Limit price (USD per GPU-hour)")
@@ -96,9 +131,8 @@ class BidForm(forms.Form):
     command = _command(OrderInSerializer,
                        help_text="optional; empty runs the image's own command")
     ports = _ports(OrderInSerializer)
-    ssh = forms.BooleanField(required=False, label="SSH access",
-                             help_text="the lease gets your account's SSH keys (wallet "
-                                       "page) and port 22; it shows the ssh command")
+    min_cuda = _min_cuda(OrderInSerializer)
+    ssh = _ssh(OrderInSerializer)
 
     def clean(self):
         data = super().clean()
@@ -109,6 +143,7 @@ class BidForm(forms.Form):
 
 
 class SealedBidForm(forms.Form):
+    template = _template(SealedBidInSerializer)
     price = _usd(SealedBidInSerializer, "price", "Your price (USD per GPU-hour)")
     gpus = _whole(SealedBidInSerializer, "gpus", "GPUs", help_text="empty: the whole lot")
     min_gpus = _whole(SealedBidInSerializer, "min_gpus", "At least (GPUs)",
@@ -116,8 +151,8 @@ class SealedBidForm(forms.Form):
     image = _image(SealedBidInSerializer)
     command = _command(SealedBidInSerializer)
     ports = _ports(SealedBidInSerializer)
-    ssh = forms.BooleanField(required=False, label="SSH access",
-                             help_text="the lease gets your account's SSH keys and port 22")
+    min_cuda = _min_cuda(SealedBidInSerializer)
+    ssh = _ssh(SealedBidInSerializer)
 
 
 class ProviderForm(forms.Form):

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, selectors
+from marketplace import book, env_templates, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -199,6 +199,28 @@ def wallet_dev_credit(request):
 
 # ---------------------------------------------------------------- markets
 
+def container_terms(v: dict) -> dict:
+    """A bid form's container fields resolved as the API resolves a body's
+    (env_templates.resolve): an empty entry is a field not given. Raises InvalidInput."""
+    return env_templates.resolve(
+        template=v.get("template") or "", image=v.get("image") or None,
+        command=v.get("command") or None, ports=v.get("ports") or None,
+        min_cuda=v.get("min_cuda") or None, ssh=v.get("ssh"))
+
+
+def template_compatibility(market: GpuClass) -> list[dict]:
+    """Per template of the catalog: {id, title, image, ports ("22 ssh, 8888 jupyter"),
+    min_cuda, note: "needs CUDA 12.4: 3 of 5 nodes with asks qualify" (or, with no
+    need, "runs on any node")} over the market's nodes with standing asks."""
+    cudas = selectors.ask_node_cudas(market.pk)
+    return [{"id": t.id, "title": t.title, "image": t.image or "your own",
+             "ports": ", ".join(f"{p} {r}" for p, r in t.ports) or "—",
+             "min_cuda": t.min_cuda,
+             "note": selectors.cuda_note(t.min_cuda, cudas) if t.min_cuda
+             else f"runs on any node ({len(cudas)} with asks)"}
+            for t in env_templates.TEMPLATES.values()]
+
+
 def _depth_rows(levels):
     return [[usd(p), q] for p, q in levels]
 
@@ -222,6 +244,7 @@ def _market_context(request, market: GpuClass, form):
         "slice": slice_label(market),  # "1/7 of an H100: 10 GB, 16 SMs"; "" for a whole GPU
         "slice_markets": [(c, slice_label(c)) for c in
                           market.slices.select_related("parent").order_by("memory_gb", "slug")],
+        "templates": template_compatibility(market),
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
@@ -245,7 +268,7 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    image=v["image"], command=v["command"], ports=v["ports"], ssh=v["ssh"])
+                    **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
@@ -407,8 +430,7 @@ def auction_detail(request, pk: int):
             try:
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
-                    min_gpus=v["min_gpus"], image=v["image"], command=v["command"],
-                    ports=v["ports"], ssh=v["ssh"])
+                    min_gpus=v["min_gpus"], **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

@@ -117,8 +117,8 @@ class SealedBidAdmin(ReadOnlyAdmin):
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]
     list_filter = ["status"]
-    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "port_roles",
-                     "ssh", "env")
+    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "template",
+                     "min_cuda", "port_roles", "ssh", "env")
     exclude = SEALED_COLUMNS
     readonly_fields = ["reveal"]
 
@@ -177,8 +177,9 @@ def _figures(bid: SealedBid) -> list[tuple[str, object]]:
     hold = Hold.objects.filter(pk=bid.hold_id).first()
     rows = [("price (micro-USD per GPU-hour)", bid.price), ("GPUs", bid.gpus),
             ("minimum GPUs", bid.min_gpus), ("image", bid.image or "-"),
-            ("command", bid.command), ("ports", bid.ports), ("port roles", bid.port_roles),
-            ("SSH", bid.ssh), ("env", bid.env),
+            ("command", bid.command), ("ports", bid.ports),
+            ("template", bid.template or "-"), ("min CUDA", bid.min_cuda or "-"),
+            ("port roles", bid.port_roles), ("SSH", bid.ssh), ("env", bid.env),
             # the secrets stay sealed, even here: their names only
             ("secrets (names; values are never shown)", ", ".join(
                 sealed_names(bid.secrets_sealed)) or "-")]

@@ -23,6 +23,7 @@ from marketplace.book import (
     free_gpu_count,
     node_market,
 )
+from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
@@ -101,6 +102,7 @@ def _schedule_close(auction_id: int, closes_at: datetime) -> None:
 def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int | None = None,
                      min_gpus: int | None = None, image: str = "",
                      command: list[str] | None = None, ports: list[int] | None = None,
+                     template: str = "", min_cuda: str = "",
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      now: datetime | None = None) -> SealedBid:
@@ -111,19 +113,27 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     after close) and InvalidInput (below the reserve, more GPUs than the lot) — the
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
     ports: container TCP ports the lease exposes to the buyer (ports.clean_ports);
-    port_roles: their roles (ports.clean_port_roles); ssh: the lease gets the bidder's SSH
-    keys and port 22 (ports.with_ssh); env, secrets: the workload's variables
-    (workload_env), the secrets sealed with the bid (sealing.py).
+    template, min_cuda: as env_templates.resolve returns them (a lot on a node below
+    min_cuda refuses the bid: Conflict naming min_cuda); port_roles: their roles
+    (ports.clean_port_roles); ssh: the lease gets the bidder's SSH keys and port 22
+    (ports.with_ssh); env, secrets: the workload's variables (workload_env), the secrets
+    sealed with the bid (sealing.py).
     """
     now = now or timezone.now()
     ports, port_roles = with_ssh(ports, port_roles, ssh)
     ports = clean_ports(ports)
     port_roles = clean_port_roles(port_roles, ports)
+    check_terms(ports=ports, port_roles=port_roles, min_cuda=min_cuda, env=env)
     env, secrets = clean_env_and_secrets(env, secrets)
     with transaction.atomic():
-        auction = Auction.objects.select_for_update().filter(pk=auction_id).first()
+        auction = (Auction.objects.select_for_update(of=("self",)).select_related("node")
+                   .filter(pk=auction_id).first())
         if auction is None:
             raise NotFound(f"no auction {auction_id}", field="auction")
+        if not cuda_ok(auction.node.cuda_version, min_cuda):
+            raise Conflict(f"auction {auction.pk}'s node reports CUDA "
+                           f"{auction.node.cuda_version or 'unknown'}, below the {min_cuda} "
+                           "this bid needs", field="min_cuda")
         if auction.provider_id == bidder_id:
             raise PermissionDenied("you cannot bid on your own auction", field="auction")
         if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
@@ -149,8 +159,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             _withdraw(previous, cause="replaced by a new bid")
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
-                        port_roles=port_roles, ssh=ssh, env=env, secrets_sealed=seal(secrets),
-                        hold_id=0)
+                        template=template, min_cuda=min_cuda, port_roles=port_roles,
+                        ssh=ssh, env=env, secrets_sealed=seal(secrets), hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -197,6 +207,13 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
         if auction.status != Auction.Status.OPEN or now < auction.closes_at:
             return None
         bids = list(auction.bids.filter(status=SealedBid.Status.ACTIVE).order_by("pk"))
+        cuda = auction.node.cuda_version  # it may have changed since a bid was placed
+        for bid in [b for b in bids if not cuda_ok(cuda, b.min_cuda)]:
+            bids.remove(bid)
+            cause = (f"auction {auction.pk} lost: its node reports CUDA {cuda or 'unknown'}, "
+                     f"below the bid's {bid.min_cuda}")
+            ledger.hold_release(hold_id=bid.hold_id, cause=cause)
+            bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
         clearing = engine.clear(
             auction.rule,
             [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
@@ -221,9 +238,9 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,
                 duration_seconds=auction.duration_seconds, image=bid.image,
-                command=bid.command, ports=bid.ports, port_roles=bid.port_roles,
-                ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed, now=now,
-                sealed_bid=bid,
+                command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
+                template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
+                ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
                 hold_id=bid.hold_id,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",

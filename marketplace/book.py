@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
+from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
@@ -180,10 +181,12 @@ class BidRequest:
     image/command: the container; expires_at: when a resting bid expires (None: never);
     client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
     its leases may be preempted by a higher bid; ports: container TCP ports its leases
-    expose (ports.clean_ports); port_roles: {"8888": "jupyter"} (ports.clean_port_roles);
-    ssh: its leases get the buyer's SSH keys, port 22 (role ssh) added (ports.with_ssh);
-    env / secrets: {NAME: value} for the workload (workload_env; secrets in clear here,
-    sealed when written: never in a log or an answer).
+    expose (ports.clean_ports); template, min_cuda: as env_templates.resolve returns them
+    (the API resolves a template into these terms; a min_cuda fills only against asks on
+    nodes whose CUDA version meets it); port_roles: {"8888": "jupyter"}
+    (ports.clean_port_roles); ssh: its leases get the buyer's SSH keys, port 22 (role ssh)
+    added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
+    secrets in clear here, sealed when written: never in a log or an answer).
     """
 
     buyer_id: int
@@ -199,6 +202,8 @@ class BidRequest:
     client_order_id: str | None = None
     interruptible: bool = False
     ports: list[int] | None = None
+    template: str = ""
+    min_cuda: str = ""
     port_roles: dict[str, str] | None = None
     ssh: bool = False
     env: dict[str, str] | None = None
@@ -217,6 +222,7 @@ class BidRequest:
                 "time_in_force": self.time_in_force, "image": self.image,
                 "command": self.command, "expires_at": self.expires_at,
                 "interruptible": bool(self.interruptible), "ports": ports,
+                "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {})}
 
 
@@ -302,7 +308,9 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
     ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
-    clean_port_roles(roles, clean_ports(ports))
+    ports = clean_ports(ports)
+    clean_port_roles(roles, ports)
+    check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
     clean_env_and_secrets(r.env, r.secrets)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 

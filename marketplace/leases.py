@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace import ssh_keys
+from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
 from marketplace.jupyter import new_jupyter_token
 from marketplace.models import Fill, GpuClass, Lease, LeaseExtension, LeaseGpu, Order
@@ -49,14 +50,20 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
                  sealed_bid=None, hold_id: int | None = None,
                  interruptible: bool = False, ports: list[int] | None = None,
+                 template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "") -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
     cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
-    transaction, under the market lock. The bid's workload terms are copied (its sealed
-    secrets as they are); with `ssh`, the buyer's SSH public keys as they are now
+    transaction, under the market lock. The bid's workload terms are copied (template,
+    min_cuda, port_roles, ssh, env, its sealed secrets as they are); a node below
+    `min_cuda` is refused (Conflict naming min_cuda: matching never gets here with one,
+    docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
     token, sealed (jupyter.py)."""
+    if not cuda_ok(node.cuda_version, min_cuda):
+        raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
+                       f"below the {min_cuda} this lease needs", field="min_cuda")
     port_roles = dict(port_roles or {})
     chosen = _pick_gpus(node, market, gpus)
     if hold_id is None:
@@ -69,7 +76,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         gpu_count=gpus, duration_seconds=duration_seconds,
         image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
         sealed_bid=sealed_bid, hold_id=hold_id, interruptible=interruptible,
-        ports=list(ports or []), port_roles=port_roles, ssh=ssh,
+        ports=list(ports or []), template=template, min_cuda=min_cuda,
+        port_roles=port_roles, ssh=ssh,
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
         jupyter_token_sealed=new_jupyter_token(port_roles),
@@ -87,7 +95,8 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
         cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
-        ports=bid.ports, port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
+        ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
+        port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
     )
 

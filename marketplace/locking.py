@@ -20,6 +20,7 @@ from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 
 from marketplace import engine
+from marketplace.env_templates import cuda_key
 from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
 from marketplace.models import GpuClass, Order
 
@@ -125,17 +126,20 @@ def engine_bid(order: Order) -> engine.Bid:
     return engine.Bid(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, gang=order.gang_size,
                       duration_s=order.duration_seconds, seq=order.pk,
-                      tif=order.time_in_force)
+                      tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda))
 
 
 def engine_ask(order: Order) -> engine.Ask:
+    """The ask with its node's CUDA version (reads the node unless it is loaded)."""
     return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, node=order.node_id,
-                      available_until=epoch(order.available_until), seq=order.pk)
+                      available_until=epoch(order.available_until), seq=order.pk,
+                      cuda=cuda_key(order.node.cuda_version))
 
 
+# a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility")
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
-        "time_in_force", "node_id", "available_until")
+        "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
@@ -146,29 +150,31 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
-    for pk, side, owner, price, gpus, gang, duration, tif, node, until in rows:
+    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
-                         duration_s=duration, seq=pk, tif=tif))
+                         duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need)))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(until), seq=pk))
+                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or "")))
     return book
 
 
 def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
-             until: datetime | None) -> None:
+             until: datetime | None, need: str, cuda: str | None) -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
         return
     if side == Order.Side.BID:
         book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
-                                 duration_s=duration, seq=pk, tif=tif))
+                                 duration_s=duration, seq=pk, tif=tif,
+                                 min_cuda=cuda_key(need)))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                                 available_until=epoch(until), seq=pk))
+                                 available_until=epoch(until), seq=pk,
+                                 cuda=cuda_key(cuda or "")))
 
 
 @dataclass
@@ -234,7 +240,8 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
             if pk != exclude:
                 _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
                          o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
-                         o.available_until)
+                         o.available_until, o.min_cuda,
+                         o.node.cuda_version if o.node_id else None)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed
@@ -257,4 +264,5 @@ def resting_orders(market: GpuClass, *, now: datetime | None = None):
     if now is not None:
         resting = resting.exclude(Q(expires_at__lte=now) | Q(available_until__lte=now))
     return resting
+
 

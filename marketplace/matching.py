@@ -10,7 +10,9 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
+from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from marketplace import engine, locking, preemption
 from marketplace.leases import lease_from_fill
@@ -104,6 +106,39 @@ def _hold_amount(hold_id: int) -> int:
     return Hold.objects.get(pk=hold_id).amount
 
 
+def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
+    """A node now reports another CUDA version (providers.signals.node_cuda_changed, after
+    its inventory committed): in each market where it has an active ask, under the lock
+    (as a foreign holder, so every process's cached book, whose asks carry the node's old
+    version, is rebuilt), its asks match the resting bids again: a higher version may
+    now run bids that rest for want of it. Prices as in return_gpus_to_ask: the earlier
+    of the two orders sets it."""
+    now = timezone.now()
+    market_ids = sorted(set(Order.objects.filter(node=node, side=Order.Side.ASK,
+                                                 status__in=Order.ACTIVE)
+                            .values_list("market_id", flat=True)))
+    for market_id in market_ids:
+        with transaction.atomic():
+            market = locking.lock_market(market_id)
+            expire_due(market, now)
+            asks = list(Order.objects.select_related("node").filter(
+                market=market, node=node, side=Order.Side.ASK, status__in=Order.ACTIVE,
+                remaining_gpus__gt=0).order_by("pk"))
+            if not asks:
+                continue
+            book = locking.load_book(market)
+            made = []
+            for ask in asks:
+                result = book.rematch_ask(ask.pk, locking.epoch(now))
+                result.fills[:] = [f if f.bid_id < ask.pk else replace(f, price=ask.price)
+                                   for f in result.fills]
+                made += apply_result(market, ask, result, now)
+            if made:
+                log.info("node %s: CUDA %r → %r, leases %s", node.pk, old, new,
+                         [lease.pk for lease in made])
+                preemption.reconsider_preemptions(market.pk, now)
+
+
 def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     """GPUs of an ended lease go back to the ask they were sold from, if it still stands
     and its window is still open; the ask then matches resting bids again. The caller
@@ -118,7 +153,7 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     again (reconsider_preemptions): the GPUs back on the ask may complete a gang with
     them, the matching may have made new interruptible leases, or the ended lease was
     a victim whose bid did not get its GPUs."""
-    ask = Order.objects.get(pk=ask_id)
+    ask = Order.objects.select_related("node").get(pk=ask_id)
     if ask.status not in (*Order.ACTIVE, "filled") or ask.available_until <= now:
         preemption.reconsider_preemptions(ask.market_id, now)
         return []

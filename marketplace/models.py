@@ -120,6 +120,11 @@ class Order(StateMachine):
         default=list, blank=True,
         help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
                   "buyer; the runner publishes them on the provider's public host")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
     port_roles = models.JSONField(
         default=dict, blank=True,
         help_text='bid: container port (string key) → role ("ssh", "jupyter", "http"); '
@@ -253,6 +258,11 @@ class SealedBid(StateMachine):
     command = models.JSONField(null=True, blank=True)
     ports = models.JSONField(default=list, blank=True,
                              help_text="container ports the lease exposes (as Order.ports)")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
     port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
     ssh = models.BooleanField(default=False, help_text="as Order.ssh")
     env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
@@ -337,6 +347,11 @@ class Lease(StateMachine):
         default=list, blank=True,
         help_text="where the buyer reaches them, as the runner reported with `running`: "
                   "[{container_port, host, host_port}]; empty: none published")
+    # Templates and compatibility (marketplace/env_templates.py; issue 12's contract)
+    template = models.CharField(max_length=64, blank=True, default="",
+                                help_text="template id; empty: own image")
+    min_cuda = models.CharField(max_length=16, blank=True, default="",
+                                help_text='lowest node CUDA version, "12.4"; empty: none')
     port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
     ssh = models.BooleanField(default=False, help_text="as Order.ssh")
     ssh_public_keys = models.JSONField(

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F, Q
 
+from marketplace.env_templates import cuda_ok
 from marketplace.models import GpuClass, Lease, Order
 
 log = logging.getLogger("gpumarket.market")
@@ -59,7 +60,8 @@ def schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Lea
         .order_by("fill__bid__price", "-pk"))
     if not candidates:
         return []
-    asks = {a.pk: a for a in Order.objects.filter(pk__in={c.ask_id for c in candidates})}
+    asks = {a.pk: a for a in Order.objects.select_related("node")
+            .filter(pk__in={c.ask_id for c in candidates})}
     chosen = _choose_victims(bid, candidates, asks, _offers(asks), [], deadline)
     _mark_preempted(bid, chosen, now, deadline)
     return chosen
@@ -101,7 +103,7 @@ def reconsider_preemptions(market_id: int, now: datetime, *,
         scheduled.setdefault(lease.preempted_for_id, []).append(lease)
     ask_ids = {c.ask_id for c in candidates}
     ask_ids.update(lease.ask_id for leases in scheduled.values() for lease in leases)
-    asks = {a.pk: a for a in Order.objects.filter(pk__in=ask_ids)}
+    asks = {a.pk: a for a in Order.objects.select_related("node").filter(pk__in=ask_ids)}
     offers = _offers(asks)
     deadline = now + timedelta(seconds=settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS)
     done: list[Lease] = []
@@ -155,7 +157,8 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
 
     def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
-                and ask.owner_id != bid.owner_id and ask.available_until >= at + hours)
+                and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
+                and cuda_ok(ask.node.cuda_version, bid.min_cuda))
 
     offered: dict[int, int] = {}
     mine: dict[int, list[Lease]] = {}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from django.db.models import Q, QuerySet
 
-from marketplace.models import Auction, Lease, SealedBid
+from marketplace.env_templates import cuda_ok
+from marketplace.models import Auction, Lease, Order, SealedBid
 
 
 def user_leases(user_id: int) -> QuerySet[Lease]:
@@ -67,3 +68,31 @@ def sealed_hold_ids():
     """The ids of the holds of sealed bids (settlement.sealed's source): their amounts
     are price × GPUs × hours."""
     return SealedBid.objects.filter(sealed_bid_q()).values("hold_id")
+
+
+def ask_node_cudas(market_id: int) -> list[str]:
+    """The CUDA version of each node with a standing ask in market `market_id` (one entry
+    per node; "" when it reported none)."""
+    rows = (Order.objects.filter(market_id=market_id, side=Order.Side.ASK,
+                                 status__in=Order.ACTIVE)
+            .order_by().values_list("node_id", "node__cuda_version").distinct())
+    return [cuda for _, cuda in rows]
+
+
+def cuda_note(min_cuda: str, cudas: list[str]) -> str:
+    """"needs CUDA 12.4: 0 of 3 nodes with asks qualify" for node versions `cudas`."""
+    ok = sum(cuda_ok(c, min_cuda) for c in cudas)
+    return f"needs CUDA {min_cuda}: {ok} of {len(cudas)} nodes with asks qualify"
+
+
+def cuda_match_note(order, known: dict[int, list[str]] | None = None) -> str | None:
+    """Why a resting bid with a min_cuda may not fill (cuda_note over its market's nodes
+    with asks), or None: another order, one not resting, or one that needs no CUDA.
+    known: ask_node_cudas by market id, read once per market of a list and kept there."""
+    if (order.side != Order.Side.BID or not order.min_cuda
+            or order.status not in Order.ACTIVE or order.remaining_gpus <= 0):
+        return None
+    known = {} if known is None else known
+    if order.market_id not in known:
+        known[order.market_id] = ask_node_cudas(order.market_id)
+    return cuda_note(order.min_cuda, known[order.market_id])

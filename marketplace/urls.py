@@ -26,6 +26,7 @@ api_v1 = [
     path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
     path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
+    path("templates/", market.TemplateList.as_view(), name="templates"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),
     path("orders/<int:pk>/", market.OrderDetail.as_view(), name="order-detail"),
     path("orders/<int:pk>/cancel/", market.OrderCancel.as_view(), name="order-cancel"),

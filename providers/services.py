@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from providers import mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
-from providers.signals import gpu_health_changed, units_changed
+from providers.signals import gpu_health_changed, node_cuda_changed, units_changed
 
 MAX_GPUS_PER_NODE = 64
 MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
@@ -140,7 +140,10 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
                     transaction.on_commit(lambda: units_changed.send(sender=Node, node=node))
                 node.hostname = hostname[:255]
                 node.driver_version = driver_version[:32]
-                node.cuda_version = cuda_version[:32]
+                old_cuda, node.cuda_version = node.cuda_version, cuda_version[:32]
+                if old_cuda != node.cuda_version and node.registered_at is not None:
+                    transaction.on_commit(lambda old=old_cuda: node_cuda_changed.send(
+                        sender=Node, node=node, old=old, new=node.cuda_version))
                 node.runner_version = runner_version[:32]
                 node.inventory_source = source[:120]
                 node.registered_at = node.registered_at or timezone.now()

@@ -10,3 +10,6 @@ gpu_health_changed = Signal()
 # Sent after an inventory changed which units of `node` are listed (a MIG layout
 # changed: slices replaced, or a GPU listed whole instead of as slices; kwargs: node).
 units_changed = Signal()
+# Sent after an inventory changed the CUDA version `node` reports (kwargs: node, old, new):
+# the market's cached order books hold each ask's node CUDA version (docs/MATCHING.md).
+node_cuda_changed = Signal()

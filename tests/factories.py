@@ -6,6 +6,7 @@ POST /api/v1/orders/. Where a test needs other defaults it binds them once
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import factory
@@ -48,18 +49,32 @@ def ensure_catalog() -> None:
         load_catalog(GpuClass)
 
 
-def registered_node(dump=H100_DUMP, name: str = "node-1", user=None):
+def dump_gpus(dump=H100_DUMP, name: str | None = None) -> list[dict]:
+    """The GPUs of a recorded nvidia-smi dump as the runner's inventory lists them; with
+    `name`, UUIDs derived from it (registered_node's own_uuids)."""
+    gpus = [g.as_protocol() for g in parse_dump(dump).gpus]
+    if name is not None:
+        gpus = [{**g, "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, name + g['uuid'])}"}
+                for g in gpus]
+    return gpus
+
+
+def registered_node(dump=H100_DUMP, name: str = "node-1", user=None, *,
+                    cuda_version: str | None = None, own_uuids: bool = False):
     """A provider with a node whose GPUs come from a recorded nvidia-smi dump.
+    cuda_version: what its runner reports instead of the dump's; own_uuids: GPU UUIDs
+    derived from `name`, so that several nodes may come from one dump.
     Returns (provider user, node, runner token)."""
     ensure_catalog()
     user = user or UserFactory()
     provider = provider_services.provider_onboard(user_id=user.pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name=name)
     inv = parse_dump(dump)
+    gpus = dump_gpus(dump, name if own_uuids else None)
     provider_services.inventory_record(
         node=created.node, hostname=name, driver_version=inv.driver_version,
-        cuda_version=inv.cuda_version, runner_version="test", source=f"simulate:{dump.name}",
-        gpus=[g.as_protocol() for g in inv.gpus],
+        cuda_version=inv.cuda_version if cuda_version is None else cuda_version,
+        runner_version="test", source=f"simulate:{dump.name}", gpus=gpus,
     )
     return user, created.node, created.runner_token
 

@@ -59,7 +59,8 @@ def runner_lease(lease: Lease) -> dict:
         "image": lease.image,
         "command": lease.command,
         "gpu_uuids": lease_services.gpu_uuids(lease),
-        # the bid's env; GPUMARKET_LEASE_ID is the marketplace's (no bid may name it)
+        # the bid's env (a template's defaults, the buyer's values); GPUMARKET_LEASE_ID is
+        # the marketplace's (no bid may name it)
         "env": {**(lease.env or {}), "GPUMARKET_LEASE_ID": str(lease.pk)},
         # decrypted for this runner only; never logged, never in another answer
         "secrets": runner_secrets(lease),
@@ -71,6 +72,7 @@ def runner_lease(lease: Lease) -> dict:
         "preempt_at": lease.preempt_at.isoformat() if lease.preempt_at else None,
         # container TCP ports to publish on the provider's public host (may be [])
         "ports": list(lease.ports or []),
+        # container port (string key) → "ssh" | "jupyter" | "http"; every key is in ports
         "port_roles": dict(lease.port_roles or {}),
         # the buyer's SSH public keys copied at lease creation (empty: no ssh); the runner
         # mounts them read-only as the container's authorized_keys

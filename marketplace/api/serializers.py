@@ -16,7 +16,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from marketplace import selectors
+from marketplace import env_templates, selectors
 from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
 from marketplace.catalog import slice_of
 from marketplace.connect import connect_info
@@ -157,6 +157,29 @@ class GpuClassSerializer(serializers.ModelSerializer):
         return score.as_api() if score else None
 
 
+class TemplatePortSerializer(serializers.Serializer):
+    port = serializers.IntegerField()
+    role = serializers.ChoiceField(choices=env_templates.ROLES)
+
+
+class TemplateSerializer(serializers.Serializer):
+    """One environment template (env_templates.Template.as_api)."""
+
+    id = serializers.CharField()
+    title = serializers.CharField()
+    image = serializers.CharField(help_text='"" for custom: your own image')
+    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    ports = TemplatePortSerializer(many=True)
+    env = serializers.DictField(child=serializers.CharField())
+    min_cuda = serializers.CharField(help_text='"12.4"; "" when none')
+    needs_shell_user = serializers.BooleanField()
+    cuda_source = serializers.CharField(help_text="where min_cuda comes from")
+
+
+class TemplateListSerializer(serializers.Serializer):
+    results = TemplateSerializer(many=True)
+
+
 class LevelSerializer(serializers.Serializer):
     price = UsdField()
     gpus = serializers.IntegerField()
@@ -213,20 +236,53 @@ def check_env_and_secrets(attrs: dict) -> None:
         raise serializers.ValidationError({"secrets": {name: [exc.message]}}) from None
 
 
+class TemplateFields(serializers.Serializer):
+    """A bid's workload terms (bids and sealed bids): `template` (an id of GET
+    /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh` (its leases
+    get your SSH keys, /api/v1/ssh-keys/, and port 22 published, role ssh; absent: the
+    template's), `env` and write-only `secrets` (WorkloadVarsField). `resolve_template`
+    resolves them with image, command and ports (env_templates.resolve: what was given
+    overrides the template)."""
+
+    template = StrictCharField(required=False, allow_blank=True, max_length=64)
+    min_cuda = StrictCharField(required=False, allow_blank=True, max_length=16)
+    ssh = StrictBooleanField(required=False)
+    env = WorkloadVarsField()
+    secrets = WorkloadVarsField(write_only=True)
+
+    def resolve_template(self, attrs: dict) -> dict:
+        """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
+        they will be stored; a refusal is a 400 naming its field."""
+        given = self.initial_data
+        try:
+            terms = env_templates.resolve(
+                template=attrs.get("template", ""),
+                image=attrs.get("image") if "image" in given else None,
+                command=attrs.get("command") if "command" in given else None,
+                ports=attrs.get("ports") if "ports" in given else None,
+                env=attrs.get("env"), min_cuda=attrs.get("min_cuda"), ssh=attrs.get("ssh"))
+        except InvalidInput as exc:
+            raise serializers.ValidationError({exc.field: exc.message}) from None
+        attrs = {**attrs, **terms}
+        check_env_and_secrets(attrs)
+        return attrs
+
+
+TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
-            "ports", "expires_at", "interruptible", "ssh", "env", "secrets")
+            "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
+            "secrets")
 ASK_ONLY = ("node", "available_until")
 
 
-class OrderInSerializer(StrictInputSerializer):
+class OrderInSerializer(TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice; ssh: its leases get your SSH keys and port 22) or an ask
-    (node, gpus, price, available_until, optional gpu_class); either with an optional
-    client_order_id (yours, unique per user: placing it again returns the first order
-    with 200). A field of the other side is refused,
-    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing. A bid's `env`
-    and write-only `secrets` are its leases' workload variables (WorkloadVarsField)."""
+    higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields) or
+    an ask (node, gpus, price, available_until, optional gpu_class); either with an
+    optional client_order_id (yours, unique per user: placing it again returns the first
+    order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
+    whatever its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = StrictCharField(required=False, max_length=40)
@@ -246,15 +302,9 @@ class OrderInSerializer(StrictInputSerializer):
     client_order_id = ClientOrderIdField(required=False)
     interruptible = StrictBooleanField(required=False, default=False)
     ports = ports_field()
-    ssh = StrictBooleanField(required=False, default=False,
-                             help_text="its leases get your SSH keys (/api/v1/ssh-keys/) and "
-                                       "port 22 published, role ssh")
-    env = WorkloadVarsField()
-    secrets = WorkloadVarsField(write_only=True)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        check_env_and_secrets(attrs)
         # expires_at in the past is refused by the service (after a client_order_id
         # replay, which must answer with the first order whatever the clock says)
         given = self.initial_data
@@ -268,6 +318,7 @@ class OrderInSerializer(StrictInputSerializer):
             gang = attrs.get("gang_size", attrs["gpus"])
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
+            attrs = self.resolve_template(attrs)
         else:
             for name in BID_ONLY:
                 if name in given:
@@ -291,8 +342,8 @@ class OrderInSerializer(StrictInputSerializer):
             duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-            interruptible=v["interruptible"], ports=v["ports"], ssh=v["ssh"], env=v["env"],
-            secrets=v["secrets"])
+            interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:
@@ -316,8 +367,17 @@ class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "ports", "port_roles", "ssh", "env",
-                  "secret_names", "node", "available_until", "created_at"]
+                  "client_order_id", "interruptible", "ports", "node", "available_until",
+                  "created_at", "image", "command", *TEMPLATE_TERMS, "secret_names",
+                  "match_note"]
+
+    match_note = serializers.SerializerMethodField()
+
+    def get_match_note(self, order) -> str | None:
+        """Why a resting bid with a min_cuda may not fill ("needs CUDA 12.4: 0 of 3 nodes
+        with asks qualify"); null for any other order. A list reads each market's
+        nodes once (the one child serializer keeps them)."""
+        return selectors.cuda_match_note(order, self.__dict__.setdefault("_node_cudas", {}))
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""
@@ -383,8 +443,8 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     class Meta:
         model = Lease
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
-                  "duration_seconds", "image", "command", "ports", "port_roles", "ssh",
-                  "endpoints", "env", "secret_names", "connect", "container_id", "started_at",
+                  "duration_seconds", "image", "command", "ports", "endpoints",
+                  *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
 
@@ -484,7 +544,10 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(StrictInputSerializer):
+class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
+    """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
+    ports, and TemplateFields)."""
+
     price = UsdField()
     gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
@@ -492,15 +555,9 @@ class SealedBidInSerializer(StrictInputSerializer):
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()
-    ssh = StrictBooleanField(required=False, default=False,
-                             help_text="the lease gets your SSH keys and port 22 published")
-    env = WorkloadVarsField()
-    secrets = WorkloadVarsField(write_only=True)
 
     def validate(self, attrs):
-        attrs = super().validate(attrs)
-        check_env_and_secrets(attrs)
-        return attrs
+        return self.resolve_template(super().validate(attrs))
 
 
 class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
@@ -513,7 +570,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "ports", "port_roles", "ssh", "env", "secret_names",
+                  "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "secret_names",
                   "created_at"]
 
 

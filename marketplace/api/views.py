@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.pagination import Pagination, paginated
-from marketplace import auctions, book, lease_control, selectors
+from marketplace import auctions, book, env_templates, lease_control, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Order
@@ -66,6 +66,18 @@ class OrderBookDepth(APIView):
                 "bids": [{"price": p, "gpus": q} for p, q in bids],
                 "asks": [{"price": p, "gpus": q} for p, q in asks]}
         return Response(s.DepthSerializer(data).data)
+
+
+class TemplateList(APIView):
+    """The environment templates a bid may name (`template`), from
+    marketplace/templates.json: {"results": [{id, title, image, command, ports
+    [{port, role}], env, min_cuda, needs_shell_user, cuda_source}]}."""
+
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(responses=s.TemplateListSerializer)
+    def get(self, request):
+        return Response({"results": [t.as_api() for t in env_templates.TEMPLATES.values()]})
 
 
 class RecentFills(generics.ListAPIView):
@@ -188,7 +200,8 @@ class SealedBidCreate(APIView):
         bid = auctions.place_sealed_bid(
             bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v.get("gpus"),
             min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
-            ports=v["ports"], ssh=v["ssh"], env=v["env"], secrets=v["secrets"],
+            ports=v["ports"], secrets=v["secrets"],
+            **{name: v[name] for name in s.TEMPLATE_TERMS},
         )
         return Response(s.SealedBidSerializer(bid).data, status=201)
 

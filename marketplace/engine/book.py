@@ -10,8 +10,9 @@ engine brief):
   resting order is cancelled (removed; its id is reported in
   ``MatchResult.self_trade_cancels``) and the walk goes on ("cancel resting").
 * A resting order the incoming one cannot use is skipped and stays in the book: the
-  lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``) and
-  the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``).
+  lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
+  the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
+  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
@@ -241,6 +242,7 @@ class OrderBook:
         gang = bid.gang
         bid_id = bid.id
         end = now + bid.duration_s
+        need = bid.min_cuda
         left = bid.gpus
         dead = 0
         i = 0
@@ -268,7 +270,7 @@ class OrderBook:
                     del ix[a.id]
                     tot -= ag
                     stc.append(a.id)
-                elif ag < gang or end > a.available_until:
+                elif ag < gang or end > a.available_until or (need and a.cuda < need):
                     j += 1
                     continue
                 else:
@@ -324,6 +326,7 @@ class OrderBook:
         ask_id = ask.id
         node = ask.node
         window = ask.available_until - now
+        cuda = ask.cuda
         left = ask.gpus
         dead = 0
         i = len(px) - 1
@@ -353,7 +356,7 @@ class OrderBook:
                     stc.append(b.id)
                 else:
                     gang = b.gang
-                    if gang > left or b.duration_s > window:
+                    if gang > left or b.duration_s > window or b.min_cuda > cuda:
                         j += 1
                         continue
                     k = left // gang
@@ -402,6 +405,7 @@ class OrderBook:
         want = bid.gpus
         owner = bid.owner
         end = now + bid.duration_s
+        need = bid.min_cuda
         got = 0
         qs = self._ask_q
         for p in self._ask_px:
@@ -409,7 +413,8 @@ class OrderBook:
                 break
             for cell in qs[p]:
                 a = cell[0]
-                if a is None or a.owner == owner or a.gpus < gang or end > a.available_until:
+                if (a is None or a.owner == owner or a.gpus < gang
+                        or end > a.available_until or (need and a.cuda < need)):
                     continue
                 got += (a.gpus // gang) * gang
                 if got >= want:

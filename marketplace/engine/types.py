@@ -31,6 +31,8 @@ class Bid:
         seq: arrival sequence (time priority); smaller = earlier.
         tif: time in force, ``"GTC"`` (rests), ``"IOC"`` (remainder dropped) or
             ``"FOK"`` (all or nothing).
+        min_cuda: lowest node CUDA version it runs on, as major * 1000 + minor
+            (12.4 → 12004); 0: none. It fills only against asks with ``cuda >= min_cuda``.
     """
 
     id: int
@@ -41,6 +43,7 @@ class Bid:
     duration_s: int
     seq: int
     tif: str = "GTC"
+    min_cuda: int = 0
 
 
 @dataclass(slots=True)
@@ -56,6 +59,8 @@ class Ask:
         available_until: epoch seconds; a bid matches only if
             ``now + bid.duration_s <= available_until``.
         seq: arrival sequence (time priority); smaller = earlier.
+        cuda: the node's CUDA version, major * 1000 + minor; 0: unknown (then it fills
+            only bids with no ``min_cuda``).
     """
 
     id: int
@@ -65,6 +70,7 @@ class Ask:
     node: int
     available_until: int
     seq: int
+    cuda: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,6 +181,44 @@ def test_buyer_funds_bids_and_sees_fill_and_lease_without_reload(live_server, br
     assert browser.errors == []
 
 
+def test_buyer_picks_a_template_and_it_fills_only_on_the_node_that_can_run_it(
+        live_server, browser, settings):
+    from playwright.sync_api import expect
+
+    from marketplace import book
+    from marketplace.models import Lease
+
+    settings.GPUMARKET_DEV_CREDIT = True
+    provider, old, _ = registered_node(name="old-driver", cuda_version="12.2", own_uuids=True)
+    _, new, _ = registered_node(name="new-driver", cuda_version="12.6", own_uuids=True,
+                                user=provider)
+    for node, price in ((old, 2_000_000), (new, 2_300_000)):
+        book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
+                       price=price, gpus=2, available_until=in_a_day())
+    page = browser.page
+    browser.signup(live_server.url, "templ1")
+    page.get_by_label("Amount (USD)").fill("100")
+    page.get_by_role("button", name="Add development credit").click()
+
+    page.goto(f"{live_server.url}/markets/{MARKET}/")
+    row = page.locator('#templates tr[data-template="pytorch-jupyter"]')
+    expect(row).to_contain_text("needs CUDA 12.4: 1 of 2 nodes with asks qualify")
+    page.get_by_label("Template", exact=True).select_option("pytorch-jupyter")
+    page.get_by_label("GPUs", exact=True).fill("2")
+    page.get_by_label("Hours").fill("1")
+    page.get_by_label("Limit price (USD per GPU-hour)").fill("2.50")
+    page.get_by_label("Own image (or the template's, overridden)").fill(
+        "gpumarket/busybox:local")
+    page.get_by_role("button", name="Place bid").click()
+    expect(page.get_by_text("2 of 2 GPUs filled")).to_be_visible()
+    lease = Lease.objects.get(buyer__username="templ1")
+    assert lease.node == new and lease.price == 2_300_000  # not the cheaper 12.2 node
+    assert lease.template == "pytorch-jupyter" and lease.ports == [22, 8888]
+    expect(row).to_contain_text("0 of 1 nodes")  # the 12.6 node's GPUs are leased now
+    browser.shot("browser-template-bid")
+    assert browser.errors == []
+
+
 def _stripe_page(settings, live_server, stripe_url: str) -> None:
     import httpx
 

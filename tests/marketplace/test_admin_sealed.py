@@ -53,7 +53,8 @@ def lot():
                                     closes_at=timezone.now() + timedelta(minutes=5))
     alice, bob = funded_buyer(100), funded_buyer(100)
     a = auctions.place_sealed_bid(bidder_id=alice.pk, auction_id=auction.pk,
-                                  price=ALICE_PRICE, gpus=ALICE_GPUS)
+                                  price=ALICE_PRICE, gpus=ALICE_GPUS, template="vllm",
+                                  env={"SEALED_ENV": "hush-hush"})
     b = auctions.place_sealed_bid(bidder_id=bob.pk, auction_id=auction.pk,
                                   price=BOB_PRICE, gpus=BOB_GPUS)
     return auction, a, b
@@ -169,9 +170,11 @@ def test_pages_show_sealed_in_place_of_every_figure_before_close(operator, lot):
     for column in ("sealed_price", "sealed_gpus"):
         assert _cells(bids, column) == ["sealed", "sealed"], column
     page = operator.get(_url("sealedbid", "change", a.pk)).content.decode()
-    # price, gpus, min_gpus, image, command, ports, port_roles, ssh, env: every secret field
+    # price, gpus, min_gpus, image, command, ports, template, min_cuda, port_roles, ssh,
+    # env: every secret field
     assert page.count('<div class="readonly">sealed</div>') == len(
-        SealedBidAdmin.secret_fields) == 9
+        SealedBidAdmin.secret_fields) == 11
+    assert "hush-hush" not in page and "vllm" not in page
     assert "sealed until the auction closes" in page
     hold_list = operator.get(_url("hold")).content.decode()
     for column in ("sealed_original", "sealed_amount", "sealed_captured", "sealed_released"):

@@ -189,7 +189,8 @@ def test_a_bid_of_every_field_answers_alike_both_ways_in_and_again_as_a_replay()
            "image": "gpumarket/busybox:local", "command": ["sleep", "60"],
            "expires_at": in_a_day().replace(microsecond=0).isoformat(),
            "client_order_id": "same-everywhere.1", "interruptible": True,
-           "ports": [8889, 8888]}
+           "ports": [8889, 8888, 22], "template": "pytorch-jupyter", "min_cuda": "12.2",
+           "ssh": True, "env": {"WANDB_MODE": "offline"}}
     fast_buyer, slow_buyer = funded_buyer(100), funded_buyer(100)
     slow_client = client_for(slow_buyer)
     [fast] = asgi_post((token_of(fast_buyer), bid))
@@ -197,12 +198,14 @@ def test_a_bid_of_every_field_answers_alike_both_ways_in_and_again_as_a_replay()
     assert fast.status_code == slow.status_code == 201
     assert bid_batcher.batcher().stats["bids"] == 1
     assert without_ids(fast.json()) == without_ids(slow.json())
-    assert fast.json()["ports"] == [8888, 8889] and fast.json()["hours"] is None
+    assert fast.json()["ports"] == [22, 8888, 8889] and fast.json()["hours"] is None
+    assert fast.json()["port_roles"] == {"22": "ssh", "8888": "jupyter"}
     assert fast.json()["status"] == "filled"
     assert len(fast.json()["leases"]) == len(slow.json()["leases"]) == 1
     stored = ["side", "status", "price", "gpus", "remaining_gpus", "duration_seconds",
               "gang_size", "time_in_force", "image", "command", "expires_at",
-              "client_order_id", "interruptible", "ports", "market_id"]
+              "client_order_id", "interruptible", "ports", "market_id", "template",
+              "min_cuda", "port_roles", "ssh", "env"]
     fast_order, slow_order = (Order.objects.values(*stored).get(pk=r.json()["id"])
                               for r in (fast, slow))
     assert fast_order == slow_order
@@ -213,3 +216,18 @@ def test_a_bid_of_every_field_answers_alike_both_ways_in_and_again_as_a_replay()
     assert bid_batcher.batcher().stats["bids"] == 2
     assert Order.objects.filter(side="bid").count() == 2
     assert first_violation() is None
+
+
+def test_a_template_bid_no_node_can_run_rests_with_the_same_note_both_ways_in():
+    provider, node, _ = registered_node()  # CUDA 12.2 (driver 535)
+    client_for(provider).post("/api/v1/orders/", {
+        "side": "ask", "node": node.pk, "gpus": 4, "price": "2.00",
+        "available_until": in_a_day().isoformat()}, format="json")
+    bid = {**BID, "template": "cuda-ssh"}
+    [fast] = asgi_post((token_of(funded_buyer(100)), bid))
+    slow = client_for(funded_buyer(100)).post("/api/v1/orders/", bid, format="json")
+    assert fast.status_code == slow.status_code == 201
+    assert bid_batcher.batcher().stats["bids"] == 1
+    assert without_ids(fast.json()) == without_ids(slow.json())
+    assert fast.json()["match_note"] == "needs CUDA 12.4: 0 of 1 nodes with asks qualify"
+    assert fast.json()["status"] == "open" and fast.json()["leases"] == []

@@ -1,4 +1,5 @@
-"""OrderBook against a naive list-scanning reference model, over random order flows."""
+"""OrderBook against a naive list-scanning reference model, over random order flows
+(with CUDA needs on bids and CUDA versions on asks' nodes)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class RefBook:
                 self._drop(self.asks, a)
                 stc.append(a.id)
                 continue
-            if now + bid.duration_s > a.available_until or a.gpus < bid.gang:
+            if (now + bid.duration_s > a.available_until or a.gpus < bid.gang
+                    or a.cuda < bid.min_cuda):
                 continue
             k = min(left // bid.gang, a.gpus // bid.gang)
             fills.append(Fill(bid.id, a.id, a.node, k * bid.gang, a.price))
@@ -66,7 +68,8 @@ class RefBook:
                 self._drop(self.bids, b)
                 stc.append(b.id)
                 continue
-            if now + b.duration_s > ask.available_until or b.gang > left:
+            if (now + b.duration_s > ask.available_until or b.gang > left
+                    or ask.cuda < b.min_cuda):
                 continue
             k = min(b.gpus // b.gang, left // b.gang)
             fills.append(Fill(b.id, ask.id, ask.node, k * b.gang, b.price))
@@ -142,6 +145,7 @@ bid_op = st.tuples(
     st.integers(1, 3),  # gangs
     st.sampled_from([HOUR, 2 * HOUR, 5 * HOUR]),
     st.sampled_from(["GTC", "GTC", "IOC", "FOK"]),
+    st.sampled_from([0, 0, 12004]),  # min_cuda: none, or 12.4
 )
 ask_op = st.tuples(
     st.just("ask"),
@@ -149,6 +153,7 @@ ask_op = st.tuples(
     price_st,
     st.integers(1, 8),
     st.sampled_from([HOUR, 3 * HOUR, 6 * HOUR]),  # window from now
+    st.sampled_from([0, 12002, 12004, 12006]),  # the node's CUDA: unknown, 12.2, 12.4, 12.6
 )
 cancel_op = st.tuples(st.just("cancel"), st.integers(0, 40))
 lease_end_op = st.tuples(st.just("lease_end"), st.integers(0, 40), st.integers(1, 4))
@@ -163,19 +168,23 @@ def run_flow(ops) -> None:
     book, ref = OrderBook(), RefBook()
     now = 1_700_000_000
     limits: dict[int, int] = {}
+    needs: dict[int, int] = {}  # bid id → min_cuda; ask id → its node's CUDA
+    cudas: dict[int, int] = {}
     for n, op in enumerate(ops, start=1):
         now += 600
         kind = op[0]
         if kind == "bid":
-            _, owner, price, gang, gangs, dur, tif = op
-            b = Bid(n, owner, price, gang * gangs, gang, dur, n, tif)
+            _, owner, price, gang, gangs, dur, tif, need = op
+            b = Bid(n, owner, price, gang * gangs, gang, dur, n, tif, need)
+            needs[n] = need
             limits[n] = price
             r, rr = book.submit_bid(copy.copy(b), now), ref.submit_bid(copy.copy(b), now)
             assert r == rr
             submitted = b.gpus
         elif kind == "ask":
-            _, owner, price, gpus, window = op
-            a = Ask(n, owner, price, gpus, 1000 + n, now + window, n)
+            _, owner, price, gpus, window, cuda = op
+            a = Ask(n, owner, price, gpus, 1000 + n, now + window, n, cuda)
+            cudas[n] = cuda
             limits[n] = price
             r, rr = book.submit_ask(copy.copy(a), now), ref.submit_ask(copy.copy(a), now)
             assert r == rr
@@ -204,6 +213,7 @@ def run_flow(ops) -> None:
                 assert r.self_trade_cancels == []
             for f in r.fills:  # never worse than either limit
                 assert limits[f.ask_id] <= f.price <= limits[f.bid_id]
+                assert cudas[f.ask_id] >= needs[f.bid_id]  # CUDA compatibility
                 assert f.gpus > 0
         assert state(book.bids(), book.asks()) == state(ref.sorted_bids(), ref.sorted_asks())
         assert book.depth(100) == ref_depth(ref)
