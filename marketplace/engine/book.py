@@ -92,6 +92,7 @@ class OrderBook:
         "_bid_px",
         "_bid_q",
         "_bid_tot",
+        "links",
     )
 
     def __init__(self) -> None:
@@ -106,6 +107,10 @@ class OrderBook:
         self._ask_tot: dict[int, int] = {}
         self._ask_ix: dict[int, list] = {}
         self._ask_dead = 0
+        #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
+        #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
+        #: it, in order); None: no node can (an NVLink bid then never fills).
+        self.links = None
 
     # ------------------------------------------------------------------ submit
 
@@ -242,6 +247,7 @@ class OrderBook:
         bid_id = bid.id
         end = now + bid.duration_s
         left = bid.gpus
+        nv = bid.nvlink
         dead = 0
         i = 0
         while i < len(px):
@@ -276,6 +282,11 @@ class OrderBook:
                     lg = left // gang
                     if k > lg:
                         k = lg
+                    if nv:
+                        k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
+                        if not k:
+                            j += 1
+                            continue
                     g = k * gang
                     fills.append(Fill(bid_id, a.id, a.node, g, p))
                     left -= g
@@ -325,6 +336,7 @@ class OrderBook:
         node = ask.node
         window = ask.available_until - now
         left = ask.gpus
+        nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
         dead = 0
         i = len(px) - 1
         while i >= 0:
@@ -360,6 +372,12 @@ class OrderBook:
                     kb = bg // gang
                     if k > kb:
                         k = kb
+                    if b.nvlink:
+                        nvg[b.id] = gang
+                        k = self._nvlink_gangs(node, gang, k, fills, nvg)
+                        if not k:
+                            j += 1
+                            continue
                     g = k * gang
                     fills.append(Fill(b.id, ask_id, node, g, p))
                     left -= g
@@ -403,6 +421,7 @@ class OrderBook:
         owner = bid.owner
         end = now + bid.duration_s
         got = 0
+        seen: list[Fill] = []
         qs = self._ask_q
         for p in self._ask_px:
             if p > bid.price:
@@ -411,10 +430,23 @@ class OrderBook:
                 a = cell[0]
                 if a is None or a.owner == owner or a.gpus < gang or end > a.available_until:
                     continue
-                got += (a.gpus // gang) * gang
+                k = a.gpus // gang
+                if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs
+                    k = self._nvlink_gangs(a.node, gang, k, seen, {bid.id: gang})
+                    seen.append(Fill(bid.id, a.id, a.node, k * gang, p))
+                got += k * gang
                 if got >= want:
                     return want
         return got
+
+    def _nvlink_gangs(self, node: int, gang: int, k: int, fills: list,
+                      nvg: dict[int, int]) -> int:
+        """At most `k`: the NVLink-connected gangs `node` can still give (``links``), after
+        this pass's earlier `fills` on it (an NVLink bid's by its gang in `nvg`)."""
+        if self.links is None:
+            return 0
+        taken = [(f.gpus, nvg.get(f.bid_id, 0)) for f in fills if f.node == node]
+        return min(k, self.links(node, gang, taken))
 
     @staticmethod
     def _compact(qs: dict) -> None:

@@ -31,6 +31,8 @@ class Bid:
         seq: arrival sequence (time priority); smaller = earlier.
         tif: time in force, ``"GTC"`` (rests), ``"IOC"`` (remainder dropped) or
             ``"FOK"`` (all or nothing).
+        nvlink: each gang must be NVLink-connected (every pair of its GPUs linked); the
+            book asks its ``links`` how many such gangs a node can give.
     """
 
     id: int
@@ -41,6 +43,7 @@ class Bid:
     duration_s: int
     seq: int
     tif: str = "GTC"
+    nvlink: bool = False
 
 
 @dataclass(slots=True)
