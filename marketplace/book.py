@@ -22,7 +22,7 @@ from django.utils import timezone
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
-from marketplace.models import GpuClass, Lease, Order
+from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_ports
 from providers.models import Node
 from settlement import services as ledger
@@ -35,6 +35,8 @@ MAX_GPUS = 4096
 MAX_DURATION_SECONDS = 366 * 24 * 3600
 CLIENT_ORDER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
 CLIENT_ID_CONSTRAINT = "order_client_id_unique_per_owner"
+NVLINK_GANG_OF_ONE = ("needs a gang of 2 GPUs or more: one GPU has no NVLink peer to require "
+                      "(give gang_size, or leave interconnect out)")
 
 
 def get_market(slug: str) -> GpuClass:
@@ -190,6 +192,7 @@ class BidRequest:
     client_order_id: str | None = None
     interruptible: bool = False
     ports: list[int] | None = None
+    interconnect: str = "any"
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -200,7 +203,8 @@ class BidRequest:
                 "gang_size": self.gpus if self.gang_size is None else self.gang_size,
                 "time_in_force": self.time_in_force, "image": self.image,
                 "command": self.command, "expires_at": self.expires_at,
-                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or [])}
+                "interruptible": bool(self.interruptible), "ports": sorted(self.ports or []),
+                "interconnect": self.interconnect}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -282,6 +286,10 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput(f"must divide gpus ({r.gpus})", field="gang_size")
     if r.time_in_force not in Order.TimeInForce.values:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
+    if r.interconnect not in Interconnect.values:
+        raise InvalidInput("must be any or nvlink", field="interconnect")
+    if r.interconnect == Interconnect.NVLINK and gang_size == 1:
+        raise InvalidInput(NVLINK_GANG_OF_ONE, field="interconnect")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
     clean_ports(r.ports)

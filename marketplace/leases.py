@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace import interconnect
 from marketplace.errors import Conflict
 from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
 from marketplace.ports import clean_endpoints
@@ -27,30 +28,32 @@ from settlement.money import lease_cost
 log = logging.getLogger("gpumarket.leases")
 
 
-def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
-    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id.
-    The partial unique index on LeaseGpu makes a double booking fail even if two
-    writers raced here."""
-    free = list(
-        Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
-        .exclude(lease_gpus__active=True)
-        .order_by("pci_bus_id")[:count]
-    )
-    if len(free) < count:
-        raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
-                       f"{count} needed")
-    return free
+def _pick_gpus(node: Node, market: GpuClass, count: int, nvlink_gang: int = 0) -> list[Gpu]:
+    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id;
+    with `nvlink_gang`, whole gangs of that many GPUs all NVLink-connected
+    (interconnect.pick, the rule the engine counted with). The partial unique index on
+    LeaseGpu makes a double booking fail even if two writers raced here."""
+    uuids = interconnect.pick(node.pk, market.pk, count, nvlink_gang)
+    if uuids is None:
+        free = len(interconnect.free_gpus(node.pk, market.pk)[0])
+        linked = f" in NVLink-connected gangs of {nvlink_gang}" if nvlink_gang else ""
+        raise Conflict(f"node {node.name} has {free} free {market.slug} GPUs: not {count}"
+                       f"{linked}")
+    by_uuid = Gpu.objects.in_bulk(uuids, field_name="uuid")
+    return [by_uuid[u] for u in uuids]
 
 
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
                  sealed_bid=None, hold_id: int | None = None,
-                 interruptible: bool = False, ports: list[int] | None = None) -> Lease:
-    """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
-    cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
-    transaction, under the market lock."""
-    chosen = _pick_gpus(node, market, gpus)
+                 interruptible: bool = False, ports: list[int] | None = None,
+                 nvlink_gang: int = 0) -> Lease:
+    """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
+    `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
+    unless `hold_id` is given). Runs in the caller's transaction, under the market lock.
+    Conflict (nothing written) when the node cannot give them."""
+    chosen = _pick_gpus(node, market, gpus, nvlink_gang)
     if hold_id is None:
         hold_id = ledger.hold_place(
             buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),
@@ -76,7 +79,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
         cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
-        ports=bid.ports,
+        ports=bid.ports, nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
     )
 
 

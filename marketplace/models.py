@@ -44,6 +44,14 @@ class GpuClass(models.Model):
         return self.slug
 
 
+class Interconnect(models.TextChoices):
+    """What a bid requires between the GPUs of each gang (docs/MATCHING.md,
+    "Interconnect"): any (PCIe will do) or nvlink (every pair NVLink-connected)."""
+
+    ANY = "any"
+    NVLINK = "nvlink"
+
+
 class Order(StateMachine):
     """A bid or an ask in a GPU class's continuous auction."""
 
@@ -105,6 +113,9 @@ class Order(StateMachine):
         default=list, blank=True,
         help_text="bid: container ports (TCP, 1–65535, at most 8) its leases expose to the "
                   "buyer; the runner publishes them on the provider's public host")
+    interconnect = models.CharField(
+        max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
+        help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -225,6 +236,9 @@ class SealedBid(StateMachine):
     command = models.JSONField(null=True, blank=True)
     ports = models.JSONField(default=list, blank=True,
                              help_text="container ports the lease exposes (as Order.ports)")
+    interconnect = models.CharField(max_length=8, choices=Interconnect.choices,
+                                    default=Interconnect.ANY,
+                                    help_text="nvlink: the GPUs won all NVLink-connected")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 

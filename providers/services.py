@@ -105,12 +105,15 @@ def _gpu_class_model():
 
 
 def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_version: str,
-                     runner_version: str, source: str, gpus: list[dict[str, Any]]) -> Node:
+                     runner_version: str, source: str, gpus: list[dict[str, Any]],
+                     warnings: list[str] | None = None) -> Node:
     """Record what the runner found on its host: create or update each GPU by UUID.
 
     `gpus`: dicts with uuid, product_name, gpu_class (slug), memory_mib, pci_bus_id,
-    mig_mode. Raises ProviderError naming `gpus[i].gpu_class` for an unknown class, and
-    InventoryConflict for a UUID registered to another node. All or nothing.
+    mig_mode, and optionally nvlink {links_active, peers} and pcie_generation/pcie_width
+    (topology_values). Raises ProviderError naming `gpus[i].gpu_class` for an unknown class,
+    and InventoryConflict for a UUID registered to another node. All or nothing. What is
+    ignored (an NVLink peer that is no GPU of this inventory) is appended to `warnings`.
 
     Concurrency: one transaction; the listed GPUs that exist are locked (FOR UPDATE, in
     UUID order) before their node is compared, and new ones are inserted in UUID order, so
@@ -129,6 +132,12 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     uuids = [g["uuid"] for g in gpus]
     if len(set(uuids)) != len(uuids):
         raise ProviderError("the same GPU UUID is listed twice", field="gpus")
+    warnings = warnings if warnings is not None else []
+    gpus = topology_values(gpus, warnings)
+    if len(warnings) > MAX_WARNINGS:
+        warnings[MAX_WARNINGS:] = [f"and {len(warnings) - MAX_WARNINGS} more items ignored"]
+    if warnings:
+        log.warning("inventory of node %s: %s", node.pk, "; ".join(warnings))
     for _attempt in range(2):
         try:
             with transaction.atomic():
@@ -149,6 +158,32 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
                 raise InventoryConflict(f"GPU {taken} is registered to another node",
                                         field="gpus") from None
     raise InventoryConflict("the GPUs changed while they were recorded; retry", field="gpus")
+
+
+TOPOLOGY_FIELDS = ("nvlink_links_active", "nvlink_peers", "pcie_generation", "pcie_width")
+
+
+def topology_values(gpus: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
+    """The inventory's GPUs with their Gpu topology fields (TOPOLOGY_FIELDS) set from
+    `nvlink` and `pcie_*`: peers upper-cased, sorted, and kept only when they are the bus
+    id of another GPU of this inventory (else a warning naming `gpus[i].nvlink.peers[j]`,
+    appended to `warnings`). A GPU without `nvlink` has no links (null)."""
+    buses = {str(g["pci_bus_id"]).upper() for g in gpus}
+    out = []
+    for i, g in enumerate(gpus):
+        nvlink = g.get("nvlink")
+        own, peers = str(g["pci_bus_id"]).upper(), set()
+        for j, peer in enumerate((nvlink or {}).get("peers", [])):
+            peer = peer.upper()
+            if peer in buses and peer != own:
+                peers.add(peer)
+            else:
+                warnings.append(f"gpus[{i}].nvlink.peers[{j}]: {peer} is not another GPU of "
+                                "this node; ignored")
+        out.append({**g, "nvlink_links_active": nvlink["links_active"] if nvlink else None,
+                    "nvlink_peers": sorted(peers), "pcie_generation": g.get("pcie_generation"),
+                    "pcie_width": g.get("pcie_width")})
+    return out
 
 
 def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
@@ -172,7 +207,8 @@ def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, A
     fresh = []
     for g in gpus:
         values = {"product_name": g["product_name"], "memory_mib": g["memory_mib"],
-                  "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", "")}
+                  "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", ""),
+                  **{k: g[k] for k in TOPOLOGY_FIELDS}}
         row = known.get(g["uuid"])
         if row is None:
             fresh.append(Gpu(uuid=g["uuid"], node=node, gpu_class=classes[g["gpu_class"]],

@@ -16,6 +16,7 @@ from marketplace import api_tokens, book
 from marketplace.catalog import load_catalog
 from marketplace.models import GpuClass
 from providers import services as provider_services
+from providers.runner.gpu_links import topology_fields
 from providers.runner.nvsmi import parse_dump
 from settlement import services as ledger
 from tests.conftest import DATA
@@ -54,10 +55,11 @@ def registered_node(dump=H100_DUMP, name: str = "node-1", user=None):
     provider = provider_services.provider_onboard(user_id=user.pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name=name)
     inv = parse_dump(dump)
+    links = topology_fields(inv.gpus, {})  # NVLink peers, as the runner sends them
     provider_services.inventory_record(
         node=created.node, hostname=name, driver_version=inv.driver_version,
         cuda_version=inv.cuda_version, runner_version="test", source=f"simulate:{dump.name}",
-        gpus=[g.as_protocol() for g in inv.gpus],
+        gpus=[{**g.as_protocol(), **links[g.uuid]} for g in inv.gpus],
     )
     return user, created.node, created.runner_token
 

@@ -16,8 +16,8 @@ from core.fields import (
     StrictIntegerField,
 )
 from marketplace import selectors
-from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
+from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from providers.benchmarks import class_summary
 from settlement.fields import UsdField
@@ -157,17 +157,18 @@ def ports_field() -> serializers.ListField:
 
 
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
-            "ports", "expires_at", "interruptible")
+            "ports", "expires_at", "interruptible", "interconnect")
 ASK_ONLY = ("node", "available_until")
 
 
 class OrderInSerializer(StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice) or an ask (node, gpus, price, available_until, optional
-    gpu_class); either with an optional client_order_id (yours, unique per user: placing
-    it again returns the first order with 200). A field of the other side is refused,
-    named (BID_ONLY, ASK_ONLY), whatever its value: it would do nothing."""
+    higher bid after a notice; interconnect: "nvlink" for gangs all NVLink-connected) or
+    an ask (node, gpus, price, available_until, optional gpu_class); either with an
+    optional client_order_id (yours, unique per user: placing it again returns the first
+    order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
+    whatever its value: it would do nothing."""
 
     side = serializers.ChoiceField(choices=Order.Side.choices)
     gpu_class = StrictCharField(required=False, max_length=40)
@@ -187,6 +188,7 @@ class OrderInSerializer(StrictInputSerializer):
     client_order_id = ClientOrderIdField(required=False)
     interruptible = StrictBooleanField(required=False, default=False)
     ports = ports_field()
+    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -203,6 +205,8 @@ class OrderInSerializer(StrictInputSerializer):
             gang = attrs.get("gang_size", attrs["gpus"])
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
+            if attrs["interconnect"] == Interconnect.NVLINK and gang == 1:
+                raise serializers.ValidationError({"interconnect": NVLINK_GANG_OF_ONE})
         else:
             for name in BID_ONLY:
                 if name in given:
@@ -226,7 +230,7 @@ class OrderInSerializer(StrictInputSerializer):
             duration_seconds=v["duration_seconds"], gang_size=v.get("gang_size"),
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
-            interruptible=v["interruptible"], ports=v["ports"])
+            interruptible=v["interruptible"], ports=v["ports"], interconnect=v["interconnect"])
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -238,8 +242,8 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "ports", "node", "available_until",
-                  "created_at"]
+                  "client_order_id", "interruptible", "ports", "interconnect", "node",
+                  "available_until", "created_at"]
 
     def get_hours(self, order) -> int | None:
         """Whole hours, or null when the bid was given in seconds that are not."""
@@ -375,6 +379,7 @@ class SealedBidInSerializer(StrictInputSerializer):
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()
+    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 
 
 class SealedBidSerializer(serializers.ModelSerializer):
@@ -386,7 +391,7 @@ class SealedBidSerializer(serializers.ModelSerializer):
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "ports", "created_at"]
+                  "paid_price", "ports", "interconnect", "created_at"]
 
 
 _templates = threading.local()

@@ -177,7 +177,7 @@ class SealedBidCreate(APIView):
         bid = auctions.place_sealed_bid(
             bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v.get("gpus"),
             min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
-            ports=v["ports"],
+            ports=v["ports"], interconnect=v["interconnect"],
         )
         return Response(s.SealedBidSerializer(bid).data, status=201)
 

@@ -1,8 +1,8 @@
 """NVLink topology of one node's GPUs: which GPUs a lease takes, how many NVLink-connected
 gangs a node can give, and how a node's interconnect is worded. Plain Python, no Django.
 
-A GPU is named by its PCI bus id ("00000000:53:00.0"); `peers` maps each to the bus ids
-it reaches over NVLink (the caller keeps only mutual pairs of one node's GPUs). A gang
+A GPU is named by a string (the market uses its UUID), listed in PCI bus-id order; `peers`
+maps each to the GPUs it reaches over NVLink (`mutual` keeps the pairs both report). A gang
 is NVLink-connected when every pair of its GPUs are peers (a clique). Rules:
 docs/MATCHING.md, "Interconnect".
 """
@@ -16,6 +16,7 @@ from itertools import combinations
 #: a few hundred, so the search is exact there. Past the budget the answer is "cannot".
 SEARCH_BUDGET = 20_000
 
+TIMES = "\u00d7"  # the multiplication sign of "8 × H100"
 FULL_MESH, PAIRS, PARTIAL, PCIE_ONLY = ("NVLink full mesh", "NVLink pairs",
                                         "NVLink, partly connected", "PCIe only")
 
