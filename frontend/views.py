@@ -26,7 +26,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, selectors
+from marketplace import book, interconnect, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order
@@ -205,6 +205,7 @@ def _market_context(request, market: GpuClass, form):
         "gpus_offered": sum(q for _, q in asks),
         "markets": GpuClass.objects.all(),
         "benchmark": class_summary(market),  # None: "not benchmarked yet"
+        "offers": [{**o, "price": usd(o["price"])} for o in interconnect.offers(market)],
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)

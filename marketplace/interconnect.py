@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from marketplace.engine import topology
+from marketplace.models import GpuClass, Order
 from providers.models import Gpu
 
 
@@ -79,3 +80,25 @@ def node_summary(node_id: int, market_id: int) -> str:
     """describe_gpus of the node's GPUs of one class."""
     return describe_gpus(Gpu.objects.filter(node_id=node_id, gpu_class_id=market_id)
                          .select_related("gpu_class"))
+
+
+def offers(market: GpuClass, limit: int = 50) -> list[dict]:
+    """The market's standing asks, cheapest first, each with its node described, and never
+    who offers it: [{"price": micro-USD per GPU-hour, "gpus": still offered, "node_gpus":
+    the node's GPUs of the class, "interconnect": "NVLink full mesh" (topology.describe),
+    "summary": "8 × H100 SXM 80GB, NVLink full mesh"}]."""
+    asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
+                                     status__in=Order.ACTIVE, remaining_gpus__gt=0)
+                .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id")[:limit])
+    by_node: dict[int, list[Gpu]] = {}
+    for gpu in (Gpu.objects.filter(node_id__in={a[2] for a in asks}, gpu_class=market)
+                .select_related("gpu_class")):
+        by_node.setdefault(gpu.node_id, []).append(gpu)
+    out = []
+    for price, gpus, node in asks:
+        mine = by_node.get(node, [])
+        peers = _graph((g.uuid, g.pci_bus_id, g.nvlink_peers) for g in mine)[1]
+        out.append({"price": price, "gpus": gpus, "node_gpus": len(mine),
+                    "interconnect": topology.describe(peers) if len(mine) > 1 else "",
+                    "summary": describe_gpus(mine)})
+    return out

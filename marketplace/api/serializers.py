@@ -15,7 +15,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from marketplace import selectors
+from marketplace import interconnect, selectors
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
@@ -133,6 +133,32 @@ class GpuClassSerializer(serializers.ModelSerializer):
     def get_benchmark(self, gpu_class) -> dict | None:
         score = class_summary(gpu_class)
         return score.as_api() if score else None
+
+
+class OfferSerializer(serializers.Serializer):
+    """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
+    class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
+    connected", "PCIe only"; empty for a lone GPU), and `summary` ("8 × H100 SXM 80GB,
+    NVLink full mesh")."""
+
+    price = UsdField()
+    gpus = serializers.IntegerField()
+    node_gpus = serializers.IntegerField()
+    interconnect = serializers.CharField()
+    summary = serializers.CharField()
+
+
+class GpuClassDetailSerializer(GpuClassSerializer):
+    """GpuClassSerializer with `offers`: the market's standing asks, cheapest first, each
+    with its node's GPUs and interconnect (OfferSerializer; marketplace/interconnect.py)."""
+
+    offers = serializers.SerializerMethodField()
+
+    class Meta(GpuClassSerializer.Meta):
+        fields = [*GpuClassSerializer.Meta.fields, "offers"]
+
+    def get_offers(self, gpu_class) -> list[dict]:
+        return OfferSerializer(interconnect.offers(gpu_class), many=True).data
 
 
 class LevelSerializer(serializers.Serializer):

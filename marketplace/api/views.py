@@ -33,11 +33,12 @@ class GpuClassList(generics.ListAPIView):
 
 
 class GpuClassDetail(generics.RetrieveAPIView):
-    """One GPU class: datasheet figures with their source, reference price, and the
-    measured benchmark (median of its healthy GPUs' latest passed results, or null)."""
+    """One GPU class: datasheet figures with their source, reference price, the measured
+    benchmark (median of its healthy GPUs' latest passed results, or null), and its
+    standing asks with each node's GPUs and interconnect (`offers`)."""
 
     permission_classes = [permissions.AllowAny]
-    serializer_class = s.GpuClassSerializer
+    serializer_class = s.GpuClassDetailSerializer
     queryset = GpuClass.objects.all()
     lookup_field = "slug"
 
