@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 from django.utils import timezone
 
-from marketplace import auctions, book
+from marketplace import auctions, book, locking
 from marketplace.errors import InvalidInput
 from marketplace.models import Lease, SealedBid
 from providers.models import Gpu
@@ -145,3 +145,17 @@ def test_a_sealed_nvlink_award_the_node_cannot_connect_any_more_loses(nodes):
     assert sealed.status == SealedBid.Status.LOST
     assert not Lease.objects.filter(sealed_bid=sealed).exists()
     assert book.free_gpu_count(mesh, lot.market) == 8
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cached_book_asks_the_topology_as_it_is_now(tmp_path, monkeypatch):
+    monkeypatch.setattr(locking, "book_cache", locking.BookCache())
+    owner, mesh, _t = registered_node(h100_host(tmp_path, "nvswitch", "9f"), "mesh")
+    buyer = funded_buyer(1000)
+    waiting = bid(buyer, price=3_000_000, gpus=4, gang_size=4, interconnect="nvlink").order
+    Gpu.objects.filter(node=mesh, pci_bus_id="00000000:53:00.0").update(nvlink_peers=[])
+    hits = locking.book_cache.stats["hit"]
+    [lease] = ask(owner, mesh, price=2_000_000, gpus=8).leases
+    assert locking.book_cache.stats["hit"] == hits + 1  # the resting bid came from the cache
+    assert lease.fill.bid_id == waiting.pk and connected(lease_gpus(lease))
+    assert "00000000:53:00.0" not in {g.pci_bus_id for g in lease_gpus(lease)}
