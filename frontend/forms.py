@@ -17,7 +17,8 @@ from marketplace.api.serializers import (
     OrderInSerializer,
     SealedBidInSerializer,
 )
-from marketplace.models import Auction, Order
+from marketplace.book import NVLINK_GANG_OF_ONE
+from marketplace.models import Auction, Interconnect, Order
 from providers.api import NodeCreateIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
 
@@ -83,12 +84,18 @@ class BidForm(forms.Form):
     command = _command(OrderInSerializer,
                        help_text="optional; empty runs the image's own command")
     ports = _ports(OrderInSerializer)
+    interconnect = ApiField(OrderInSerializer, "interconnect", label="Interconnect",
+                            initial="any", help_text="nvlink: each gang's GPUs all "
+                            "NVLink-connected", widget=forms.Select(
+                                choices=[(v, v) for v in Interconnect.values]))
 
     def clean(self):
         data = super().clean()
         gpus, gang = data.get("gpus"), data.get("gang_size")
         if gpus and gang and gpus % gang:
             self.add_error("gang_size", "must divide gpus")  # as OrderInSerializer.validate
+        if data.get("interconnect") == Interconnect.NVLINK and (gang or gpus) == 1:
+            self.add_error("interconnect", NVLINK_GANG_OF_ONE)
         return data
 
 

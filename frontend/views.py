@@ -229,7 +229,8 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    image=v["image"], command=v["command"], ports=v["ports"])
+                    image=v["image"], command=v["command"], ports=v["ports"],
+                    interconnect=v["interconnect"] or "any")
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

@@ -23,7 +23,7 @@ from tests.factories import (
     funded_buyer,
     registered_node,
 )
-from tests.frontend.test_pages_buyer import login
+from tests.frontend.test_pages_buyer import field_error, login
 from tests.support.api import assert_refused, client_for, runner_client, snapshot
 from tests.support.nvlink_hosts import h100_host
 
@@ -159,3 +159,20 @@ def test_listings_say_what_connects_the_gpus(tmp_path, client):
     html = client.get(reverse("node", args=[mesh.pk])).content.decode()
     assert f"Interconnect: <strong>8 \u00d7 {name}, NVLink full mesh</strong>" in html
     assert "18 links, 7 peer GPUs" in html
+
+
+def test_the_market_page_bid_form_takes_interconnect(tmp_path, client):
+    owner, mesh, _t = registered_node(h100_host(tmp_path, "nvswitch", "b8"), "mesh")
+    ask(owner, mesh, price=2_000_000, gpus=8)
+    buyer = funded_buyer(1000)
+    login(client, buyer)
+    form = {"gpus": "1", "hours": "1", "price": "3.00", "gang_size": "", "time_in_force": "GTC",
+            "image": "gpumarket/busybox:local", "command": "", "interconnect": "nvlink"}
+    r = client.post(reverse("market", args=[H100]), form)
+    assert r.status_code == 400
+    assert "gang of 2" in field_error(r.content.decode(), "interconnect")
+    assert not Order.objects.filter(owner=buyer).exists()
+    r = client.post(reverse("market", args=[H100]), {**form, "gpus": "4"})
+    assert r.status_code == 302
+    order = Order.objects.get(owner=buyer)
+    assert (order.interconnect, order.status) == ("nvlink", "filled")
