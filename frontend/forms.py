@@ -107,6 +107,10 @@ class SealedBidForm(forms.Form):
     image = _image(SealedBidInSerializer)
     command = _command(SealedBidInSerializer)
     ports = _ports(SealedBidInSerializer)
+    interconnect = ApiField(SealedBidInSerializer, "interconnect", label="Interconnect",
+                            initial="any", help_text="nvlink: the GPUs you win all "
+                            "NVLink-connected", widget=forms.Select(
+                                choices=[(v, v) for v in Interconnect.values]))
 
 
 class ProviderForm(forms.Form):

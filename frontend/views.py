@@ -371,7 +371,7 @@ def auction_detail(request, pk: int):
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
                     min_gpus=v["min_gpus"], image=v["image"], command=v["command"],
-                    ports=v["ports"])
+                    ports=v["ports"], interconnect=v["interconnect"] or "any")
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

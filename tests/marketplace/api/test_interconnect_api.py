@@ -176,3 +176,19 @@ def test_the_market_page_bid_form_takes_interconnect(tmp_path, client):
     assert r.status_code == 302
     order = Order.objects.get(owner=buyer)
     assert (order.interconnect, order.status) == ("nvlink", "filled")
+
+
+def test_the_auction_page_takes_interconnect_and_says_why_a_lot_cannot(tmp_path, client):
+    owner, flat, _t = registered_node(h100_host(tmp_path, "pcie", "c9"), "flat")
+    lot = auctions.open_auction(provider_id=owner.pk, node_id=flat.pk, gpus=4,
+                                reserve_price=1_000_000, duration_seconds=3600,
+                                closes_at=timezone.now() + timedelta(minutes=5))
+    buyer = funded_buyer(1000)
+    login(client, buyer)
+    before = snapshot(buyer)
+    r = client.post(reverse("auction", args=[lot.pk]), {"price": "3.00",
+                                                        "interconnect": "nvlink"})
+    assert r.status_code == 400
+    assert "NVLink-connected" in field_error(r.content.decode(), "interconnect")
+    assert snapshot(buyer) == before
+    assert client.post(reverse("auction", args=[lot.pk]), {"price": "3.00"}).status_code == 302
