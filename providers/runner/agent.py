@@ -121,7 +121,10 @@ class Agent:
             "source": inventory.source,
             "gpus": [{**g.as_protocol(), **links[g.uuid]} for g in inventory.gpus],
         }
-        self.node = self.client.post_inventory(body).get("node") or {}
+        answer = self.client.post_inventory(body)
+        for warning in answer.get("warnings") or []:  # e.g. an NVLink peer it ignored
+            self.log(f"the marketplace ignored part of the inventory: {warning}")
+        self.node = answer.get("node") or {}
         label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
                     or "default")  # the node's uid is unique across marketplace databases
         for runtime in (self.runtime, *self.previous_runtimes):

@@ -69,3 +69,41 @@ def test_a_resting_nvlink_bid_waits_for_a_mesh_ask_and_counts_earlier_fills():
     fok = Bid(4, 22, 3_000_000, 8, 4, 3600, 4, tif="FOK", nvlink=True)
     assert book.submit_bid(fok, NOW).killed  # pairs hold no gang of 4
     assert OrderBook().submit_bid(Bid(5, 1, 1, 2, 2, 60, 5, nvlink=True), NOW).rested
+
+
+def _flow(seed: int, nvlink: bool, gangs: int = 10**6):
+    """A seeded flow of asks and gang bids (some NVLink when `nvlink`): (the fills of each
+    submit, the NVLink bids' ids); every node gives `gangs` NVLink-connected gangs (10**6:
+    a boundless full mesh)."""
+    import random
+    rng = random.Random(seed)
+    book = OrderBook()
+    book.links = lambda node, gang, taken: gangs
+    out, nvlink_ids = [], set()
+    for n in range(1, 400):
+        if rng.random() < 0.4:
+            ask = Ask(n, 1000 + n, rng.randrange(10, 30), rng.choice((2, 4, 8)), n % 5,
+                      NOW + 86_400, n)
+            out.append(book.submit_ask(ask, NOW).fills)
+        else:
+            gang = rng.choice((2, 4))
+            b = Bid(n, 2000 + n, rng.randrange(10, 30), gang * rng.choice((1, 2)), gang, 60,
+                    n, tif=rng.choice(("GTC", "IOC", "FOK")),
+                    nvlink=rng.random() < 0.5 and nvlink)
+            if b.nvlink:
+                nvlink_ids.add(b.id)
+            out.append(book.submit_bid(b, NOW).fills)
+    return out, nvlink_ids
+
+
+def test_where_every_node_is_a_full_mesh_nvlink_bids_trade_as_plain_ones():
+    for seed in range(5):
+        assert _flow(seed, nvlink=True)[0] == _flow(seed, nvlink=False)[0]
+
+
+def test_where_no_node_has_nvlink_nvlink_bids_never_trade():
+    flow, nvlink_ids = _flow(1, nvlink=True, gangs=0)
+    traded = {f.bid_id for fills in flow for f in fills}
+    assert traded and nvlink_ids and not traded & nvlink_ids
+    plain = {f.bid_id for fills in _flow(1, nvlink=False, gangs=0)[0] for f in fills}
+    assert plain & nvlink_ids  # the same bids without the requirement do trade

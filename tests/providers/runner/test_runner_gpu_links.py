@@ -39,13 +39,24 @@ def test_links_down_or_without_a_remote_name_no_peer():
     assert fields[gpus[1].uuid] == {"nvlink": {"links_active": 1, "peers": [BUSES[0]]}}
 
 
-def test_announce_sends_nvlink_and_the_pcie_link_of_each_gpu(tmp_path, marketplace):
+def test_announce_sends_nvlink_and_the_pcie_link_of_each_gpu(tmp_path, marketplace,
+                                                            monkeypatch):
+    route = marketplace.route
+
+    def with_warning(method, path, body):
+        status, answer = route(method, path, body)
+        return status, {**answer, "warnings": ["gpus[0].nvlink.peers[0]: … ignored"]}
+
+    monkeypatch.setattr(marketplace, "route", with_warning)
     client = MarketplaceClient(marketplace.url, TOKEN, timeout=5)
+    lines: list[str] = []
     try:
-        Agent(client, DumpGpus(h100_host(tmp_path, "nvswitch")), runtime=SimpleNamespace(node=None),
-              log=lambda _m: None).announce()
+        Agent(client, DumpGpus(h100_host(tmp_path, "nvswitch")),
+              runtime=SimpleNamespace(node=None), log=lines.append).announce()
     finally:
         client.close()
+    assert lines == ["the marketplace ignored part of the inventory: "
+                     "gpus[0].nvlink.peers[0]: … ignored"]
     first = marketplace.inventories[0]["gpus"][0]
     assert first["nvlink"] == {"links_active": 18, "peers": BUSES[1:]}
     assert (first["pcie_generation"], first["pcie_width"]) == (5, 16)
