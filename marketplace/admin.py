@@ -101,7 +101,7 @@ class SealedBidAdmin(ReadOnlyAdmin):
     list_display = ["id", "auction", "bidder", "status", "price", "gpus", "awarded_gpus",
                     "paid_price"]
     list_filter = ["status"]
-    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports")
+    secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "interconnect")
     readonly_fields = ["reveal"]
 
     def sealed_q(self):

@@ -168,7 +168,7 @@ def test_pages_show_sealed_in_place_of_every_figure_before_close(operator, lot):
     for column in ("sealed_price", "sealed_gpus"):
         assert _cells(bids, column) == ["sealed", "sealed"], column
     page = operator.get(_url("sealedbid", "change", a.pk)).content.decode()
-    assert page.count('<div class="readonly">sealed</div>') == 6  # price … ports
+    assert page.count('<div class="readonly">sealed</div>') == 7  # price … interconnect
     assert "sealed until the auction closes" in page
     hold_list = operator.get(_url("hold")).content.decode()
     for column in ("sealed_original", "sealed_amount", "sealed_captured", "sealed_released"):
