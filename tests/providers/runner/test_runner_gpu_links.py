@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from providers.models import Gpu
 from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
 from providers.runner.gpu_links import nvlink_peers, topology_fields
 from providers.runner.nvml import DumpGpus
 from providers.runner.nvsmi import GpuInfo, NvLinkInfo
+from providers.services import node_create, provider_onboard
+from tests.factories import UserFactory, ensure_catalog
 from tests.support.nvlink_hosts import h100_host
+from tests.support.servers import AsgiServer
 
 from .runner_helpers import TOKEN
+from .test_runner_cli import runner
 
 BUSES = [f"00000000:{b}:00.0" for b in ("53", "64", "75", "86", "97", "A8", "B9", "CA")]
 
@@ -60,3 +67,22 @@ def test_announce_sends_nvlink_and_the_pcie_link_of_each_gpu(tmp_path, marketpla
     first = marketplace.inventories[0]["gpus"][0]
     assert first["nvlink"] == {"links_active": 18, "peers": BUSES[1:]}
     assert (first["pcie_generation"], first["pcie_width"]) == (5, 16)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_register_stores_the_topology_on_the_real_server(tmp_path):
+    """`gpumarket-runner register --simulate` (a process) → the real inventory endpoint →
+    the node's GPUs know their NVLink peers and PCIe link."""
+    ensure_catalog()
+    provider = provider_onboard(user_id=UserFactory().pk, display_name="Acme")
+    created = node_create(provider=provider, name="mesh")
+    with AsgiServer() as server:
+        done = runner("register", "--url", server.url, "--simulate",
+                      str(h100_host(tmp_path, "nvswitch")), "--state-dir", str(tmp_path / "s"),
+                      env={"GPUMARKET_RUNNER_TOKEN": created.runner_token})
+    assert done.returncode == 0, done.stderr
+    gpus = list(Gpu.objects.filter(node=created.node).order_by("pci_bus_id"))
+    assert [g.nvlink_peers for g in gpus] == [[b for b in BUSES if b != g.pci_bus_id]
+                                              for g in gpus]
+    assert {(g.nvlink_links_active, g.pcie_generation, g.pcie_width) for g in gpus} == {
+        (18, 5, 16)}
