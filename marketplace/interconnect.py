@@ -15,9 +15,15 @@ from marketplace.models import GpuClass, Order
 from providers.models import Gpu
 
 
+def gpu_order(uuid: str, bus_id: str) -> tuple[str, str]:
+    """The order a lease takes a node's free GPUs in: bus id, then UUID (slices of one
+    GPU share its bus id). Lease creation and the engine's replay both sort by it."""
+    return bus_id.upper(), uuid
+
+
 def _graph(rows: Iterable[tuple[str, str, list]]) -> tuple[list[str], dict[str, frozenset]]:
     """(GPU UUIDs in bus-id order, mutual NVLink peers by UUID) of (uuid, bus id, peers)."""
-    rows = sorted(rows, key=lambda r: (r[1].upper(), r[0]))
+    rows = sorted(rows, key=lambda r: gpu_order(r[0], r[1]))
     by_bus: dict[str, list[str]] = {}
     for uuid, bus, _peers in rows:
         by_bus.setdefault(bus.upper(), []).append(uuid)

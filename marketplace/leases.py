@@ -33,12 +33,19 @@ def _pick_gpus(node: Node, market: GpuClass, count: int, nvlink_gang: int = 0) -
     with `nvlink_gang`, whole gangs of that many GPUs all NVLink-connected
     (interconnect.pick, the rule the engine counted with). The partial unique index on
     LeaseGpu makes a double booking fail even if two writers raced here."""
+    if not nvlink_gang:  # one query, as every fill of the bid path makes a lease
+        free = sorted(Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
+                      .exclude(lease_gpus__active=True),
+                      key=lambda g: interconnect.gpu_order(g.uuid, g.pci_bus_id))
+        if len(free) < count:
+            raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
+                           f"{count} needed")
+        return free[:count]
     uuids = interconnect.pick(node.pk, market.pk, count, nvlink_gang)
     if uuids is None:
-        free = len(interconnect.free_gpus(node.pk, market.pk)[0])
-        linked = f" in NVLink-connected gangs of {nvlink_gang}" if nvlink_gang else ""
-        raise Conflict(f"node {node.name} has {free} free {market.slug} GPUs: not {count}"
-                       f"{linked}")
+        free_count = len(interconnect.free_gpus(node.pk, market.pk)[0])
+        raise Conflict(f"node {node.name} has {free_count} free {market.slug} GPUs: not "
+                       f"{count} in NVLink-connected gangs of {nvlink_gang}")
     by_uuid = Gpu.objects.in_bulk(uuids, field_name="uuid")
     return [by_uuid[u] for u in uuids]
 
