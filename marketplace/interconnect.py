@@ -72,14 +72,29 @@ def can_connect(node_id: int, market_id: int, gpus: int) -> bool:
     return topology.pick_gangs(order, peers, gpus, 1) is not None
 
 
+PEERS_UNKNOWN = "NVLink, peers unknown"
+
+
+def interconnect_words(gpus: list[Gpu]) -> str:
+    """topology.describe of one node's GPUs; PEERS_UNKNOWN when links are up but no
+    peer is known (a recorded host with `nvidia-smi nvlink -s` only); "" for a lone GPU."""
+    if len(gpus) < 2:
+        return ""
+    peers = _graph((g.uuid, g.pci_bus_id, g.nvlink_peers) for g in gpus)[1]
+    words = topology.describe(peers)
+    if words == topology.PCIE_ONLY and any(g.nvlink_links_active for g in gpus):
+        return PEERS_UNKNOWN
+    return words
+
+
 def describe_gpus(gpus: Iterable[Gpu]) -> str:
-    """"8 × H100 SXM 80GB, NVLink full mesh" for one node's GPUs (topology.describe; the
+    """"8 × H100 SXM 80GB, NVLink full mesh" for one node's GPUs (interconnect_words; the
     class's name, or the product name; several classes each counted)."""
     gpus = list(gpus)
-    _order, peers = _graph((g.uuid, g.pci_bus_id, g.nvlink_peers) for g in gpus)
     counts = Counter(getattr(g.gpu_class, "name", "") or g.product_name for g in gpus)
     what = ", ".join(f"{n} {topology.TIMES} {name}" for name, n in counts.items())
-    return f"{what}, {topology.describe(peers)}" if len(gpus) > 1 else what
+    words = interconnect_words(gpus)
+    return f"{what}, {words}" if words else what
 
 
 def node_summary(node_id: int, market_id: int) -> str:
@@ -103,8 +118,6 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
     out = []
     for price, gpus, node in asks:
         mine = by_node.get(node, [])
-        peers = _graph((g.uuid, g.pci_bus_id, g.nvlink_peers) for g in mine)[1]
         out.append({"price": price, "gpus": gpus, "node_gpus": len(mine),
-                    "interconnect": topology.describe(peers) if len(mine) > 1 else "",
-                    "summary": describe_gpus(mine)})
+                    "interconnect": interconnect_words(mine), "summary": describe_gpus(mine)})
     return out

@@ -138,8 +138,8 @@ class GpuClassSerializer(serializers.ModelSerializer):
 class OfferSerializer(serializers.Serializer):
     """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
     class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
-    connected", "PCIe only"; empty for a lone GPU), and `summary` ("8 × H100 SXM 80GB,
-    NVLink full mesh")."""
+    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU), and
+    `summary` ("8 × H100 SXM 80GB, NVLink full mesh")."""
 
     price = UsdField()
     gpus = serializers.IntegerField()

@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 from django.utils import timezone
 
-from marketplace import auctions, book, locking
+from marketplace import auctions, book, interconnect, locking
 from marketplace.errors import InvalidInput
 from marketplace.models import Lease, SealedBid
 from providers.models import Gpu
@@ -159,3 +159,14 @@ def test_a_cached_book_asks_the_topology_as_it_is_now(tmp_path, monkeypatch):
     assert locking.book_cache.stats["hit"] == hits + 1  # the resting bid came from the cache
     assert lease.fill.bid_id == waiting.pk and connected(lease_gpus(lease))
     assert "00000000:53:00.0" not in {g.pci_bus_id for g in lease_gpus(lease)}
+
+
+def test_links_without_known_peers_are_worded_so_and_never_fill_an_nvlink_bid(nodes):
+    (mesh_owner, mesh, _t), _ = nodes
+    mesh.gpus.update(nvlink_peers=[])  # as from `nvidia-smi nvlink -s`: links, no remotes
+    name = mesh.gpus.first().gpu_class.name
+    assert interconnect.node_summary(mesh.pk, mesh.gpus.first().gpu_class_id) == (
+        f"8 \u00d7 {name}, NVLink, peers unknown")
+    ask(mesh_owner, mesh, price=2_000_000, gpus=8)
+    placed = bid(funded_buyer(100), price=3_000_000, gpus=2, interconnect="nvlink")
+    assert placed.leases == [] and placed.order.status == "open"
