@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable
 from marketplace.engine import topology
 from marketplace.models import GpuClass, Order
 from providers.models import Gpu
+from providers.services import normal_bus_id
 
 
 def gpu_order(uuid: str, bus_id: str) -> tuple[str, str]:
     """The order a lease takes a node's free GPUs in: bus id, then UUID (slices of one
     GPU share its bus id). Lease creation and the engine's replay both sort by it."""
-    return bus_id.upper(), uuid
+    return normal_bus_id(bus_id), uuid
 
 
 def _graph(rows: Iterable[tuple[str, str, list]]) -> tuple[list[str], dict[str, frozenset]]:
@@ -26,7 +27,7 @@ def _graph(rows: Iterable[tuple[str, str, list]]) -> tuple[list[str], dict[str, 
     rows = sorted(rows, key=lambda r: gpu_order(r[0], r[1]))
     by_bus: dict[str, list[str]] = {}
     for uuid, bus, _peers in rows:
-        by_bus.setdefault(bus.upper(), []).append(uuid)
+        by_bus.setdefault(normal_bus_id(bus), []).append(uuid)
     links = {uuid: [u for b in peers or [] for u in by_bus.get(b, [])]
              for uuid, _bus, peers in rows}
     return [r[0] for r in rows], topology.mutual(links)

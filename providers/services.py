@@ -4,6 +4,7 @@ inventory and heartbeats. Called by the API views and the demo."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -161,20 +162,31 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
 
 
 TOPOLOGY_FIELDS = ("nvlink_links_active", "nvlink_peers", "pcie_generation", "pcie_width")
+_BUS = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])$")
+
+
+def normal_bus_id(value: str) -> str:
+    """A PCI bus id as "00000000:53:00.0" (8-digit domain, upper case), so that "0000:53:00.0"
+    and "00000000:53:00.0" name one GPU; a string of another shape upper-cased."""
+    match = _BUS.match(value.strip())
+    if not match:
+        return value.strip().upper()
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):08X}:{bus}:{device}.{function}".upper()
 
 
 def topology_values(gpus: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
     """The inventory's GPUs with their Gpu topology fields (TOPOLOGY_FIELDS) set from
-    `nvlink` and `pcie_*`: peers upper-cased, sorted, and kept only when they are the bus
-    id of another GPU of this inventory (else a warning naming `gpus[i].nvlink.peers[j]`,
+    `nvlink` and `pcie_*`: peers in normal_bus_id form, sorted, and kept only when they are
+    the bus id of another GPU of this inventory (else a warning naming `gpus[i].nvlink.peers[j]`,
     appended to `warnings`). A GPU without `nvlink` has no links (null)."""
-    buses = {str(g["pci_bus_id"]).upper() for g in gpus}
+    buses = {normal_bus_id(g["pci_bus_id"]) for g in gpus}
     out = []
     for i, g in enumerate(gpus):
         nvlink = g.get("nvlink")
-        own, peers = str(g["pci_bus_id"]).upper(), set()
+        own, peers = normal_bus_id(g["pci_bus_id"]), set()
         for j, peer in enumerate((nvlink or {}).get("peers", [])):
-            peer = peer.upper()
+            peer = normal_bus_id(peer)
             if peer in buses and peer != own:
                 peers.add(peer)
             else:

@@ -67,12 +67,12 @@ def test_the_inventory_stores_peers_and_the_pcie_link(fresh_node, tmp_path):
 
 def test_a_peer_of_no_gpu_of_the_node_is_ignored_with_a_warning(fresh_node, tmp_path):
     body = inventory_body(h100_host(tmp_path, "pairs"),
-                          nvlink={"links_active": 2, "peers": ["00000000:64:00.0",
+                          nvlink={"links_active": 2, "peers": ["0000:64:00.0",
                                                                "0000:ee:00.0"]})
     r = runner_client(fresh_node.runner_token).post("/api/v1/runner/inventory/", body,
                                                     format="json")
     assert r.status_code == 200, r.content
-    assert r.json()["warnings"] == ["gpus[0].nvlink.peers[1]: 0000:EE:00.0 is not another "
+    assert r.json()["warnings"] == ["gpus[0].nvlink.peers[1]: 00000000:EE:00.0 is not another "
                                     "GPU of this node; ignored"]
     gpu = Gpu.objects.get(uuid=body["gpus"][0]["uuid"])
     assert gpu.nvlink_peers == ["00000000:64:00.0"]
