@@ -19,8 +19,9 @@ from marketplace.api.serializers import (
     SealedBidInSerializer,
 )
 from marketplace.api.ssh_keys import SshKeyIn
+from marketplace.book import NVLINK_GANG_OF_ONE
 from marketplace.env_templates import CUSTOM, TEMPLATES
-from marketplace.models import Auction, Order
+from marketplace.models import Auction, Interconnect, Order
 from providers.api import NodeCreateIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
 
@@ -133,12 +134,18 @@ class BidForm(forms.Form):
     ports = _ports(OrderInSerializer)
     min_cuda = _min_cuda(OrderInSerializer)
     ssh = _ssh(OrderInSerializer)
+    interconnect = ApiField(OrderInSerializer, "interconnect", label="Interconnect",
+                            initial="any", help_text="nvlink: each gang's GPUs all "
+                            "NVLink-connected", widget=forms.Select(
+                                choices=[(v, v) for v in Interconnect.values]))
 
     def clean(self):
         data = super().clean()
         gpus, gang = data.get("gpus"), data.get("gang_size")
         if gpus and gang and gpus % gang:
             self.add_error("gang_size", "must divide gpus")  # as OrderInSerializer.validate
+        if data.get("interconnect") == Interconnect.NVLINK and (gang or gpus) == 1:
+            self.add_error("interconnect", NVLINK_GANG_OF_ONE)
         return data
 
 
@@ -153,6 +160,10 @@ class SealedBidForm(forms.Form):
     ports = _ports(SealedBidInSerializer)
     min_cuda = _min_cuda(SealedBidInSerializer)
     ssh = _ssh(SealedBidInSerializer)
+    interconnect = ApiField(SealedBidInSerializer, "interconnect", label="Interconnect",
+                            initial="any", help_text="nvlink: the GPUs you win all "
+                            "NVLink-connected", widget=forms.Select(
+                                choices=[(v, v) for v in Interconnect.values]))
 
 
 class ProviderForm(forms.Form):

@@ -27,7 +27,7 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, selectors
+from marketplace import book, interconnect, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
@@ -179,10 +179,18 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
             "score": gpu_score(g, result),
             "benchmark_failed": result is not None and not result.correct,
             "benchmark_at": result.measured_at if result is not None else None,
+            "nvlink": (f"{g.nvlink_links_active} links, {len(g.nvlink_peers)} peer GPU"
+                       f"{'' if len(g.nvlink_peers) == 1 else 's'}"
+                       if g.nvlink_links_active is not None else ""),
+            "pcie": (f"Gen {g.pcie_generation} \u00d7{g.pcie_width}"
+                     if g.pcie_generation and g.pcie_width else ""),
         })
     classes = {g.gpu_class for g in node.gpus.select_related("gpu_class")}
+    topology = [interconnect.node_summary(node.pk, c.pk)
+                for c in sorted(classes, key=lambda c: c.slug)]
     return _page(request, "frontend/node.html", {
         "node": node, "gpus": gpus, "classes": sorted(classes, key=lambda c: c.slug),
+        "topology": topology,
         "leases": _lease_rows(Lease.objects.filter(node=node)
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, env_templates, selectors
+from marketplace import book, env_templates, interconnect, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -245,6 +245,7 @@ def _market_context(request, market: GpuClass, form):
         "slice_markets": [(c, slice_label(c)) for c in
                           market.slices.select_related("parent").order_by("memory_gb", "slug")],
         "templates": template_compatibility(market),
+        "offers": [{**o, "price": usd(o["price"])} for o in interconnect.offers(market)],
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
@@ -268,7 +269,7 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    **container_terms(v))
+                    interconnect=v["interconnect"] or "any", **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
@@ -430,7 +431,8 @@ def auction_detail(request, pk: int):
             try:
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
-                    min_gpus=v["min_gpus"], **container_terms(v))
+                    min_gpus=v["min_gpus"], interconnect=v["interconnect"] or "any",
+                    **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

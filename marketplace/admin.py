@@ -118,7 +118,7 @@ class SealedBidAdmin(ReadOnlyAdmin):
                     "paid_price"]
     list_filter = ["status"]
     secret_fields = ("price", "gpus", "min_gpus", "image", "command", "ports", "template",
-                     "min_cuda", "port_roles", "ssh", "env")
+                     "min_cuda", "port_roles", "ssh", "env", "interconnect")
     exclude = SEALED_COLUMNS
     readonly_fields = ["reveal"]
 

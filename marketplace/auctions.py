@@ -16,9 +16,10 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace import engine
+from marketplace import engine, interconnect
 from marketplace.book import (
     MAX_DURATION_SECONDS,
+    NVLINK_GANG_OF_ONE,
     checked_hold_amount,
     free_gpu_count,
     node_market,
@@ -27,7 +28,7 @@ from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
-from marketplace.models import Auction, SealedBid
+from marketplace.models import Auction, Interconnect, SealedBid
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import seal
 from marketplace.workload_env import clean_env_and_secrets
@@ -105,6 +106,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      template: str = "", min_cuda: str = "",
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
+                     interconnect: str = Interconnect.ANY,
                      now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
@@ -117,8 +119,13 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     min_cuda refuses the bid: Conflict naming min_cuda); port_roles: their roles
     (ports.clean_port_roles); ssh: the lease gets the bidder's SSH keys and port 22
     (ports.with_ssh); env, secrets: the workload's variables (workload_env), the secrets
-    sealed with the bid (sealing.py).
+    sealed with the bid (sealing.py). interconnect: "nvlink" — the GPUs won must all be
+    NVLink-connected (InvalidInput naming it for 1 GPU, or a node whose GPUs hold no such
+    set of min_gpus; at close, an award the node cannot connect any more is lost:
+    docs/MATCHING.md, "Interconnect").
     """
+    if interconnect not in Interconnect.values:
+        raise InvalidInput("must be any or nvlink", field="interconnect")
     now = now or timezone.now()
     ports, port_roles = with_ssh(ports, port_roles, ssh)
     ports = clean_ports(ports)
@@ -151,6 +158,12 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise InvalidInput("must be between 1 and gpus", field="min_gpus")
         if price < auction.reserve_price:
             raise InvalidInput("is below the reserve price", field="price")
+        if interconnect == Interconnect.NVLINK:
+            if gpus == 1:
+                raise InvalidInput(NVLINK_GANG_OF_ONE, field="interconnect")
+            if not interconnect_possible(auction, min_gpus):
+                raise InvalidInput(f"this lot's node has no {min_gpus} GPUs all "
+                                   "NVLink-connected", field="interconnect")
         hold_amount = checked_hold_amount(price=price, gpus=gpus,
                                           duration_seconds=auction.duration_seconds)
         previous = SealedBid.objects.filter(auction=auction, bidder_id=bidder_id,
@@ -160,7 +173,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
         bid = SealedBid(auction=auction, bidder_id=bidder_id, price=price, gpus=gpus,
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
                         template=template, min_cuda=min_cuda, port_roles=port_roles,
-                        ssh=ssh, env=env, secrets_sealed=seal(secrets), hold_id=0)
+                        ssh=ssh, env=env, secrets_sealed=seal(secrets),
+                        interconnect=interconnect, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -221,8 +235,16 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             lot_gpus=auction.gpus, reserve=auction.reserve_price,
         )
         awards = {a.bid_id: a for a in clearing.awards}
-        for bid in bids:
+        # NVLink winners pick their connected GPUs first; one the node cannot connect loses
+        for bid in sorted(bids, key=lambda b: (b.interconnect != Interconnect.NVLINK, b.pk)):
             award = awards.get(bid.pk)
+            nvlink = bid.interconnect == Interconnect.NVLINK and award is not None
+            if nvlink and interconnect.pick(auction.node_id, auction.market_id, award.gpus,
+                                            award.gpus) is None:
+                awards.pop(bid.pk)
+                award = None
+                log.warning("auction %s: bid %s won %s GPUs the node cannot connect over "
+                            "NVLink any more; it loses", auction.pk, bid.pk, bid.gpus)
             if award is None:
                 ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
                 bid.set_status(SealedBid.Status.LOST, cause=f"auction {auction.pk} lost", at=now)
@@ -241,20 +263,25 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
                 template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
-                hold_id=bid.hold_id,
+                hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )
         auction.clearing_price = clearing.clearing_price
         auction.closed_at = now
         winners = [f"bid {a.bid_id}: {a.gpus} GPUs at {_per_gpu_hour(a.price)}"
-                   for a in clearing.awards]
+                   for a in clearing.awards if a.bid_id in awards]
         auction.set_status("closed", cause=f"closed with {len(bids)} bids", at=now,
                            detail={"awards": winners},
                            update_fields=("clearing_price", "closed_at"))
     log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
              len(bids), clearing.clearing_price, winners)
     return auction
+
+
+def interconnect_possible(auction: Auction, gpus: int) -> bool:
+    """Whether the lot's node has `gpus` healthy GPUs of the class all NVLink-connected."""
+    return interconnect.can_connect(auction.node_id, auction.market_id, gpus)
 
 
 def _per_gpu_hour(micros: int) -> str:

@@ -23,7 +23,7 @@ from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
-from marketplace.models import GpuClass, Lease, Order
+from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
 from marketplace.workload_env import clean_env_and_secrets
@@ -38,6 +38,8 @@ MAX_GPUS = 4096
 MAX_DURATION_SECONDS = 366 * 24 * 3600
 CLIENT_ORDER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
 CLIENT_ID_CONSTRAINT = "order_client_id_unique_per_owner"
+NVLINK_GANG_OF_ONE = ("needs a gang of 2 GPUs or more: one GPU has no NVLink peer to require "
+                      "(give gang_size, or leave interconnect out)")
 
 
 def get_market(slug: str) -> GpuClass:
@@ -208,6 +210,7 @@ class BidRequest:
     ssh: bool = False
     env: dict[str, str] | None = None
     secrets: dict[str, str] | None = field(default=None, repr=False)
+    interconnect: str = "any"
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -223,7 +226,8 @@ class BidRequest:
                 "command": self.command, "expires_at": self.expires_at,
                 "interruptible": bool(self.interruptible), "ports": ports,
                 "template": self.template, "min_cuda": self.min_cuda,
-                "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {})}
+                "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
+                "interconnect": self.interconnect}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -305,6 +309,10 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput(f"must divide gpus ({r.gpus})", field="gang_size")
     if r.time_in_force not in Order.TimeInForce.values:
         raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
+    if r.interconnect not in Interconnect.values:
+        raise InvalidInput("must be any or nvlink", field="interconnect")
+    if r.interconnect == Interconnect.NVLINK and gang_size == 1:
+        raise InvalidInput(NVLINK_GANG_OF_ONE, field="interconnect")
     if r.expires_at is not None and r.expires_at <= now:
         raise InvalidInput("must be in the future", field="expires_at")
     ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)

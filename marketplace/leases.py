@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace import ssh_keys
+from marketplace import interconnect, ssh_keys
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
 from marketplace.jupyter import new_jupyter_token
@@ -30,19 +30,26 @@ from settlement.money import lease_cost
 log = logging.getLogger("gpumarket.leases")
 
 
-def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
-    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id.
-    The partial unique index on LeaseGpu makes a double booking fail even if two
-    writers raced here."""
-    free = list(
-        Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
-        .exclude(lease_gpus__active=True)
-        .order_by("pci_bus_id")[:count]
-    )
-    if len(free) < count:
-        raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
-                       f"{count} needed")
-    return free
+def _pick_gpus(node: Node, market: GpuClass, count: int, nvlink_gang: int = 0) -> list[Gpu]:
+    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id;
+    with `nvlink_gang`, whole gangs of that many GPUs all NVLink-connected
+    (interconnect.pick, the rule the engine counted with). The partial unique index on
+    LeaseGpu makes a double booking fail even if two writers raced here."""
+    if not nvlink_gang:  # one query, as every fill of the bid path makes a lease
+        free = sorted(Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
+                      .exclude(lease_gpus__active=True),
+                      key=lambda g: interconnect.gpu_order(g.uuid, g.pci_bus_id))
+        if len(free) < count:
+            raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
+                           f"{count} needed")
+        return free[:count]
+    uuids = interconnect.pick(node.pk, market.pk, count, nvlink_gang)
+    if uuids is None:
+        free_count = len(interconnect.free_gpus(node.pk, market.pk)[0])
+        raise Conflict(f"node {node.name} has {free_count} free {market.slug} GPUs: not "
+                       f"{count} in NVLink-connected gangs of {nvlink_gang}")
+    by_uuid = Gpu.objects.in_bulk(uuids, field_name="uuid")
+    return [by_uuid[u] for u in uuids]
 
 
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
@@ -52,20 +59,22 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  interruptible: bool = False, ports: list[int] | None = None,
                  template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
-                 env: dict[str, str] | None = None, secrets_sealed: str = "") -> Lease:
-    """Create a pending lease on `gpus` free GPUs of `node`, secured by a hold of its full
-    cost at `price` (a new hold unless `hold_id` is given). Runs in the caller's
-    transaction, under the market lock. The bid's workload terms are copied (template,
-    min_cuda, port_roles, ssh, env, its sealed secrets as they are); a node below
-    `min_cuda` is refused (Conflict naming min_cuda: matching never gets here with one,
-    docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
+                 env: dict[str, str] | None = None, secrets_sealed: str = "",
+                 nvlink_gang: int = 0) -> Lease:
+    """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
+    `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
+    unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
+    Conflict (nothing written) when the node cannot give them. The bid's workload terms
+    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are);
+    a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
+    with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
     token, sealed (jupyter.py)."""
     if not cuda_ok(node.cuda_version, min_cuda):
         raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
                        f"below the {min_cuda} this lease needs", field="min_cuda")
     port_roles = dict(port_roles or {})
-    chosen = _pick_gpus(node, market, gpus)
+    chosen = _pick_gpus(node, market, gpus, nvlink_gang)
     if hold_id is None:
         hold_id = ledger.hold_place(
             buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),
@@ -98,6 +107,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
+        nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
     )
 
 

@@ -19,7 +19,7 @@ from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 
-from marketplace import engine
+from marketplace import engine, interconnect
 from marketplace.env_templates import cuda_key
 from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
 from marketplace.models import GpuClass, Order
@@ -126,7 +126,8 @@ def engine_bid(order: Order) -> engine.Bid:
     return engine.Bid(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, gang=order.gang_size,
                       duration_s=order.duration_seconds, seq=order.pk,
-                      tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda))
+                      tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda),
+                      nvlink=order.interconnect == "nvlink")
 
 
 def engine_ask(order: Order) -> engine.Ask:
@@ -139,21 +140,25 @@ def engine_ask(order: Order) -> engine.Ask:
 
 # a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility")
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
-        "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version")
+        "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
+        "interconnect")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
                 now: datetime | None = None) -> engine.OrderBook:
     """The market's resting orders as an engine book, read from the database."""
     book = engine.OrderBook()
+    book.links = interconnect.links_for(market.pk)
     resting = resting_orders(market, now=now).exclude(pk=exclude).order_by("pk")
     # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
-    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda in rows:
+    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link \
+            in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
-                         duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need)))
+                         duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
+                         nvlink=link == "nvlink"))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                          available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or "")))
@@ -162,7 +167,8 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
 
 def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
-             until: datetime | None, need: str, cuda: str | None) -> None:
+             until: datetime | None, need: str, cuda: str | None,
+             link: str = "any") -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
@@ -170,7 +176,7 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
     if side == Order.Side.BID:
         book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                                  duration_s=duration, seq=pk, tif=tif,
-                                 min_cuda=cuda_key(need)))
+                                 min_cuda=cuda_key(need), nvlink=link == "nvlink"))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                                  available_until=epoch(until), seq=pk,
@@ -241,7 +247,7 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
                 _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
                          o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
                          o.available_until, o.min_cuda,
-                         o.node.cuda_version if o.node_id else None)
+                         o.node.cuda_version if o.node_id else None, o.interconnect)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed
@@ -253,6 +259,7 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
     else:
         book = build_book(market, exclude=exclude)
         cache.stats["rebuilt"] += 1
+    book.links = interconnect.links_for(market.pk)  # reads the GPUs as they are now
     entry = _Cached(w.epoch, w.version, book)
     transaction.on_commit(lambda: cache.put(market.pk, entry))
     return book

@@ -59,6 +59,14 @@ class GpuClass(models.Model):
         return self.slug
 
 
+class Interconnect(models.TextChoices):
+    """What a bid requires between the GPUs of each gang (docs/MATCHING.md,
+    "Interconnect"): any (PCIe will do) or nvlink (every pair NVLink-connected)."""
+
+    ANY = "any"
+    NVLINK = "nvlink"
+
+
 class Order(StateMachine):
     """A bid or an ask in a GPU class's continuous auction."""
 
@@ -138,6 +146,9 @@ class Order(StateMachine):
         blank=True, default="",
         help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
                   "shown, only handed to the runner of its leases")
+    interconnect = models.CharField(
+        max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
+        help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -268,6 +279,9 @@ class SealedBid(StateMachine):
     env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
     secrets_sealed = models.TextField(blank=True, default="",
                                       help_text="as Order.secrets_sealed: sealed with the bid")
+    interconnect = models.CharField(max_length=8, choices=Interconnect.choices,
+                                    default=Interconnect.ANY,
+                                    help_text="nvlink: the GPUs won all NVLink-connected")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -47,9 +47,10 @@ def call_off_preemptions(bid: Order, now: datetime) -> None:
 def schedule_preemption(market: GpuClass, bid: Order, now: datetime) -> list[Lease]:
     """Schedule the preemption of the interruptible leases that `bid` (resting, GPUs
     still wanted) outbids, as few as cover its remaining gangs (docs/MATCHING.md,
-    "Preemption"). The caller holds the market lock. Returns the leases scheduled."""
+    "Preemption"). The caller holds the market lock. Returns the leases scheduled. An
+    NVLink bid preempts nothing (the victims' GPUs need not make connected gangs)."""
     gang = bid.gang_size or bid.remaining_gpus
-    if bid.remaining_gpus // gang <= 0:
+    if bid.remaining_gpus // gang <= 0 or bid.interconnect == "nvlink":
         return []
     deadline = now + timedelta(seconds=settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS)
     if not _outlives(bid, deadline):
@@ -89,7 +90,7 @@ def reconsider_preemptions(market_id: int, now: datetime, *,
     bids = list(Order.objects.filter(
         market_id=market_id, side=Order.Side.BID, status__in=Order.ACTIVE,
         time_in_force=Order.TimeInForce.GTC, remaining_gpus__gt=0,
-        price__gt=candidates[0].bid_price)
+        price__gt=candidates[0].bid_price).exclude(interconnect="nvlink")
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
         .filter(Q() if through_bid is None else Q(pk__lte=through_bid))
         .order_by("-price", "pk"))

@@ -21,6 +21,7 @@ from core.pagination import Pagination
 from providers import benchmarks, services
 from providers.auth import IsRunner, RunnerTokenAuthentication
 from providers.models import Gpu, GpuBenchmark, Node, Provider
+from providers.services import MAX_GPUS_PER_NODE
 
 
 class ProviderSerializer(serializers.ModelSerializer):
@@ -69,7 +70,8 @@ class GpuSerializer(serializers.ModelSerializer):
         model = Gpu
         fields = ["uuid", "gpu_class", "product_name", "memory_mib", "pci_bus_id", "mig_mode",
                   "parent_uuid", "mig_profile", "sm_count", "gpu_instance_id",
-                  "compute_instance_id", "last_health", "healthy", "findings",
+                  "compute_instance_id", "nvlink_links_active", "nvlink_peers",
+                  "pcie_generation", "pcie_width", "last_health", "healthy", "findings",
                   "unhealthy_since", "benchmark"]
 
     def get_benchmark(self, gpu) -> dict | None:
@@ -188,6 +190,27 @@ class NodeRotateToken(APIView):
 
 # The runner's bodies take JSON types strictly, as the user API does: an integer is a JSON
 # number without a fraction ("10", 10.0 and true are refused), a string a JSON string.
+BUS_ID = r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$"
+
+
+class NvLinkIn(serializers.Serializer):
+    """A GPU's NVLink: active links and the bus ids of the node's GPUs it reaches
+    (docs/RUNNER_PROTOCOL.md, "Topology"); unknown keys refused, named."""
+
+    links_active = StrictIntegerField(min_value=0, max_value=64)
+    peers = serializers.ListField(
+        child=serializers.RegexField(BUS_ID, max_length=16, error_messages={
+            "invalid": "is not a PCI bus id like 00000000:53:00.0"}),
+        max_length=MAX_GPUS_PER_NODE)
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(dict.fromkeys(unknown, "is not a known field"))
+        return super().to_internal_value(data)
+
+
 class RunnerGpuIn(serializers.Serializer):
     uuid = serializers.RegexField(r"^(GPU|MIG)-[0-9a-fA-F-]{8,60}$", max_length=64)
     product_name = StrictCharField(max_length=100)
@@ -204,6 +227,10 @@ class RunnerGpuIn(serializers.Serializer):
     gpu_instance_id = StrictIntegerField(min_value=0, max_value=1024, required=False)
     compute_instance_id = StrictIntegerField(min_value=0, max_value=1024, required=False)
     listed = StrictBooleanField(required=False, default=True)
+    nvlink = NvLinkIn(required=False)
+    pcie_generation = StrictIntegerField(min_value=1, max_value=9, required=False,
+                                         allow_null=True)
+    pcie_width = StrictIntegerField(min_value=1, max_value=64, required=False, allow_null=True)
 
 
 class InventoryIn(serializers.Serializer):
@@ -217,6 +244,8 @@ class InventoryIn(serializers.Serializer):
 
 class InventoryOut(serializers.Serializer):
     node = NodeSerializer()
+    warnings = serializers.ListField(child=serializers.CharField(), help_text=(
+        "what was ignored, e.g. an NVLink peer that is no GPU of this node"))
 
 
 class RunnerView(APIView):
@@ -229,8 +258,10 @@ class RunnerInventory(RunnerView):
     def post(self, request):
         data = InventoryIn(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.inventory_record(node=request.auth, **data.validated_data)
-        return Response({"node": NodeSerializer(node).data})
+        warnings: list[str] = []
+        node = services.inventory_record(node=request.auth, warnings=warnings,
+                                         **data.validated_data)
+        return Response({"node": NodeSerializer(node).data, "warnings": warnings})
 
 
 class HealthIn(serializers.Serializer):

@@ -105,6 +105,15 @@ class Gpu(models.Model):
     findings = models.JSONField(default=list, blank=True,
                                 help_text="the runner's latest non-ok health findings")
     unhealthy_since = models.DateTimeField(null=True, blank=True)
+    # Topology, as the runner's inventory reports it (docs/RUNNER_PROTOCOL.md, "Topology")
+    nvlink_links_active = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="active NVLinks; null: the GPU reported none")
+    nvlink_peers = models.JSONField(
+        default=list, blank=True,
+        help_text="PCI bus ids of this node's GPUs it reaches over NVLink (sorted)")
+    pcie_generation = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_width = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                  help_text="PCIe lanes (max link width)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     every = models.Manager()

@@ -4,6 +4,7 @@ inventory and heartbeats. Called by the API views and the demo."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -106,16 +107,20 @@ def _gpu_class_model():
 
 
 def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_version: str,
-                     runner_version: str, source: str, gpus: list[dict[str, Any]]) -> Node:
+                     runner_version: str, source: str, gpus: list[dict[str, Any]],
+                     warnings: list[str] | None = None) -> Node:
     """Record what the runner found on its host: create or update each unit by UUID.
 
     `gpus`: dicts with uuid, product_name, gpu_class (slug), memory_mib, pci_bus_id,
-    mig_mode; a MIG slice also parent_uuid, mig_profile, sm_count, gpu_instance_id,
-    compute_instance_id, and its parent `listed` false (providers/mig.py checks them).
-    Raises ProviderError naming `gpus[i].<field>` for an unknown class or a contradictory
-    slice, and InventoryConflict for a UUID registered to another node or a MIG layout
-    change under a running lease. All or nothing. A layout change sends `units_changed`
-    after commit, and the market fits the node's asks to its units again.
+    mig_mode, and optionally nvlink {links_active, peers} and pcie_generation/pcie_width
+    (topology_values); a MIG slice also parent_uuid, mig_profile, sm_count,
+    gpu_instance_id, compute_instance_id, and its parent `listed` false (providers/mig.py
+    checks them). Raises ProviderError naming `gpus[i].<field>` for an unknown class or a
+    contradictory slice, and InventoryConflict for a UUID registered to another node or a
+    MIG layout change under a running lease. All or nothing. A layout change sends
+    `units_changed` after commit, and the market fits the node's asks to its units again.
+    What is ignored (an NVLink peer that is no GPU of this inventory) is appended to
+    `warnings`.
 
     Concurrency: one transaction; the listed GPUs that exist are locked (FOR UPDATE, in
     UUID order) before their node is compared, and new ones are inserted in UUID order, so
@@ -133,6 +138,12 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
                                 field=f"gpus[{i}].gpu_class")
     mig.check_report(gpus, classes, (ProviderError,))
     uuids = [g["uuid"] for g in gpus]
+    warnings = warnings if warnings is not None else []
+    gpus = topology_values(gpus, warnings)
+    if len(warnings) > MAX_WARNINGS:
+        warnings[MAX_WARNINGS:] = [f"and {len(warnings) - MAX_WARNINGS} more items ignored"]
+    if warnings:
+        log.warning("inventory of node %s: %s", node.pk, "; ".join(warnings))
     for _attempt in range(2):
         try:
             with transaction.atomic():
@@ -157,6 +168,43 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
                 raise InventoryConflict(f"GPU {taken} is registered to another node",
                                         field="gpus") from None
     raise InventoryConflict("the GPUs changed while they were recorded; retry", field="gpus")
+
+
+TOPOLOGY_FIELDS = ("nvlink_links_active", "nvlink_peers", "pcie_generation", "pcie_width")
+_BUS = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-9A-Fa-f])$")
+
+
+def normal_bus_id(value: str) -> str:
+    """A PCI bus id as "00000000:53:00.0" (8-digit domain, upper case), so that "0000:53:00.0"
+    and "00000000:53:00.0" name one GPU; a string of another shape upper-cased."""
+    match = _BUS.match(value.strip())
+    if not match:
+        return value.strip().upper()
+    domain, bus, device, function = match.groups()
+    return f"{int(domain, 16):08X}:{bus}:{device}.{function}".upper()
+
+
+def topology_values(gpus: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
+    """The inventory's GPUs with their Gpu topology fields (TOPOLOGY_FIELDS) set from
+    `nvlink` and `pcie_*`: peers in normal_bus_id form, sorted, and kept only when they are
+    the bus id of another GPU of this inventory (else a warning naming `gpus[i].nvlink.peers[j]`,
+    appended to `warnings`). A GPU without `nvlink` has no links (null)."""
+    buses = {normal_bus_id(g["pci_bus_id"]) for g in gpus}
+    out = []
+    for i, g in enumerate(gpus):
+        nvlink = g.get("nvlink")
+        own, peers = normal_bus_id(g["pci_bus_id"]), set()
+        for j, peer in enumerate((nvlink or {}).get("peers", [])):
+            peer = normal_bus_id(peer)
+            if peer in buses and peer != own:
+                peers.add(peer)
+            else:
+                warnings.append(f"gpus[{i}].nvlink.peers[{j}]: {peer} is not another GPU of "
+                                "this node; ignored")
+        out.append({**g, "nvlink_links_active": nvlink["links_active"] if nvlink else None,
+                    "nvlink_peers": sorted(peers), "pcie_generation": g.get("pcie_generation"),
+                    "pcie_width": g.get("pcie_width")})
+    return out
 
 
 def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> bool:
@@ -186,7 +234,8 @@ def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, A
             if whole == bool(g.get("parent_uuid")):
                 continue
             values = {"product_name": g["product_name"], "memory_mib": g["memory_mib"],
-                      "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", "")}
+                      "pci_bus_id": g["pci_bus_id"], "mig_mode": g.get("mig_mode", ""),
+                      **{k: g[k] for k in TOPOLOGY_FIELDS}}
             if not whole:
                 values.update({k: g.get(k) for k in mig.SLICE_FIELDS}, listed=True,
                               parent=rows[g["parent_uuid"]])

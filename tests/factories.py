@@ -18,6 +18,7 @@ from marketplace.catalog import load_catalog
 from marketplace.models import GpuClass
 from providers import services as provider_services
 from providers.runner import mig as runner_mig
+from providers.runner.gpu_links import topology_fields
 from providers.runner.nvsmi import Inventory, parse_dump
 from settlement import services as ledger
 from tests.conftest import DATA
@@ -50,9 +51,12 @@ def ensure_catalog() -> None:
 
 
 def dump_gpus(dump=H100_DUMP, name: str | None = None) -> list[dict]:
-    """The GPUs of a recorded nvidia-smi dump as the runner's inventory lists them; with
+    """The GPUs of a recorded nvidia-smi dump as the runner's inventory lists them (with
+    their NVLink peers and PCIe links, gpu_links); with
     `name`, UUIDs derived from it (registered_node's own_uuids)."""
-    gpus = [g.as_protocol() for g in parse_dump(dump).gpus]
+    inv = parse_dump(dump)
+    links = topology_fields(inv.gpus, {})  # NVLink peers, as the runner sends them
+    gpus = [{**g.as_protocol(), **links[g.uuid]} for g in inv.gpus]
     if name is not None:
         gpus = [{**g, "uuid": f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, name + g['uuid'])}"}
                 for g in gpus]

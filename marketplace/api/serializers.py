@@ -16,12 +16,12 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from marketplace import env_templates, selectors
-from marketplace.book import CLIENT_ORDER_ID, BidRequest, Placed
+from marketplace import env_templates, interconnect, selectors
+from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
-from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
+from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
 from marketplace.workload_env import clean_env_and_secrets, clean_vars
@@ -178,6 +178,30 @@ class TemplateSerializer(serializers.Serializer):
 
 class TemplateListSerializer(serializers.Serializer):
     results = TemplateSerializer(many=True)
+class OfferSerializer(serializers.Serializer):
+    """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
+    class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
+    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU), and
+    `summary` ("8 × H100 SXM 80GB, NVLink full mesh")."""
+
+    price = UsdField()
+    gpus = serializers.IntegerField()
+    node_gpus = serializers.IntegerField()
+    interconnect = serializers.CharField()
+    summary = serializers.CharField()
+
+
+class GpuClassDetailSerializer(GpuClassSerializer):
+    """GpuClassSerializer with `offers`: the market's standing asks, cheapest first, each
+    with its node's GPUs and interconnect (OfferSerializer; marketplace/interconnect.py)."""
+
+    offers = serializers.SerializerMethodField()
+
+    class Meta(GpuClassSerializer.Meta):
+        fields = [*GpuClassSerializer.Meta.fields, "offers"]
+
+    def get_offers(self, gpu_class) -> list[dict]:
+        return OfferSerializer(interconnect.offers(gpu_class), many=True).data
 
 
 class LevelSerializer(serializers.Serializer):
@@ -271,14 +295,15 @@ class TemplateFields(serializers.Serializer):
 TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets")
+            "secrets", "interconnect")
 ASK_ONLY = ("node", "available_until")
 
 
 class OrderInSerializer(TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
-    higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields) or
+    higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
+    interconnect: "nvlink" for gangs all NVLink-connected) or
     an ask (node, gpus, price, available_until, optional gpu_class); either with an
     optional client_order_id (yours, unique per user: placing it again returns the first
     order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
@@ -302,6 +327,7 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
     client_order_id = ClientOrderIdField(required=False)
     interruptible = StrictBooleanField(required=False, default=False)
     ports = ports_field()
+    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -318,6 +344,8 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             gang = attrs.get("gang_size", attrs["gpus"])
             if attrs["gpus"] % gang:
                 raise serializers.ValidationError({"gang_size": "must divide gpus"})
+            if attrs["interconnect"] == Interconnect.NVLINK and gang == 1:
+                raise serializers.ValidationError({"interconnect": NVLINK_GANG_OF_ONE})
             attrs = self.resolve_template(attrs)
         else:
             for name in BID_ONLY:
@@ -343,7 +371,7 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
-            **{name: v[name] for name in TEMPLATE_TERMS})
+            interconnect=v["interconnect"], **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:
@@ -367,9 +395,9 @@ class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = Order
         fields = ["id", "side", "status", "gpu_class", "price", "gpus", "remaining_gpus",
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
-                  "client_order_id", "interruptible", "ports", "node", "available_until",
-                  "created_at", "image", "command", *TEMPLATE_TERMS, "secret_names",
-                  "match_note"]
+                  "client_order_id", "interruptible", "ports", "interconnect", "node",
+                  "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
+                  "secret_names", "match_note"]
 
     match_note = serializers.SerializerMethodField()
 
@@ -555,6 +583,7 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
                                     allow_null=True, max_length=64, default=None)
     ports = ports_field()
+    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 
     def validate(self, attrs):
         return self.resolve_template(super().validate(attrs))
@@ -571,7 +600,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "secret_names",
-                  "created_at"]
+                  "interconnect", "created_at"]
 
 
 _templates = threading.local()

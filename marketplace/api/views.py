@@ -44,11 +44,12 @@ class GpuClassList(generics.ListAPIView):
 
 
 class GpuClassDetail(generics.RetrieveAPIView):
-    """One GPU class: datasheet figures with their source, reference price, and the
-    measured benchmark (median of its healthy GPUs' latest passed results, or null)."""
+    """One GPU class: datasheet figures with their source, reference price, the measured
+    benchmark (median of its healthy GPUs' latest passed results, or null), and its
+    standing asks with each node's GPUs and interconnect (`offers`)."""
 
     permission_classes = [permissions.AllowAny]
-    serializer_class = s.GpuClassSerializer
+    serializer_class = s.GpuClassDetailSerializer
     queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
     lookup_field = "slug"
 
@@ -200,7 +201,7 @@ class SealedBidCreate(APIView):
         bid = auctions.place_sealed_bid(
             bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v.get("gpus"),
             min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
-            ports=v["ports"], secrets=v["secrets"],
+            ports=v["ports"], secrets=v["secrets"], interconnect=v["interconnect"],
             **{name: v[name] for name in s.TEMPLATE_TERMS},
         )
         return Response(s.SealedBidSerializer(bid).data, status=201)

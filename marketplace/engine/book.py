@@ -93,6 +93,7 @@ class OrderBook:
         "_bid_px",
         "_bid_q",
         "_bid_tot",
+        "links",
     )
 
     def __init__(self) -> None:
@@ -107,6 +108,10 @@ class OrderBook:
         self._ask_tot: dict[int, int] = {}
         self._ask_ix: dict[int, list] = {}
         self._ask_dead = 0
+        #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
+        #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
+        #: it, in order); None: no node can (an NVLink bid then never fills).
+        self.links = None
 
     # ------------------------------------------------------------------ submit
 
@@ -244,6 +249,7 @@ class OrderBook:
         end = now + bid.duration_s
         need = bid.min_cuda
         left = bid.gpus
+        nv = bid.nvlink
         dead = 0
         i = 0
         while i < len(px):
@@ -278,6 +284,11 @@ class OrderBook:
                     lg = left // gang
                     if k > lg:
                         k = lg
+                    if nv:
+                        k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
+                        if not k:
+                            j += 1
+                            continue
                     g = k * gang
                     fills.append(Fill(bid_id, a.id, a.node, g, p))
                     left -= g
@@ -328,6 +339,7 @@ class OrderBook:
         window = ask.available_until - now
         cuda = ask.cuda
         left = ask.gpus
+        nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
         dead = 0
         i = len(px) - 1
         while i >= 0:
@@ -363,6 +375,12 @@ class OrderBook:
                     kb = bg // gang
                     if k > kb:
                         k = kb
+                    if b.nvlink:
+                        nvg[b.id] = gang
+                        k = self._nvlink_gangs(node, gang, k, fills, nvg)
+                        if not k:
+                            j += 1
+                            continue
                     g = k * gang
                     fills.append(Fill(b.id, ask_id, node, g, p))
                     left -= g
@@ -407,6 +425,7 @@ class OrderBook:
         end = now + bid.duration_s
         need = bid.min_cuda
         got = 0
+        seen: list[Fill] = []
         qs = self._ask_q
         for p in self._ask_px:
             if p > bid.price:
@@ -416,10 +435,23 @@ class OrderBook:
                 if (a is None or a.owner == owner or a.gpus < gang
                         or end > a.available_until or (need and a.cuda < need)):
                     continue
-                got += (a.gpus // gang) * gang
+                k = a.gpus // gang
+                if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs
+                    k = self._nvlink_gangs(a.node, gang, k, seen, {bid.id: gang})
+                    seen.append(Fill(bid.id, a.id, a.node, k * gang, p))
+                got += k * gang
                 if got >= want:
                     return want
         return got
+
+    def _nvlink_gangs(self, node: int, gang: int, k: int, fills: list,
+                      nvg: dict[int, int]) -> int:
+        """At most `k`: the NVLink-connected gangs `node` can still give (``links``), after
+        this pass's earlier `fills` on it (an NVLink bid's by its gang in `nvg`)."""
+        if self.links is None:
+            return 0
+        taken = [(f.gpus, nvg.get(f.bid_id, 0)) for f in fills if f.node == node]
+        return min(k, self.links(node, gang, taken))
 
     @staticmethod
     def _compact(qs: dict) -> None:

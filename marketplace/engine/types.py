@@ -33,6 +33,8 @@ class Bid:
             ``"FOK"`` (all or nothing).
         min_cuda: lowest node CUDA version it runs on, as major * 1000 + minor
             (12.4 → 12004); 0: none. It fills only against asks with ``cuda >= min_cuda``.
+        nvlink: each gang must be NVLink-connected (every pair of its GPUs linked); the
+            book asks its ``links`` how many such gangs a node can give.
     """
 
     id: int
@@ -44,6 +46,7 @@ class Bid:
     seq: int
     tif: str = "GTC"
     min_cuda: int = 0
+    nvlink: bool = False
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from . import __version__, mig
 from .benchmark import post_result, run_in_subprocess, run_slices
 from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
+from .gpu_links import topology_fields
 from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
 from .lease import RunnerLease
@@ -109,17 +110,31 @@ class Agent:
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
-        """POST the inventory; return the `node` object the marketplace answers with."""
+        """POST the inventory (each GPU with its NVLink and PCIe link: gpu_links); return
+        the `node` object the marketplace answers with."""
         inventory = self.gpus.inventory()
+        try:
+            readings = {r["uuid"]: r for r in self.gpus.sample_health(
+                [g.uuid for g in inventory.gpus])}
+        except Exception as exc:  # the PCIe link is a detail: register without it
+            self.log(f"could not read the PCIe links ({exc}); registering without them")
+            readings = {}
+        links = topology_fields(inventory.gpus, readings)
         body = {
             "hostname": socket.gethostname(),
             "driver_version": inventory.driver_version,
             "cuda_version": inventory.cuda_version,
             "runner_version": __version__,
             "source": inventory.source,
-            "gpus": mig.inventory_items(inventory),
+            # a GPU's item, or its parent's (listed false) and its MIG slices' (mig.py);
+            # each GPU's with its NVLink and PCIe link (gpu_links)
+            "gpus": [{**item, **links.get(item["uuid"], {})}
+                     for item in mig.inventory_items(inventory)],
         }
-        self.node = self.client.post_inventory(body).get("node") or {}
+        answer = self.client.post_inventory(body)
+        for warning in answer.get("warnings") or []:  # e.g. an NVLink peer it ignored
+            self.log(f"the marketplace ignored part of the inventory: {warning}")
+        self.node = answer.get("node") or {}
         label = str(self.node.get("uid") or self.node.get("id") or self.node.get("name")
                     or "default")  # the node's uid is unique across marketplace databases
         for runtime in (self.runtime, *self.previous_runtimes):

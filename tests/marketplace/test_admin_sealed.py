@@ -171,9 +171,9 @@ def test_pages_show_sealed_in_place_of_every_figure_before_close(operator, lot):
         assert _cells(bids, column) == ["sealed", "sealed"], column
     page = operator.get(_url("sealedbid", "change", a.pk)).content.decode()
     # price, gpus, min_gpus, image, command, ports, template, min_cuda, port_roles, ssh,
-    # env: every secret field
+    # env, interconnect: every secret field
     assert page.count('<div class="readonly">sealed</div>') == len(
-        SealedBidAdmin.secret_fields) == 11
+        SealedBidAdmin.secret_fields) == 12
     assert "hush-hush" not in page and "vllm" not in page
     assert "sealed until the auction closes" in page
     hold_list = operator.get(_url("hold")).content.decode()

@@ -37,7 +37,7 @@ MARKET = "h100-sxm-80gb"
 
 
 def snapshot(b) -> tuple[list, list]:
-    return ([(x.id, x.owner, x.price, x.gpus, x.gang, x.duration_s, x.seq, x.tif)
+    return ([(x.id, x.owner, x.price, x.gpus, x.gang, x.duration_s, x.seq, x.tif, x.nvlink)
              for x in b.bids()],
             [(a.id, a.owner, a.price, a.gpus, a.node, a.available_until, a.seq)
              for a in b.asks()])
@@ -112,6 +112,7 @@ def test_cached_book_equals_a_rebuild_after_random_service_calls(monkeypatch, ch
                 "time_in_force": rng.choice(("GTC", "GTC", "GTC", "IOC", "FOK")),
                 "expires_at": (now + timedelta(minutes=rng.randrange(1, 30))
                                if rng.random() < 0.3 else None),
+                "interconnect": "nvlink" if gang > 1 and rng.random() < 0.2 else "any",
                 "now": now}
             if action == "rollback":
                 # a failure inside the transaction after the engine changed the cached
