@@ -81,8 +81,9 @@ def order_placed(o: dict) -> str:
 
 
 def sealed_bid(b: dict) -> str:
+    replaced = f"; it replaces sealed bid {b['replaced']}" if b.get("replaced") else ""
     return (f"sealed bid {b.get('id')} on auction {b.get('auction')}: {b.get('status')}, "
-            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h")
+            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h{replaced}")
 
 
 def leases(items: list[dict]) -> str:

@@ -117,7 +117,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     min_cuda refuses the bid: Conflict naming min_cuda); port_roles: their roles
     (ports.clean_port_roles); ssh: the lease gets the bidder's SSH keys and port 22
     (ports.with_ssh); env, secrets: the workload's variables (workload_env), the secrets
-    sealed with the bid (sealing.py).
+    sealed with the bid (sealing.py). The bid's `replaced_bid_id` (not stored): the id of
+    the bidder's earlier active bid on this auction that it replaced (withdrawn, its hold
+    released), or None.
     """
     now = now or timezone.now()
     ports, port_roles = with_ssh(ports, port_roles, ssh)
@@ -165,6 +167,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
         bid.save()
+    bid.replaced_bid_id = previous.pk if previous is not None else None
     return bid
 
 
