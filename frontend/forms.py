@@ -129,7 +129,8 @@ class BidForm(forms.Form):
                                  choices=[(v, v) for v in Order.TimeInForce.values]))
     image = _image(OrderInSerializer)
     command = _command(OrderInSerializer,
-                       help_text="optional; empty runs the image's own command")
+                       help_text="optional; empty runs the template's command, or else the "
+                                 "image's own")
     ports = _ports(OrderInSerializer)
     min_cuda = _min_cuda(OrderInSerializer)
     ssh = _ssh(OrderInSerializer)
