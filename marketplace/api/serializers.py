@@ -201,8 +201,10 @@ def ports_field() -> serializers.ListField:
         required=False, max_length=8, default=list)
 
 
+# OpenAPI 3.0 has no propertyNames: the names' rule is in the description
 @extend_schema_field({"type": "object", "maxProperties": 32,
-                      "propertyNames": {"pattern": "^[A-Z_][A-Z0-9_]*$", "maxLength": 128},
+                      "description": "names match ^[A-Z_][A-Z0-9_]*$ (at most 128 "
+                                     "characters); values at most 4 KiB, 32 KiB in all",
                       "additionalProperties": {"type": "string", "maxLength": 4096}})
 class WorkloadVarsField(serializers.Field):
     """`env` or `secrets` of a bid: {NAME: "value"} (marketplace/workload_env.py: names
