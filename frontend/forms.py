@@ -212,6 +212,9 @@ class AuctionForm(_NodeChoice):
 
 
 class ExtendLeaseForm(forms.Form):
-    """The leases page's "Extend": whole hours more (the API's `hours`)."""
+    """The leases page's "Extend": whole hours more (the API's `hours`), and the page's own
+    `request_id` (hidden; new on each GET) so that a form sent twice extends once."""
 
     hours = _whole(LeaseExtendInSerializer, "hours", "Hours more", required=True, initial=1)
+    request_id = ApiField(LeaseExtendInSerializer, "request_id", required=False,
+                          widget=forms.HiddenInput)

@@ -1,11 +1,12 @@
 """What a buyer notices on the way (issue 12's "done when"): a sealed re-bid says which bid
 it replaced (API, page, CLI text); a retried extend with the same Idempotency-Key (or
-`request_id`) extends once and answers the lease; the leases page shows the lease's template
-and its ports' roles; a missing or another buyer's lease reads "no lease N of yours" on
-every lease endpoint."""
+`request_id`, or the extend page's own hidden one) extends once and answers the lease;
+the leases page shows the lease's template and its ports' roles; a missing or another
+buyer's lease reads "no lease N of yours" on every lease endpoint."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -138,3 +139,20 @@ def test_the_leases_page_shows_the_template_and_the_ports_roles(client):
         {"container_port": 22, "host": "127.0.0.1", "host_port": 40022}])
     html = client.get(reverse("leases-page")).content.decode()
     assert "port 22 (ssh) → <code>127.0.0.1:40022</code>" in html
+
+
+def test_the_extend_page_sent_twice_extends_once(client):
+    buyer, lease = _running_lease()
+    login(client, buyer)
+    url = reverse("lease-extend-page", args=[lease.pk])
+    page = client.get(url).content.decode()
+    [request_id] = re.findall(r'<input type="hidden" name="request_id" value="([^"]+)"', page)
+    assert request_id not in client.get(url).content.decode()  # new on each GET
+    said = []
+    for _ in range(2):  # the form sent twice (a double click, a retried POST)
+        r = client.post(url, {"hours": "1", "request_id": request_id}, follow=True)
+        assert r.status_code == 200
+        said += _messages(r.content.decode())
+    assert LeaseExtension.objects.filter(lease=lease).count() == 1
+    assert Lease.objects.get(pk=lease.pk).duration_seconds == 7200
+    assert said[0] == said[1] and said[0].endswith(": 2.49 USD more held."), said
