@@ -140,7 +140,7 @@ def book(args) -> int:
     return _emit(args, data, render.book)
 
 
-def templates(args) -> int:  # needs: templates endpoint (issue 12 contract)
+def templates(args) -> int:
     data, items = _api(args).results("/templates/", auth=False, limit=None)
     return _emit(args, data, lambda d: render.templates(items))
 
@@ -202,7 +202,7 @@ def wait(args) -> int:
                  or f"lease {le.get('id')} is running")
 
 
-def ssh(args) -> int:  # needs: connect field (issue 12 contract)
+def ssh(args) -> int:
     found = _api(args).get(f"/leases/{args.lease}/")
     command = (found.get("connect") or {}).get("ssh")
     if not command:
@@ -251,20 +251,20 @@ def logs(args) -> int:
     return EXIT_OK
 
 
-def stop(args) -> int:  # needs: stop endpoint (issue 12 contract)
+def stop(args) -> int:
     data = _api(args).post(f"/leases/{args.lease}/stop/")
     return _emit(args, data, lambda le: f"lease {le.get('id')}: {le.get('status')}; cost "
                  f"{render.shown(le.get('cost'))}")
 
 
-def extend(args) -> int:  # needs: extend endpoint (issue 12 contract)
+def extend(args) -> int:
     body = {"hours": args.hours} if args.hours is not None else {"seconds": args.seconds}
     data = _api(args).post(f"/leases/{args.lease}/extend/", body)
     return _emit(args, data, lambda le: f"lease {le.get('id')}: {le.get('status')}, now ends "
                  f"{le.get('ends_at')}")
 
 
-# SSH keys (needs: ssh-keys endpoints, issue 12 contract) ------------------------------
+# SSH keys ---------------------------------------------------------------------------
 
 def ssh_keys_list(args) -> int:
     data, items = _api(args).results("/ssh-keys/", limit=None)

@@ -81,8 +81,9 @@ def order_placed(o: dict) -> str:
 
 
 def sealed_bid(b: dict) -> str:
+    replaced = f"; it replaces sealed bid {b['replaced']}" if b.get("replaced") else ""
     return (f"sealed bid {b.get('id')} on auction {b.get('auction')}: {b.get('status')}, "
-            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h")
+            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h{replaced}")
 
 
 def leases(items: list[dict]) -> str:
@@ -124,9 +125,19 @@ def lease(le: dict, now: datetime | None = None) -> str:
         lines.append("secrets:  " + ", ".join(le["secret_names"]) + " (values never shown)")
     lines.append(f"started:  {le.get('started_at') or '-'}; ends {le.get('ends_at') or '-'}"
                  + (f"; ended {le['ended_at']}" if le.get("ended_at") else ""))
-    lines.append(f"cost:     {shown(le.get('cost'))}" + _so_far(le, now or datetime.now(UTC)))
+    lines.append(f"cost:     {shown(le.get('cost'))}" + _so_far(le, now or datetime.now(UTC))
+                 + _split(le))
     lines += connect_lines(le)
     return "\n".join(lines)
+
+
+def _split(le: dict) -> str:
+    """For an ended lease: who got its charge, " (provider $X, platform $Y)"; "" when the
+    answer does not say."""
+    if le.get("ended_at") is None or le.get("provider_amount") is None:
+        return ""
+    return (f" (provider {shown(le['provider_amount'])}, platform "
+            f"{shown(le.get('platform_fee'))})")
 
 
 def _so_far(le: dict, now: datetime) -> str:

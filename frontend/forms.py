@@ -130,7 +130,8 @@ class BidForm(forms.Form):
                                  choices=[(v, v) for v in Order.TimeInForce.values]))
     image = _image(OrderInSerializer)
     command = _command(OrderInSerializer,
-                       help_text="optional; empty runs the image's own command")
+                       help_text="optional; empty runs the template's command, or else the "
+                                 "image's own")
     ports = _ports(OrderInSerializer)
     min_cuda = _min_cuda(OrderInSerializer)
     ssh = _ssh(OrderInSerializer)
@@ -222,6 +223,9 @@ class AuctionForm(_NodeChoice):
 
 
 class ExtendLeaseForm(forms.Form):
-    """The leases page's "Extend": whole hours more (the API's `hours`)."""
+    """The leases page's "Extend": whole hours more (the API's `hours`), and the page's own
+    `request_id` (hidden; new on each GET) so that a form sent twice extends once."""
 
     hours = _whole(LeaseExtendInSerializer, "hours", "Hours more", required=True, initial=1)
+    request_id = ApiField(LeaseExtendInSerializer, "request_id", required=False,
+                          widget=forms.HiddenInput)

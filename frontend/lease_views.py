@@ -6,6 +6,8 @@ exact final charge after a stop, the new end after an extension. Not the buyer's
 
 from __future__ import annotations
 
+import secrets
+
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect
@@ -15,7 +17,7 @@ from frontend import forms as f
 from frontend.views import _page, _service_error, member, usd
 from marketplace import lease_control
 from marketplace.errors import MarketError
-from marketplace.models import Lease
+from marketplace.models import Lease, LeaseExtension
 from settlement import services as ledger
 from settlement.money import lease_cost
 
@@ -86,16 +88,20 @@ def lease_stop(request, pk: int):
 def lease_extend(request, pk: int):
     """GET: the form (hours) with the price; POST: extend it, or show why not (400)."""
     lease = _own_lease(request, pk)
-    form = f.ExtendLeaseForm(request.POST if request.method == "POST" else None)
+    form = f.ExtendLeaseForm(request.POST if request.method == "POST" else None,
+                             initial={"request_id": secrets.token_urlsafe(16)})
     if request.method == "POST" and form.is_valid():
-        hours = form.cleaned_data["hours"]
+        hours, request_id = form.cleaned_data["hours"], form.cleaned_data["request_id"] or ""
         cost = lease_control.extension_cost(lease, hours * 3600)
         try:
             lease = lease_control.extend_lease(buyer_id=request.user.pk, lease_id=pk,
-                                               seconds=hours * 3600, field="hours")
+                                               seconds=hours * 3600, field="hours",
+                                               request_id=request_id)
         except MarketError as exc:
             _service_error(form, exc)
         else:
+            if request_id:  # a form sent twice: the first extension's own figure
+                cost = LeaseExtension.objects.get(lease=lease, request_id=request_id).cost
             until = (f"until {lease.ends_at:%Y-%m-%d %H:%M:%S} UTC" if lease.ends_at
                      else f"to {lease.duration_seconds // 3600} h in all")
             messages.success(request, f"Lease #{lease.pk} extended by {hours} h {until}: "

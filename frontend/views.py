@@ -302,6 +302,12 @@ def _clock(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def _port_label(port: int, roles: dict | None) -> str:
+    """"22 (ssh)": a container port and its role (the lease's port_roles), or "8080"."""
+    role = (roles or {}).get(str(port))
+    return f"{port} ({role})" if role else str(port)
+
+
 def _lease_rows(leases, *, role: str):
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
@@ -321,7 +327,8 @@ def _lease_rows(leases, *, role: str):
             "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
             "log_tail": tails.get(x.pk, ""),
             "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
-            "ports": x.ports or [],
+            "ports": [_port_label(p, x.port_roles) for p in x.ports or []],
+            "template": x.template,
             # unended: the time left and the cost so far, counted on by leases.js
             "live": x.status in Lease.ACTIVE, "server_time": now,
             "price_micros": x.price, "duration_seconds": x.duration_seconds,
@@ -329,7 +336,8 @@ def _lease_rows(leases, *, role: str):
             if x.ends_at else None,
             "cost_so_far": usd(lease_cost(x.price, x.gpu_count, ran)),
             # where the buyer connects, while the lease runs ("host:port" per port)
-            "endpoints": [{"port": e["container_port"], "address": endpoint_text(e)}
+            "endpoints": [{"port": _port_label(e["container_port"], x.port_roles),
+                           "address": endpoint_text(e)}
                           for e in x.endpoints or []] if x.status in Lease.ACTIVE else [],
             # the buyer's way in (never the provider's to see)
             "ssh_command": ssh_command(x) if role == "buyer" and x.status in Lease.ACTIVE
@@ -436,8 +444,10 @@ def auction_detail(request, pk: int):
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
+                replaced = (f" It replaces your bid #{bid.replaced_bid_id}, whose hold is "
+                            "released." if bid.replaced_bid_id else "")
                 messages.success(request, f"Your sealed bid #{bid.pk} is in: "
-                                          f"{usd(bid.price)} USD per GPU-hour.")
+                                          f"{usd(bid.price)} USD per GPU-hour.{replaced}")
                 return redirect("auction", pk=pk)
         return _page(request, "frontend/auction.html",
                      _auction_context(request, auction, form), status=400)

@@ -122,7 +122,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     sealed with the bid (sealing.py). interconnect: "nvlink" — the GPUs won must all be
     NVLink-connected (InvalidInput naming it for 1 GPU, or a node whose GPUs hold no such
     set of min_gpus; at close, an award the node cannot connect any more is lost:
-    docs/MATCHING.md, "Interconnect").
+    docs/MATCHING.md, "Interconnect"). The bid's `replaced_bid_id` (not stored): the id of
+    the bidder's earlier active bid on this auction that it replaced (withdrawn, its hold
+    released), or None.
     """
     if interconnect not in Interconnect.values:
         raise InvalidInput("must be any or nvlink", field="interconnect")
@@ -179,6 +181,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
         bid.save()
+    bid.replaced_bid_id = previous.pk if previous is not None else None
     return bid
 
 

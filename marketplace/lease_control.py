@@ -60,7 +60,7 @@ def extension_cost(lease: Lease, seconds: int) -> int:
 
 
 def extend_lease(*, buyer_id: int, lease_id: int, seconds: int, field: str = "seconds",
-                 now: datetime | None = None) -> Lease:
+                 request_id: str = "", now: datetime | None = None) -> Lease:
     """Extend the buyer's unended lease by `seconds` at its price: a new hold of
     extension_cost, a LeaseExtension row, `duration_seconds` and `ends_at` grown, an event;
     the runner is told after commit (runner_push watches `ends_at`). Under the market lock,
@@ -68,12 +68,16 @@ def extend_lease(*, buyer_id: int, lease_id: int, seconds: int, field: str = "se
     scheduled for preemption, its node is silent, a GPU is unhealthy, the window does not
     reach the new end, or the wallet lacks the extra cost; InvalidInput (`field`) for a
     lease that would last longer than MAX_LEASE_SECONDS or an extension that costs
-    nothing."""
+    nothing. `request_id` (the client's Idempotency-Key): an extension of this lease made
+    with it already is answered with the lease as it is, nothing written; the same key
+    with other `seconds` is a Conflict naming `request_id`."""
     now = now or timezone.now()
     market_id = _own(buyer_id, lease_id).market_id
     with locking.tracked(market_id), transaction.atomic():
         locking.lock_market(market_id)
         lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if request_id and (done := _replay(lease, request_id, seconds)) is not None:
+            return done
         _check_extensible(lease, seconds, field, now)
         new_end = (lease.ends_at or now + timedelta(seconds=lease.duration_seconds)) \
             + timedelta(seconds=seconds)
@@ -89,7 +93,8 @@ def extend_lease(*, buyer_id: int, lease_id: int, seconds: int, field: str = "se
             raise Conflict(f"insufficient funds: the extension needs {format_usd(exc.needed)}"
                            f" USD, your wallet has {format_usd(exc.available)} USD "
                            "available") from None
-        LeaseExtension.objects.create(lease=lease, seconds=seconds, cost=cost, hold_id=hold.pk)
+        LeaseExtension.objects.create(lease=lease, seconds=seconds, cost=cost, hold_id=hold.pk,
+                                      request_id=request_id)
         lease.duration_seconds += seconds
         fields = ["duration_seconds"]
         if lease.ends_at is not None:
@@ -102,6 +107,20 @@ def extend_lease(*, buyer_id: int, lease_id: int, seconds: int, field: str = "se
                    update_fields=tuple(fields))
     log.info("lease %s: extended by %s s (now %s s), %s held on hold %s", lease.pk, seconds,
              lease.duration_seconds, cost, hold.pk)
+    return lease
+
+
+def _replay(lease: Lease, request_id: str, seconds: int) -> Lease | None:
+    """The lease when `request_id` already extended it by `seconds` (a retry); None when
+    the key is new; Conflict when it was used for another number of seconds."""
+    first = LeaseExtension.objects.filter(lease=lease, request_id=request_id).first()
+    if first is None:
+        return None
+    if first.seconds != seconds:
+        raise Conflict(f"request_id {request_id} already extended lease {lease.pk} by "
+                       f"{first.seconds} s; use a new one for another extension",
+                       field="request_id")
+    log.info("lease %s: extension %s replayed (request_id already used)", lease.pk, first.pk)
     return lease
 
 

@@ -415,7 +415,14 @@ class LeaseExtension(models.Model):
     seconds = models.PositiveIntegerField()
     cost = models.BigIntegerField(help_text="micro-USD held for the extra seconds")
     hold_id = models.BigIntegerField(unique=True, help_text="settlement.Hold id")
+    request_id = models.CharField(max_length=64, blank=True, default="",
+                                  help_text="the buyer's Idempotency-Key, if any")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["lease", "request_id"], condition=~models.Q(request_id=""),
+            name="lease_extension_request_id_unique")]
 
     def __str__(self) -> str:
         return f"lease #{self.lease_id} + {self.seconds} s"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Build a real SSH server image with no registry: this host's Debian `openssh-server`
 # (sshd, ssh-keygen and the shared libraries `ldd` lists) and busybox in a root
-# filesystem, `docker import`ed. The entrypoint makes an ed25519 host key and runs
-# `sshd -D -e -p 22`, public keys only, reading /etc/gpumarket/authorized_keys and
-# /root/.ssh/authorized_keys (the runner bind-mounts both read-only; docs/RUNNER.md).
+# filesystem, `docker import`ed. The entrypoint makes an ed25519 host key, then runs the
+# container's command when it has one (a template's, e.g. cuda-ssh's `sh -c "… exec
+# /usr/sbin/sshd -D -e"`), else `sshd -D -e -p 22`; public keys only, reading
+# /etc/gpumarket/authorized_keys and /root/.ssh/authorized_keys (the runner bind-mounts
+# both read-only; docs/RUNNER.md). An image of an older build (its label
+# gpumarket.sshd-image is not $version) is rebuilt under the same name.
 # Usage: scripts/build-ssh-image.sh [IMAGE]  (default gpumarket/sshd:local)
 set -euo pipefail
 image="${1:-gpumarket/sshd:local}"
-if docker image inspect "$image" >/dev/null 2>&1; then
+version=2
+if [ "$(docker image inspect -f '{{index .Config.Labels "gpumarket.sshd-image"}}' "$image" \
+      2>/dev/null)" = "$version" ]; then
   echo "image $image already present"; exit 0
 fi
 if [ ! -x /usr/sbin/sshd ] || ! command -v busybox >/dev/null 2>&1; then
@@ -60,10 +65,11 @@ cat > "$root/entrypoint" <<'EOF'
 #!/bin/sh
 set -e
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
-exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@"
+[ "$#" -eq 0 ] || exec "$@"
+exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}"
 EOF
 chmod 755 "$root/entrypoint"
 tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["/entrypoint"]' --change 'ENV PATH=/usr/sbin:/usr/bin:/bin' \
-  --change 'EXPOSE 22/tcp' - "$image" >/dev/null
+  --change 'EXPOSE 22/tcp' --change "LABEL gpumarket.sshd-image=$version" - "$image" >/dev/null
 echo "built image $image from $(/usr/sbin/sshd -V 2>&1 | head -1 || true) and $busybox"

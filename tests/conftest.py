@@ -112,14 +112,16 @@ def _fast_password_hasher(settings):
 @pytest.fixture(scope="session")
 def ssh_image(docker_client) -> str:
     """The real sshd image (scripts/build-ssh-image.sh, built by CI's .ci/run)."""
-    from tests.support.ssh import SSH_IMAGE
+    from tests.support.ssh import SSH_IMAGE, SSH_IMAGE_VERSION
 
     try:
-        docker_client.images.get(SSH_IMAGE)
+        labels = docker_client.images.get(SSH_IMAGE).labels or {}
     except Exception:
+        labels = {}
+    if labels.get("gpumarket.sshd-image") != SSH_IMAGE_VERSION:  # missing, or an older build
         if not (Path("/usr/sbin/sshd").exists() and shutil.which("busybox")):
-            require_or_skip(f"image {SSH_IMAGE} missing and openssh-server or busybox-static "
-                            "not installed: run scripts/build-ssh-image.sh as root")
+            require_or_skip(f"image {SSH_IMAGE} missing (or older) and openssh-server or "
+                            "busybox-static not installed: run scripts/build-ssh-image.sh as root")
         subprocess.run([str(ROOT / "scripts" / "build-ssh-image.sh"), SSH_IMAGE], check=True)
     return SSH_IMAGE
 

@@ -225,8 +225,10 @@ def ports_field() -> serializers.ListField:
         required=False, max_length=8, default=list)
 
 
+# OpenAPI 3.0 has no propertyNames: the names' rule is in the description
 @extend_schema_field({"type": "object", "maxProperties": 32,
-                      "propertyNames": {"pattern": "^[A-Z_][A-Z0-9_]*$", "maxLength": 128},
+                      "description": "names match ^[A-Z_][A-Z0-9_]*$ (at most 128 "
+                                     "characters); values at most 4 KiB, 32 KiB in all",
                       "additionalProperties": {"type": "string", "maxLength": 4096}})
 class WorkloadVarsField(serializers.Field):
     """`env` or `secrets` of a bid: {NAME: "value"} (marketplace/workload_env.py: names
@@ -502,13 +504,17 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
 
 class LeaseExtendInSerializer(StrictInputSerializer):
     """POST /api/v1/leases/<id>/extend/: exactly one of `hours` or `seconds` (whole,
-    positive, at most a year); `seconds` of the result is the extension in seconds."""
+    positive, at most a year); `seconds` of the result is the extension in seconds.
+    `request_id` (optional, 1-64 of `A-Za-z0-9._:-`), or the `Idempotency-Key` header in
+    context["header_key"] (both given: they must agree): "" when neither."""
 
     hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
     seconds = StrictIntegerField(min_value=1, max_value=MAX_HOURS * 3600, required=False)
+    request_id = ClientOrderIdField(required=False)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
+        attrs["request_id"] = self._request_id(attrs.get("request_id"))
         given = [name for name in ("hours", "seconds") if name in attrs]
         if len(given) != 1:
             name = given[1] if given else "hours"
@@ -517,6 +523,17 @@ class LeaseExtendInSerializer(StrictInputSerializer):
         attrs["field"] = given[0]
         attrs["seconds"] = attrs["seconds"] if given[0] == "seconds" else attrs["hours"] * 3600
         return attrs
+
+    def _request_id(self, body: str | None) -> str:
+        header = self.context.get("header_key")
+        if header is not None and not CLIENT_ORDER_ID.fullmatch(header):
+            raise serializers.ValidationError({"Idempotency-Key": "must be 1 to 64 characters "
+                                               "of A–Z, a–z, 0–9, '.', '_', ':' or '-'"})
+        if body is not None and header is not None and body != header:
+            raise serializers.ValidationError(
+                {"request_id": "differs from the Idempotency-Key header; give one, or the "
+                               "same in both"})
+        return body or header or ""
 
 
 class AuctionInSerializer(StrictInputSerializer):
@@ -590,17 +607,23 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
 
 
 class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
-    """A bidder's own view of its sealed bid (its secrets by name only)."""
+    """A bidder's own view of its sealed bid (its secrets by name only). `replaced`: in the
+    answer to placing it, the id of your earlier bid on this auction that it replaced
+    (withdrawn, its hold released); null otherwise."""
 
     price = UsdField()
     paid_price = UsdField(positive=False)
     secret_names = secret_names_field()
+    replaced = serializers.SerializerMethodField()
+
+    def get_replaced(self, obj) -> int | None:
+        return getattr(obj, "replaced_bid_id", None)
 
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "secret_names",
-                  "interconnect", "created_at"]
+                  "interconnect", "created_at", "replaced"]
 
 
 _templates = threading.local()

@@ -191,7 +191,7 @@ class AuctionDetail(generics.RetrieveAPIView):
 
 
 class SealedBidCreate(APIView):
-    """Place or replace your sealed bid on an auction."""
+    """Place or replace your sealed bid on an auction (`replaced`: the earlier bid's id)."""
 
     @extend_schema(request=s.SealedBidInSerializer, responses={201: s.SealedBidSerializer})
     def post(self, request, pk: int):
@@ -241,10 +241,19 @@ class LeaseList(generics.ListAPIView):
 
 
 class LeaseDetail(generics.RetrieveAPIView):
+    """One of your leases (as buyer or provider); anyone else's is "no lease N of yours",
+    404, as a missing one (the same words as stop, extend and logs)."""
+
     serializer_class = s.LeaseSerializer
 
     def get_queryset(self):
         return _my_leases(self.request.user)
+
+    def get_object(self):
+        lease = self.get_queryset().filter(pk=self.kwargs["pk"]).first()
+        if lease is None:
+            raise NotFound(f"no lease {self.kwargs['pk']} of yours")
+        return lease
 
 
 class LeaseStop(APIView):
@@ -260,13 +269,21 @@ class LeaseStop(APIView):
 
 class LeaseExtend(APIView):
     """Extend your lease by `hours` or `seconds` at its price, on a new hold of the extra
-    cost; 409 naming why when the window, the node or your wallet does not allow it."""
+    cost; 409 naming why when the window, the node or your wallet does not allow it.
+    An `Idempotency-Key` header (or `request_id` field) makes a retry answer the lease
+    without extending it again."""
 
-    @extend_schema(request=s.LeaseExtendInSerializer, responses=s.LeaseSerializer)
+    @extend_schema(request=s.LeaseExtendInSerializer, responses=s.LeaseSerializer,
+                   parameters=[OpenApiParameter(
+                       "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                       description="1-64 of A-Z a-z 0-9 . _ : -; the same as request_id")])
     def post(self, request, pk: int):
-        data = s.LeaseExtendInSerializer(data=request.data)
+        data = s.LeaseExtendInSerializer(data=request.data,
+                                         context={"header_key": request.headers.get(
+                                             "Idempotency-Key")})
         data.is_valid(raise_exception=True)
         v = data.validated_data
         lease = lease_control.extend_lease(buyer_id=request.user.pk, lease_id=pk,
-                                           seconds=v["seconds"], field=v["field"])
+                                           seconds=v["seconds"], field=v["field"],
+                                           request_id=v["request_id"])
         return Response(s.LeaseSerializer(_my_leases(request.user).get(pk=lease.pk)).data)

@@ -1,8 +1,6 @@
-"""`gpumarket` against the endpoints and fields of issue 12's contract that other branches
-build (templates, SSH keys, `connect`, env/secrets, stop, extend): written to the contract
-(/work/briefs/contract12.md, docs/CLI.md), against a live server like the other CLI tests.
-Each is marked `needs(...)` (and `# needs: …`): it fails until that branch is merged;
-`-m "not needs"` leaves them out before then."""
+"""`gpumarket` against issue 12's endpoints and fields (templates, SSH keys, `connect`,
+env/secrets, stop, extend), as docs/CLI.md describes them, against a live server like the
+other CLI tests."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import json
 import shlex
 import stat
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -28,8 +25,6 @@ def _lease(gm, market, *extra: str) -> int:
     return lease_id
 
 
-# needs: stop endpoint
-@pytest.mark.needs("stop endpoint")
 def test_stop_ends_a_running_lease_and_a_second_stop_answers_the_same(gm, market):
     lease_id = _lease(gm, market)
     market.run(lease_id)
@@ -43,8 +38,6 @@ def test_stop_ends_a_running_lease_and_a_second_stop_answers_the_same(gm, market
     assert human.stdout.startswith(f"lease {lease_id}: ") and "cost $" in human.stdout
 
 
-# needs: extend endpoint
-@pytest.mark.needs("extend endpoint")
 def test_extend_runs_longer_or_exits_1_saying_why(gm, market):
     lease_id = _lease(gm, market)
     market.run(lease_id)
@@ -72,8 +65,6 @@ def _public_key(tmp_path, comment: str = "laptop"):
     return path, private
 
 
-# needs: ssh-keys endpoints
-@pytest.mark.needs("ssh-keys endpoints")
 def test_ssh_keys_add_list_delete(gm, market, tmp_path):
     gm.login(market.buyer)
     public, private = _public_key(tmp_path)
@@ -94,8 +85,6 @@ def test_ssh_keys_add_list_delete(gm, market, tmp_path):
     assert gone.returncode == 1 and len(gone.stderr.splitlines()) == 1
 
 
-# needs: connect field, ssh bid field
-@pytest.mark.needs("connect field")
 def test_ssh_execs_the_leases_own_ssh_command_with_the_extra_arguments(gm, market, tmp_path):
     lease_id = _lease(gm, market, "--image", IMAGE, "--ssh")
     waiting = gm("ssh", str(lease_id))
@@ -119,8 +108,6 @@ def test_ssh_execs_the_leases_own_ssh_command_with_the_extra_arguments(gm, marke
     assert dry["argv"] == shlex.split(command)
 
 
-# needs: env and secrets fields
-@pytest.mark.needs("env and secrets fields")
 def test_env_and_a_secret_from_a_file_are_sent_and_the_secret_never_shown(gm, market,
                                                                          tmp_path):
     secret = tmp_path / "hf_token"
@@ -144,8 +131,6 @@ def test_env_and_a_secret_from_a_file_are_sent_and_the_secret_never_shown(gm, ma
     assert bad.returncode == 1 and "secrets" in bad.stderr and "hunter2" not in bad.stderr
 
 
-# needs: templates endpoint
-@pytest.mark.needs("templates endpoint")
 def test_templates_are_listed_and_a_bid_may_name_one(gm, market):
     gm.login(market.buyer)
     listed = gm("templates", "--json")

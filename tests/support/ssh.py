@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 SSH_IMAGE = "gpumarket/sshd:local"  # scripts/build-ssh-image.sh
+SSH_IMAGE_VERSION = "2"  # its label gpumarket.sshd-image: the entrypoint runs a command given
 
 
 @dataclass(frozen=True)
