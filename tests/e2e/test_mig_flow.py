@@ -2,11 +2,12 @@
 PostgreSQL, the live HTTP server, the runner as its own process (`register` and `run
 --simulate <recording>`), and real Docker containers (--simulate: no GPU reaches them).
 
-A MIG-partitioned host registers its slices (never the GPU whole) → an ask and a bid for 2
-slices of one profile trade → the lease's container sees exactly those MIG UUIDs
-(NVIDIA_VISIBLE_DEVICES, checked from inside by the runner) → the lease ends, the
-container is gone, 85 % / 15 %, the hold released, the ledger clean. The recorded H200
-(whole) goes the same way in test_lease_flow.py.
+A MIG-partitioned host (the recorded H100 and H200 with their `-L`; the A100's `-q -x`
+with a made `-L`, tests/support/mig_host.py) registers its slices (never the GPU whole)
+→ an ask and a bid for 2 slices of one profile trade → the lease's container sees
+exactly those MIG UUIDs (NVIDIA_VISIBLE_DEVICES, checked from inside by the runner) →
+the lease ends, the container is gone, 85 % / 15 %, the hold released, the ledger clean.
+The recorded H200 (whole) goes the same way in test_lease_flow.py.
 """
 
 from __future__ import annotations
@@ -14,21 +15,32 @@ from __future__ import annotations
 import pytest
 
 from providers.models import Gpu
-from tests.support.mig_host import A100_MIG, H100_MIG, H100_MIG_DUMP, with_a100_listing
+from providers.runner.nvsmi import parse_dump
+from tests.support.mig_host import A100_MIG, H100_MIG_DUMP, with_a100_listing
 from tests.support.trading import empty_node, trade_and_settle
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
 
-def test_recorded_mig_h100_registers_its_slices_trades_two_and_runs_on_them(
-        live_server, docker_client, test_image, runner_factory):
-    provider, node, token = empty_node("mig-h100")
-    runner = runner_factory(live_server.url, token, H100_MIG_DUMP)
+H200_MIG_DUMP = H100_MIG_DUMP.with_name("h200-mig-x1.utku-exporter-590.48.01.q-idle.txt")
+
+
+@pytest.mark.parametrize(("dump", "product", "layout", "market"), [
+    pytest.param(H100_MIG_DUMP, "NVIDIA H100 80GB HBM3 (h100-sxm-80gb)",
+                 "3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb", "h100-sxm-80gb.1g.10gb", id="h100"),
+    pytest.param(H200_MIG_DUMP, "NVIDIA H200 (h200-sxm-141gb)",
+                 "3g.71gb, 3g.71gb, 2g.35gb, 1g.18gb, 1g.18gb", "h200-sxm-141gb.1g.18gb",
+                 id="h200"),
+])
+def test_recorded_mig_host_registers_its_slices_trades_two_and_runs_on_them(
+        live_server, docker_client, test_image, runner_factory, dump, product, layout, market):
+    provider, node, token = empty_node("mig-host")
+    runner = runner_factory(live_server.url, token, dump)
     reg = runner.register()
     assert reg.returncode == 0, reg.stderr
-    assert "1 × NVIDIA H100 80GB HBM3 (h100-sxm-80gb)" in reg.stdout
-    assert ("offered as 4 MIG slices of GPU-00000000-0000-0000-0000-000000000000: 3g.40gb, "
-            "2g.20gb, 1g.10gb, 1g.10gb") in reg.stdout
-    [gpu] = H100_MIG.gpus
+    [gpu] = parse_dump(dump).gpus
+    assert f"1 \u00d7 {product}" in reg.stdout
+    assert (f"offered as {len(gpu.mig_devices)} MIG slices of {gpu.uuid}: {layout}"
+            in reg.stdout), reg.stdout
     slices = {g.uuid: g.mig_profile for g in node.gpus.all()}
     assert slices == {d.uuid: d.profile for d in gpu.mig_devices}
     assert not Gpu.every.get(uuid=gpu.uuid).listed  # never offered whole
@@ -36,8 +48,9 @@ def test_recorded_mig_h100_registers_its_slices_trades_two_and_runs_on_them(
 
     leased = trade_and_settle(provider=provider, node=node, runner=runner,
                               docker_client=docker_client, test_image=test_image,
-                              market="h100-sxm-80gb.1g.10gb", gpus=2, price=400_000)
-    assert leased == sorted(d.uuid for d in gpu.mig_devices if d.profile == "1g.10gb")
+                              market=market, gpus=2, price=400_000)
+    profile = market.split(".", 1)[1]
+    assert leased == sorted(d.uuid for d in gpu.mig_devices if d.profile == profile)
 
 
 def test_recorded_mig_a100_xml_with_a_listing_registers_and_runs_its_slices(
