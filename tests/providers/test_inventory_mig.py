@@ -234,7 +234,7 @@ def test_a_fatal_finding_on_the_parent_takes_every_slice_out_one_on_a_slice_only
 def test_a_slice_is_benchmarked_against_its_profiles_share_of_the_datasheet():
     _user, node, token = mig_node()
     one_g = node.gpus.filter(gpu_class__slug=ONE_G).order_by("uuid").first()
-    share = one_g.gpu_class  # 1/7 of the H100's figures (tests.factories.mig_market)
+    share = one_g.gpu_class  # 1/7 of the H100's figures (marketplace/catalog.py)
     assert (share.bf16_dense_tflops, share.memory_bandwidth_gbps) == (Decimal("141.3"), 478)
     item = {"uuid": one_g.uuid, "correct": True, "bf16_tflops": 120.4,
             "memory_bandwidth_gbps": 401.0}
