@@ -31,28 +31,35 @@ log = logging.getLogger("gpumarket.leases")
 
 
 def _pick_gpus(node: Node, market: GpuClass, count: int) -> list[Gpu]:
-    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id,
-    locked (FOR UPDATE, by primary key: the order a new MIG layout or a health change
-    locks a node's units, providers/services.py) so that a layout change cannot delete or
-    unlist them before this lease commits. One it deleted or unlisted meanwhile is gone
-    when the lock is had: a Conflict naming `gpus` (409; nothing is written). The partial
-    unique index on LeaseGpu makes a double booking fail even if two writers raced here."""
-    picked = list(
+    """`count` healthy GPUs of the class on `node` that are in no active lease, by bus id.
+    The partial unique index on LeaseGpu makes a double booking fail even if two
+    writers raced here."""
+    free = list(
         Gpu.objects.filter(node=node, gpu_class=market, healthy=True)
         .exclude(lease_gpus__active=True)
-        .order_by("pci_bus_id", "uuid").values_list("pk", flat=True)[:count]
+        .order_by("pci_bus_id")[:count]
     )
-    if len(picked) < count:
-        raise Conflict(f"node {node.name} has only {len(picked)} free {market.slug} GPUs, "
-                       f"{count} needed")
-    free = list(Gpu.objects.select_for_update().filter(pk__in=picked, healthy=True)
-                .order_by("pk"))
     if len(free) < count:
+        raise Conflict(f"node {node.name} has only {len(free)} free {market.slug} GPUs, "
+                       f"{count} needed")
+    return free
+
+
+def _locked(node: Node, market: GpuClass, chosen: list[Gpu]) -> list[Gpu]:
+    """`chosen`, once each is locked (FOR UPDATE, by primary key: the order a new MIG
+    layout or a health change locks a node's units, providers/services.py), so that a
+    layout change cannot delete or unlist them before this lease commits. One it deleted,
+    unlisted or marked unhealthy meanwhile is gone when the lock is had: a Conflict naming
+    `gpus` (409; nothing is written; RUNNER_PROTOCOL.md, "A layout change racing a lease")."""
+    locked = list(Gpu.objects.select_for_update().filter(pk__in=[g.pk for g in chosen],
+                                                         healthy=True)
+                  .order_by("pk").values_list("pk", flat=True))
+    if len(locked) < len(chosen):
         raise Conflict(f"the units of node {node.name} changed while this lease was being "
-                       f"made (a new MIG layout or a health change): {count - len(free)} of "
-                       f"the {market.slug} units picked for it left the market; nothing was "
-                       "written: retry", field="gpus")
-    return sorted(free, key=lambda g: (g.pci_bus_id, g.uuid))
+                       f"made (a new MIG layout or a health change): {len(chosen) - len(locked)}"
+                       f" of the {market.slug} units picked for it left the market; nothing "
+                       "was written: retry", field="gpus")
+    return chosen
 
 
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
@@ -75,7 +82,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
                        f"below the {min_cuda} this lease needs", field="min_cuda")
     port_roles = dict(port_roles or {})
-    chosen = _pick_gpus(node, market, gpus)
+    chosen = _locked(node, market, _pick_gpus(node, market, gpus))
     if hold_id is None:
         hold_id = ledger.hold_place(
             buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),
