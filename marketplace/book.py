@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.signals import post_save
 from django.utils import timezone
 
@@ -27,7 +27,7 @@ from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
 from marketplace.workload_env import clean_env_and_secrets
-from providers.models import Node
+from providers.models import Gpu, Node
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import MAX_USD_MICROS
@@ -267,6 +267,7 @@ def place_bids(requests: list[BidRequest], *,
     now = now or timezone.now()
     results: list[Placed | Exception | None] = [None] * len(requests)
     markets: dict[str, GpuClass] = {}
+    largest: dict[int, int] = {}  # market id → the most units one node has in it
     groups: dict[int, list[tuple[int, BidRequest, int]]] = {}
     seen_ids: set[tuple[int, str]] = set()
     again: list[int] = []  # a client_order_id repeated within this call
@@ -285,6 +286,9 @@ def place_bids(requests: list[BidRequest], *,
             market = markets.get(r.market_slug) or get_market(r.market_slug)
             markets[r.market_slug] = market
             hold_amount = _check_bid(r, now)
+            if market.pk not in largest:
+                largest[market.pk] = largest_node(market)
+            _check_fits_a_node(r, market, largest[market.pk])
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue
@@ -297,6 +301,26 @@ def place_bids(requests: list[BidRequest], *,
                              strict=True):
             results[i] = result
     return results  # type: ignore[return-value]  (every slot is filled)
+
+
+def largest_node(market: GpuClass) -> int:
+    """The most listed units (GPUs, or slices in a profile market) of `market` that one
+    node has; 0 when no node has any."""
+    counts = (Gpu.objects.filter(gpu_class=market).values("node").annotate(units=Count("pk"))
+              .order_by("-units").values_list("units", flat=True)[:1])
+    return next(iter(counts), 0)
+
+
+def _check_fits_a_node(r: BidRequest, market: GpuClass, largest: int) -> None:
+    """Conflict (409) for a gang larger than the largest node of the market: a gang runs on
+    one node, so it could never fill (docs/MATCHING.md, "Gangs larger than any node")."""
+    gang = r.gpus if r.gang_size is None else r.gang_size
+    if 0 < largest < gang:
+        unit = "MIG slices" if market.parent_id else "GPUs"
+        field = "gpus" if gang == r.gpus else "gang_size"
+        raise Conflict(f"a gang of {gang} runs on one node, and the largest node of "
+                       f"{market.slug} has {largest} {unit}: ask for at most {largest}, or "
+                       "split the bid into gangs with gang_size", field=field)
 
 
 def _check_bid(r: BidRequest, now: datetime) -> int:

@@ -52,6 +52,23 @@ def _pick_gpus(node: Node, market: GpuClass, count: int, nvlink_gang: int = 0) -
     return [by_uuid[u] for u in uuids]
 
 
+def _locked(node: Node, market: GpuClass, chosen: list[Gpu]) -> list[Gpu]:
+    """`chosen`, once each is locked (FOR UPDATE, by primary key: the order a new MIG
+    layout or a health change locks a node's units, providers/services.py), so that a
+    layout change cannot delete or unlist them before this lease commits. One it deleted,
+    unlisted or marked unhealthy meanwhile is gone when the lock is had: a Conflict naming
+    `gpus` (409; nothing is written; RUNNER_PROTOCOL.md, "A layout change racing a lease")."""
+    locked = list(Gpu.objects.select_for_update().filter(pk__in=[g.pk for g in chosen],
+                                                         healthy=True)
+                  .order_by("pk").values_list("pk", flat=True))
+    if len(locked) < len(chosen):
+        raise Conflict(f"the units of node {node.name} changed while this lease was being "
+                       f"made (a new MIG layout or a health change): {len(chosen) - len(locked)}"
+                       f" of the {market.slug} units picked for it left the market; nothing "
+                       "was written: retry", field="gpus")
+    return chosen
+
+
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
@@ -74,7 +91,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
                        f"below the {min_cuda} this lease needs", field="min_cuda")
     port_roles = dict(port_roles or {})
-    chosen = _pick_gpus(node, market, gpus, nvlink_gang)
+    chosen = _locked(node, market, _pick_gpus(node, market, gpus, nvlink_gang))
     if hold_id is None:
         hold_id = ledger.hold_place(
             buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),

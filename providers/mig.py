@@ -23,7 +23,8 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
     A slice item (`parent_uuid` set) must name a `MIG-` UUID, a parent item of the same
     report that is MIG-enabled and sent with `listed: false`, the bus id of its parent, a
     profile market of its parent's class whose profile is its `mig_profile`, and memory
-    that fits its parent (every slice's together too). A whole-GPU item carries no slice
+    that fits its parent (every GPU instance's together too: slices that are compute
+    instances of one GPU instance share its memory). A whole-GPU item carries no slice
     fields. Duplicate UUIDs are refused naming both items."""
     (error,) = errors
     seen: dict[str, int] = {}
@@ -34,6 +35,7 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
         seen[g["uuid"]] = i
     parents = {g["uuid"]: (i, g) for i, g in enumerate(gpus) if not g.get("parent_uuid")}
     used: dict[str, int] = {}
+    instances: set[tuple[str, object]] = set()  # (parent, GPU instance) counted in used
     for i, g in enumerate(gpus):
         parent_uuid = g.get("parent_uuid")
         if not parent_uuid:
@@ -59,7 +61,12 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
             raise error(f"must be its parent's ({parent['pci_bus_id']})",
                         field=f"gpus[{i}].pci_bus_id")
         _check_profile(i, g, classes[g["gpu_class"]], classes[parent["gpu_class"]], error)
-        used[parent_uuid] = used.get(parent_uuid, 0) + g["memory_mib"]
+        # compute instances of one GPU instance share its memory: counted once
+        instance = (parent_uuid, g.get("gpu_instance_id") if g.get("gpu_instance_id")
+                    is not None else g["uuid"])
+        if instance not in instances:
+            instances.add(instance)
+            used[parent_uuid] = used.get(parent_uuid, 0) + g["memory_mib"]
         if g["memory_mib"] > parent["memory_mib"] or used[parent_uuid] > parent["memory_mib"]:
             raise error(f"the slices of GPU {parent_uuid} would hold {used[parent_uuid]} MiB, "
                         f"more than its {parent['memory_mib']} MiB",

@@ -208,12 +208,20 @@ def topology_values(gpus: list[dict[str, Any]], warnings: list[str]) -> list[dic
 
 
 def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, Any]]) -> bool:
-    """Inside inventory_record's transaction: lock the known units, refuse another node's
-    or a changed model, update ours, insert the new ones (`gpus` sorted by UUID: whole
-    GPUs, "GPU-…", before slices, "MIG-…"), then apply each GPU's MIG layout
+    """Inside inventory_record's transaction: lock the node's and the known units, refuse
+    another node's or a changed model, update ours, insert the new ones (`gpus` sorted by
+    UUID: whole GPUs, "GPU-…", before slices, "MIG-…"), then apply each GPU's MIG layout
     (providers/mig.py). Returns whether a GPU's layout changed."""
-    known = {g.uuid: g for g in Gpu.every.select_for_update().select_related("gpu_class")
-             .filter(uuid__in=[g["uuid"] for g in gpus]).order_by("uuid")}
+    # First every unit of the node and every reported one, by primary key, as
+    # marketplace/leases.py locks the units it picks (after its market lock) and health
+    # changes lock theirs; no market (GPU class row) is locked here. So a lease being made
+    # and a layout change wait for each other, the later one sees the other's result, and
+    # neither deadlocks (tests/providers/test_inventory_mig_race.py).
+    reported = [g["uuid"] for g in gpus]
+    list(Gpu.every.select_for_update().filter(Q(node=node) | Q(uuid__in=reported))
+         .order_by("pk").values_list("pk", flat=True))
+    known = {g.uuid: g for g in Gpu.every.select_for_update(of=("self",))
+             .select_related("gpu_class").filter(uuid__in=reported).order_by("uuid")}
     for g in gpus:
         row = known.get(g["uuid"])
         if row is not None and row.node_id != node.pk:

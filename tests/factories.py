@@ -84,36 +84,16 @@ def registered_node(dump=H100_DUMP, name: str = "node-1", user=None, *,
 
 
 def mig_market(parent_slug: str, profile: str) -> GpuClass:
-    """The profile market `<parent>.<profile>` (e.g. "h100-sxm-80gb.1g.10gb"): the
-    catalog's row when it has one, else one made here with the profile's share of the
-    parent's figures (compute slices of 7 for TFLOPS and bandwidth, memory from the
-    profile name), until the catalog engineer's profile markets are merged."""
+    """The catalog's profile market `<parent>.<profile>` (e.g. "h100-sxm-80gb.1g.10gb");
+    GpuClass.DoesNotExist for a profile the catalog lacks (marketplace/catalog.py)."""
     ensure_catalog()
-    slug = f"{parent_slug}.{profile}"
-    parent = GpuClass.objects.get(slug=parent_slug)
-    slices, memory = (int(part[:-2 if part.endswith("gb") else -1])
-                      for part in profile.split("+")[0].split("."))
-    spec = {"name": f"{parent.name} MIG {profile}", "memory_gb": memory,
-            "memory_bandwidth_gbps": parent.memory_bandwidth_gbps * slices // 7,
-            "bf16_dense_tflops": (None if parent.bf16_dense_tflops is None
-                                  else round(parent.bf16_dense_tflops * slices / 7, 1)),
-            "datasheet_source": f"{slices}/7 of {parent.slug} ({parent.datasheet_source})",
-            "parent": parent, "mig_profile": profile}
-    return GpuClass.objects.get_or_create(slug=slug, defaults=spec)[0]
-
-
-H100_MIG_PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    return GpuClass.objects.get(slug=f"{parent_slug}.{profile}", mig_profile=profile)
 
 
 def mig_node(inventory: Inventory = H100_MIG, name: str = "mig-1", user=None):
     """A provider with a node registered as `inventory`'s units (MIG slices where its GPUs
-    have them; the profile markets made with mig_market). Returns (user, node, token)."""
+    have them, in the catalog's profile markets). Returns (user, node, token)."""
     ensure_catalog()
-    for profile in H100_MIG_PROFILES:
-        mig_market(H100, profile)
-    for gpu in inventory.gpus:
-        for dev in gpu.mig_devices:
-            mig_market(gpu.gpu_class, dev.profile)
     user = user or UserFactory()
     provider = provider_services.provider_onboard(user_id=user.pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name=name)

@@ -292,7 +292,7 @@ def _token_refused(args, url: str, state_dir: Path, simulate: str | None) -> str
 def _cmd_doctor(args) -> int:
     config = load_config(state_dir_from(args.state_dir))
     url, token = marketplace_from(args.url, args.token, config)
-    results = doctor_checks(url, token)
+    results = doctor_checks(url, token, args.simulate or config.get("simulate"))
     for _ok, line in results:
         print(line, flush=True)
     failed = sum(1 for ok, _ in results if ok is False)
@@ -509,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--state-dir", metavar="DIR", help=state_help)
     doc.add_argument("--url", help="marketplace base URL (default: the registered one)")
     doc.add_argument("--token", help="runner token (default: the registered one)")
+    doc.add_argument("--simulate", metavar="PATH",
+                     help=simulate_help + "; default: the registered one's, if any")
     doc.set_defaults(func=_cmd_doctor)
 
     st = sub.add_parser("status", help="print the configuration (never the token) and the "

@@ -3,7 +3,8 @@
 and token, clock offset against the marketplace.
 
 Each check gives one PASS/FAIL/SKIP line with the fix for a failure (doctor_checks);
-cli.py prints them and exits 1 when one failed.
+cli.py prints them and exits 1 when one failed. With `--simulate DUMP` the GPU checks read
+the recorded dump instead of NVML (the other checks are this host's).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from email.utils import parsedate_to_datetime
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_text import doctor_lines
-from .nvml import NoDriverError, NvmlGpus
+from .nvml import DumpGpus, NoDriverError, NvmlGpus
+from .nvsmi import DumpError
 from .runtime import docker_host
 
 CLOCK_MAX_OFFSET_S = 5.0
@@ -27,22 +29,28 @@ def _check_line(ok: bool | None, name: str, detail: str, fix: str = "") -> str:
     return f"{line} — fix: {fix}" if fix and ok is not True else line
 
 
-def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None, str]]:
-    """Run every check; return (passed: True/False, or None when skipped, line) pairs."""
+def doctor_checks(url: str | None, token: str | None,
+                  simulate: str | None = None) -> list[tuple[bool | None, str]]:
+    """Run every check; return (passed: True/False, or None when skipped, line) pairs.
+    simulate: a recorded dump (as `--simulate`) read instead of NVML."""
     out: list[tuple[bool | None, str]] = []
 
     def add(ok, name, detail, fix=""):
         out.append((ok, _check_line(ok, name, detail, fix)))
 
+    driver = f"NVIDIA driver (simulated from {simulate})" if simulate else "NVIDIA driver / NVML"
     try:
-        inventory = NvmlGpus().inventory()
-        add(True, "NVIDIA driver / NVML",
+        inventory = (DumpGpus(simulate) if simulate else NvmlGpus()).inventory()
+        add(True, driver,
             f"driver {inventory.driver_version}, CUDA {inventory.cuda_version}, "
             f"{len(inventory.gpus)} GPU(s)")
         for ok, name, detail, fix in doctor_lines(inventory.gpus):
             add(ok, name, detail, fix)
         for note in inventory.notes:
             add(None, "inventory", note)
+    except DumpError as exc:
+        add(False, driver, str(exc), "record the dump again (`nvidia-smi -q > FILE`, "
+            "`nvidia-smi -L > <base>.L.txt`; docs/RUNNER.md)")
     except (NoDriverError, UnknownGpuProduct) as exc:
         fix = ("install the NVIDIA datacenter driver for this GPU (e.g. `apt install "
                "nvidia-driver-550-server`), reboot or `modprobe nvidia`, and check that "
@@ -50,7 +58,7 @@ def doctor_checks(url: str | None, token: str | None) -> list[tuple[bool | None,
         if isinstance(exc, UnknownGpuProduct):
             fix = ("this GPU model has no marketplace class yet: one file, one test adds it "
                    "(providers/runner/catalog.py; docs/CATALOG.md)")
-        add(False, "NVIDIA driver / NVML", str(exc), fix)
+        add(False, driver, str(exc), fix)
 
     engine = None
     try:

@@ -19,8 +19,10 @@ from settlement import services as ledger
 from settlement.checks import first_violation
 from settlement.models import Account
 from settlement.split import split
+from tests.conftest import DATA
 from tests.factories import H100_DUMP, RTX4090_DUMP, funded_buyer, in_a_day, registered_node
 from tests.support.containers import inspected
+from tests.support.trading import empty_node, trade_and_settle
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
@@ -89,6 +91,26 @@ def test_ask_bid_fill_lease_container_settlement(live_server, docker_client, tes
     assert ask.remaining_gpus == 4  # the GPUs went back to the standing ask
     assert first_violation() is None
     assert "lease" in runner.output()
+
+
+H200_DUMP = DATA / "nvidia-smi" / "h200-x1.thamada-gls.q.txt"
+
+
+def test_recorded_h200_registers_as_its_class_trades_runs_and_settles(
+        live_server, docker_client, test_image, runner_factory):
+    provider, node, token = empty_node("h200-e2e")
+    runner = runner_factory(live_server.url, token, H200_DUMP)
+    reg = runner.register()
+    assert reg.returncode == 0, reg.stderr
+    assert "1 × NVIDIA H200 (h200-sxm-141gb)" in reg.stdout
+    [gpu] = node.gpus.all()
+    assert (gpu.uuid, gpu.product_name, gpu.gpu_class.slug, gpu.memory_mib) == (
+        "GPU-cb3dfa52-e2f3-9ca4-a399-7d16041c3732", "NVIDIA H200", "h200-sxm-141gb", 143771)
+    runner.start()
+    leased = trade_and_settle(provider=provider, node=node, runner=runner,
+                              docker_client=docker_client, test_image=test_image,
+                              market="h200-sxm-141gb", gpus=1, price=3_500_000)
+    assert leased == [gpu.uuid]
 
 
 def test_sealed_auction_closed_by_the_celery_worker(live_server, docker_client, test_image,

@@ -19,11 +19,11 @@ from marketplace.models import LeaseGpu
 from providers import benchmarks
 from providers.models import Gpu, GpuBenchmark
 from providers.runner import mig as runner_mig
-from providers.runner.nvsmi import MigDevice
+from providers.runner.nvsmi import MigDevice, parse_dump
 from settlement.checks import first_violation
 from tests.factories import H100, H100_MIG, funded_buyer, in_a_day, mig_node
 from tests.support.api import assert_refused, runner_client
-from tests.support.mig_host import A100_MIG
+from tests.support.mig_host import A100_MIG, DUMPS
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +74,17 @@ def test_the_recorded_a100_registers_its_four_1g_20gb_slices():
                                         "gpu_instance_id")) == [
         ("a100-sxm-80gb.1g.20gb", 19968, 14, gi) for gi in (3, 4, 5, 6)]
     assert book.node_market(node, None).slug == "a100-sxm-80gb.1g.20gb"
+
+
+def test_the_recorded_h200_registers_two_compute_instances_of_one_gpu_instance():
+    """Its GPU instance 2 (3g.71gb, 71424 MiB) holds two compute instances: two slices that
+    share that memory, counted once against the GPU's 143771 MiB."""
+    inventory = parse_dump(DUMPS / "h200-mig-x1.utku-exporter-590.48.01.q-idle.txt")
+    _user, node, _token = mig_node(inventory)
+    assert sorted(node.gpus.values_list("mig_profile", "gpu_instance_id",
+                                        "compute_instance_id", "sm_count")) == [
+        ("1g.18gb", 9, 0, 16), ("1g.18gb", 10, 0, 16), ("2g.35gb", 3, 0, 32),
+        ("3g.71gb", 2, 0, 16), ("3g.71gb", 2, 1, 32)]
 
 
 def _items() -> list[dict]:
@@ -223,7 +234,7 @@ def test_a_fatal_finding_on_the_parent_takes_every_slice_out_one_on_a_slice_only
 def test_a_slice_is_benchmarked_against_its_profiles_share_of_the_datasheet():
     _user, node, token = mig_node()
     one_g = node.gpus.filter(gpu_class__slug=ONE_G).order_by("uuid").first()
-    share = one_g.gpu_class  # 1/7 of the H100's figures (tests.factories.mig_market)
+    share = one_g.gpu_class  # 1/7 of the H100's figures (marketplace/catalog.py)
     assert (share.bf16_dense_tflops, share.memory_bandwidth_gbps) == (Decimal("141.3"), 478)
     item = {"uuid": one_g.uuid, "correct": True, "bf16_tflops": 120.4,
             "memory_bandwidth_gbps": 401.0}

@@ -1,30 +1,35 @@
-"""The recorded MIG-partitioned H100 host as the runner sees it (no Django: the runner's
-tests use it too)."""
+"""The recorded MIG-partitioned hosts as the runner reads them (no Django: the runner's
+tests use them too): parsed from data/nvidia-smi/, never built by hand."""
 
 from __future__ import annotations
 
-from providers.runner.nvsmi import GpuInfo, Inventory, MigDevice
+from pathlib import Path
 
-#: The recorded MIG-partitioned H100 host (data/nvidia-smi/h100-80gb-hbm3-mig-x1.*: the
-#: UUIDs and profiles from its `nvidia-smi -L`, GPU instance ids, SM counts and memory from
-#: its `nvidia-smi -q`), built here while the dump parser cannot read MIG devices.
-#: needs: nvsmi (parse_dump of the recording gives the same GpuInfo once it reads MIG)
-H100_MIG = Inventory("590.48.01", "13.1", [GpuInfo(
-    "GPU-00000000-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3", 81559,
-    "00000000:00:09.0", "Enabled", "h100-sxm-80gb", mig_devices=(
-        MigDevice("MIG-00000000-0000-0000-0000-000000000000", "3g.40gb", 2, 0, 40448, 60, 0),
-        MigDevice("MIG-00000001-0000-0000-0000-000000000001", "2g.20gb", 3, 0, 20096, 32, 1),
-        MigDevice("MIG-00000002-0000-0000-0000-000000000002", "1g.10gb", 9, 0, 9984, 16, 2),
-        MigDevice("MIG-00000003-0000-0000-0000-000000000003", "1g.10gb", 10, 0, 9984, 16, 3),
-    ))], source="simulate:h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01.q-idle.txt")
+from providers.runner.nvsmi import parse_dump, parse_text, read_text
 
-#: The recorded MIG-partitioned A100 host (data/nvidia-smi's a100-sxm4-80gb-mig-x1of4
-#: .telegraf.xml, `nvidia-smi -q -x`: GPU UUID, bus, memory, and 4 MIG devices of 14 SMs
-#: and 19968 MiB each — the 1g.20gb profile of the A100 80GB — in GPU instances 3 to 6).
-#: `-q -x` prints no MIG device UUIDs: these four are made here.
-A100_MIG = Inventory("535.54.03", "12.2", [GpuInfo(
-    "GPU-513536b6-7d19-9063-b049-1e69664bb298", "NVIDIA A100-SXM4-80GB", 81920,
-    "00000000:01:00.0", "Enabled", "a100-sxm-80gb", mig_devices=tuple(
-        MigDevice(f"MIG-a1000000-0000-0000-0000-00000000000{gi}", "1g.20gb", gi, 0, 19968, 14,
-                  gi - 3) for gi in (3, 4, 5, 6)))],
-    source="simulate:a100-sxm4-80gb-mig-x1of4.telegraf.xml")
+DUMPS = Path(__file__).resolve().parents[2] / "data" / "nvidia-smi"
+
+#: The recorded MIG-partitioned H100 (`nvidia-smi -q` and the `-L` beside it).
+H100_MIG_DUMP = DUMPS / "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01.q-idle.txt"
+H100_MIG = parse_dump(H100_MIG_DUMP)
+
+#: The recorded MIG-partitioned A100 80GB (`nvidia-smi -q -x`, GPU 1 of 4: 4 MIG devices of
+#: 14 SMs and 19968 MiB — the 1g.20gb profile — in GPU instances 3 to 6). `-q -x` prints no
+#: MIG UUID and no `-L` was recorded with it: A100_LISTING is one made here (GPU UUID from
+#: the report, MIG UUIDs invented), for `--simulate` as `<base>.L.txt` beside a copy.
+A100_MIG_DUMP = DUMPS / "a100-sxm4-80gb-mig-x1of4.telegraf.xml"
+A100_LISTING = ("GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-513536b6-7d19-9063-b049-1e69664bb298)\n"
+                + "".join(f"  MIG 1g.20gb     Device  {i}: "
+                          f"(UUID: MIG-a1000000-0000-0000-0000-00000000000{i + 3})\n"
+                          for i in range(4)))
+A100_MIG = parse_text(read_text(A100_MIG_DUMP), A100_MIG_DUMP.name,
+                      listing=(A100_LISTING, "a100-sxm4-80gb-mig-x1of4.telegraf.L.txt"))
+
+
+def with_a100_listing(directory: Path) -> Path:
+    """A copy of the A100 MIG report in `directory` with A100_LISTING beside it (the files
+    `--simulate` reads); returns the report's path."""
+    report = directory / A100_MIG_DUMP.name
+    report.write_bytes(A100_MIG_DUMP.read_bytes())
+    (directory / "a100-sxm4-80gb-mig-x1of4.telegraf.L.txt").write_text(A100_LISTING)
+    return report

@@ -20,7 +20,6 @@ DUMPS = DATA / "nvidia-smi"
 
 @pytest.mark.parametrize("name", sorted(RECORDINGS))
 def test_every_recording_registers_with_its_real_model_names(name):
-    # needs: catalog (its classes for these products); passes once that branch is merged
     ensure_catalog()
     provider = provider_services.provider_onboard(user_id=UserFactory().pk, display_name="Acme")
     created = provider_services.node_create(provider=provider, name="rec-1")

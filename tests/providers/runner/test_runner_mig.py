@@ -67,7 +67,7 @@ def test_kernel_xid_lines_carry_the_gpu_instance_they_are_attributed_to():
 
 class _SlicedDump(DumpGpus):
     """The recorded 8 × H100 host with its first GPU (bus 53) MIG-partitioned as the
-    recorded MIG H100 (needs: nvsmi — the dump parser reads no MIG devices yet)."""
+    recorded MIG H100 (no recording has whole and sliced GPUs on one host)."""
 
     def __init__(self, path):
         super().__init__(path)
