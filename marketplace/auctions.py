@@ -131,8 +131,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     now = now or timezone.now()
     ports, port_roles = with_ssh(ports, port_roles, ssh)
     ports = clean_ports(ports)
-    port_roles = clean_port_roles(port_roles, ports)
     check_terms(ports=ports, port_roles=port_roles, min_cuda=min_cuda, env=env)
+    port_roles = clean_port_roles(port_roles, ports)
     env, secrets = clean_env_and_secrets(env, secrets)
     with transaction.atomic():
         auction = (Auction.objects.select_for_update(of=("self",)).select_related("node")

@@ -341,8 +341,8 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
         raise InvalidInput("must be in the future", field="expires_at")
     ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
     ports = clean_ports(ports)
-    clean_port_roles(roles, ports)
     check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
+    clean_port_roles(roles, ports)
     clean_env_and_secrets(r.env, r.secrets)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 

@@ -116,8 +116,8 @@ def test_inventory_empty_and_duplicate_lists_are_refused():
                                format="json"), "gpus")
     body = _inventory_body()
     body["gpus"][1]["uuid"] = body["gpus"][0]["uuid"]
-    assert_refused(client.post("/api/v1/runner/inventory/", body, format="json"), "gpus",
-                   contains="twice")
+    assert_refused(client.post("/api/v1/runner/inventory/", body, format="json"),
+                   "gpus[1].uuid", contains="twice")
     assert Gpu.objects.count() == 0
 
 
