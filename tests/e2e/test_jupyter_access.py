@@ -6,8 +6,9 @@ registry sets it), running the template's own command.
 
 The buyer's `connect.jupyter` link answers 200, and so does `/api/status` with its token;
 without the token, or with another, JupyterLab refuses (403, or 302 to its login page);
-the provider's view of the lease has no link; the token is not in the log tail; after the
-buyer stops the lease the port is closed."""
+the provider's view of the lease has no link; the token is not in the log tail; the
+template's sshd lets the buyer's key in too; after the buyer stops the lease both ports
+are closed."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from marketplace import ssh_keys
 from marketplace.models import Lease
 from providers.models import LeaseLog
 from tests.conftest import DATA
 from tests.factories import bid_body, funded_buyer, in_a_day, registered_node
 from tests.support.api import client_for
 from tests.support.containers import inspected
-from tests.support.ssh import port_open
+from tests.support.ssh import key_pair, port_open, ssh_login
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.docker]
@@ -59,6 +61,8 @@ def test_the_buyer_s_jupyter_link_opens_jupyterlab_and_nothing_else_does(
         "available_until": in_a_day().isoformat()}, format="json").status_code == 201
 
     buyer = funded_buyer(100)
+    laptop = key_pair()
+    ssh_keys.add_key(owner_id=buyer.pk, public_key=laptop.public_line, name="laptop")
     placed = client_for(buyer).post("/api/v1/orders/", bid_body(
         gpu_class=gpu.gpu_class.slug, price="3.50", gpus=1, hours=1,
         template="pytorch-jupyter"), format="json")
@@ -94,9 +98,15 @@ def test_the_buyer_s_jupyter_link_opens_jupyterlab_and_nothing_else_does(
         in row.tail and row.tail, timeout=60)
     assert jupyter_token not in tail
 
+    ssh = client_for(buyer).get(f"/api/v1/leases/{lease_id}/").json()["connect"]["ssh"]
+    ssh_port = int(ssh.split()[2])
+    assert ssh == f"ssh -p {ssh_port} root@127.0.0.1"
+    assert wait_until("the buyer's key to log in", lambda: ssh_login(ssh_port, laptop),
+                      timeout=30) is True
+
     stopped = client_for(buyer).post(f"/api/v1/leases/{lease_id}/stop/")
     assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
     wait_until("the container to be removed", lambda: not inspected(
         docker_client, label=f"gpumarket.lease={lease_id}"), timeout=30)
-    assert not port_open(parts.port)
+    assert not port_open(parts.port) and not port_open(ssh_port)
     assert _link(buyer, lease_id) is None
