@@ -3,11 +3,14 @@
 # (sshd, ssh-keygen and the shared libraries `ldd` lists) and busybox in a root
 # filesystem, `docker import`ed. The entrypoint makes an ed25519 host key and runs
 # `sshd -D -e -p 22`, public keys only, reading /etc/gpumarket/authorized_keys and
-# /root/.ssh/authorized_keys (the runner bind-mounts both read-only; docs/RUNNER.md).
+# /root/.ssh/authorized_keys (the runner bind-mounts both read-only; docs/RUNNER.md);
+# given a command (a template's) it runs that instead. Rebuilt when an older version's
+# image (label gpumarket.image-version) is there.
 # Usage: scripts/build-ssh-image.sh [IMAGE]  (default gpumarket/sshd:local)
 set -euo pipefail
 image="${1:-gpumarket/sshd:local}"
-if docker image inspect "$image" >/dev/null 2>&1; then
+version=2  # 2: the entrypoint runs a command it is given (a template's) instead of sshd
+if [ "$(docker image inspect -f '{{index .Config.Labels "gpumarket.image-version"}}' "$image" 2>/dev/null)" = "$version" ]; then
   echo "image $image already present"; exit 0
 fi
 if [ ! -x /usr/sbin/sshd ] || ! command -v busybox >/dev/null 2>&1; then
@@ -60,10 +63,12 @@ cat > "$root/entrypoint" <<'EOF'
 #!/bin/sh
 set -e
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
-exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@"
+# a command (a template's, such as cuda-ssh's) runs as given; options go to sshd
+case "${1:-}" in ""|-*) exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@" ;; esac
+exec "$@"
 EOF
 chmod 755 "$root/entrypoint"
 tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["/entrypoint"]' --change 'ENV PATH=/usr/sbin:/usr/bin:/bin' \
-  --change 'EXPOSE 22/tcp' - "$image" >/dev/null
+  --change 'EXPOSE 22/tcp' --change "LABEL gpumarket.image-version=$version" - "$image" >/dev/null
 echo "built image $image from $(/usr/sbin/sshd -V 2>&1 | head -1 || true) and $busybox"

@@ -8,7 +8,8 @@ The buyer's `connect.jupyter` link answers 200, and so does `/api/status` with i
 without the token, or with another, JupyterLab refuses (403, or 302 to its login page);
 the provider's view of the lease has no link; the token is not in the log tail; the
 template's sshd lets the buyer's key in too; after the buyer stops the lease both ports
-are closed."""
+are closed. The `cuda-ssh` template mapped to the local sshd image runs its own command
+there and lets the buyer in."""
 
 from __future__ import annotations
 
@@ -110,3 +111,36 @@ def test_the_buyer_s_jupyter_link_opens_jupyterlab_and_nothing_else_does(
         docker_client, label=f"gpumarket.lease={lease_id}"), timeout=30)
     assert not port_open(parts.port) and not port_open(ssh_port)
     assert _link(buyer, lease_id) is None
+
+
+def test_the_cuda_ssh_template_mapped_to_the_local_sshd_image_lets_the_buyer_in(
+        live_server, settings, docker_client, ssh_image, lease_network, runner_factory):
+    settings.GPUMARKET_TEMPLATE_IMAGES = {"cuda-ssh": ssh_image}
+    provider, node, token = registered_node(H200_DUMP, name="h200-cuda-ssh")
+    node.gpus.all().delete()
+    runner = runner_factory(live_server.url, token, H200_DUMP)
+    assert runner.register().returncode == 0
+    runner.start(network=lease_network, extra=("--public-host", "127.0.0.1"))
+    gpu = node.gpus.select_related("gpu_class").first()
+    assert client_for(provider).post("/api/v1/orders/", {
+        "side": "ask", "node": node.pk, "price": "3.00", "gpus": 1,
+        "available_until": in_a_day().isoformat()}, format="json").status_code == 201
+    buyer = funded_buyer(100)
+    laptop = key_pair()
+    ssh_keys.add_key(owner_id=buyer.pk, public_key=laptop.public_line, name="laptop")
+    placed = client_for(buyer).post("/api/v1/orders/", bid_body(
+        gpu_class=gpu.gpu_class.slug, price="3.50", gpus=1, hours=1, template="cuda-ssh"),
+        format="json")
+    assert placed.status_code == 201, placed.json()
+    [lease_id] = placed.json()["leases"]
+    lease = Lease.objects.get(pk=lease_id)
+    assert lease.image == ssh_image and lease.command[0] == "/bin/sh"  # the template's
+
+    def ssh_command():
+        body = client_for(buyer).get(f"/api/v1/leases/{lease_id}/").json()
+        return body["status"] == "running" and (body.get("connect") or {}).get("ssh")
+
+    port = int(wait_until("the lease's ssh command", ssh_command, timeout=60).split()[2])
+    assert wait_until("the buyer's key to log in", lambda: ssh_login(port, laptop),
+                      timeout=30) is True
+    assert ssh_login(port, key_pair()) is False
