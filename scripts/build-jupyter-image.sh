@@ -6,12 +6,13 @@
 # import`ed. The entrypoint makes the sshd host key, then runs its arguments (a
 # template's command) or, with none, `jupyter lab --ip=0.0.0.0 --port=8888 --allow-root
 # --no-browser`; JupyterLab reads its token from JUPYTER_TOKEN (the lease's secret).
-# Skipped when the image exists. Usage: scripts/build-jupyter-image.sh [IMAGE]
+# Skipped when the image (of this version) exists. Usage: scripts/build-jupyter-image.sh [IMAGE]
 # (default gpumarket/jupyter:local; JUPYTERLAB_SPEC overrides the pip requirement).
 set -euo pipefail
 image="${1:-gpumarket/jupyter:local}"
 spec="${JUPYTERLAB_SPEC:-jupyterlab>=4.2,<5}"
-if docker image inspect "$image" >/dev/null 2>&1; then
+version=1  # the gpumarket.image-version label: an image of another version is rebuilt
+if [ "$(docker image inspect -f '{{index .Config.Labels "gpumarket.image-version"}}' "$image" 2>/dev/null)" = "$version" ]; then
   echo "image $image already present"; exit 0
 fi
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -75,6 +76,7 @@ tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["/entrypoint"]' --change 'CMD []' \
   --change 'ENV PATH=/opt/jupyter/bin:/usr/local/bin:/usr/sbin:/usr/bin:/bin' \
   --change 'ENV HOME=/root' --change 'ENV PYTHONUNBUFFERED=1' --change 'WORKDIR /root/work' \
-  --change 'EXPOSE 8888/tcp' --change 'EXPOSE 22/tcp' - "$image" >/dev/null
+  --change 'EXPOSE 8888/tcp' --change 'EXPOSE 22/tcp' \
+  --change "LABEL gpumarket.image-version=$version" - "$image" >/dev/null
 echo "built image $image: python $("$py" -c 'import platform; print(platform.python_version())')," \
   "$("$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i '^jupyterlab ' | tr -s ' ')"
