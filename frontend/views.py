@@ -218,7 +218,7 @@ def template_compatibility(market: GpuClass) -> list[dict]:
              "min_cuda": t.min_cuda,
              "note": selectors.cuda_note(t.min_cuda, cudas) if t.min_cuda
              else f"runs on any node ({len(cudas)} with asks)"}
-            for t in env_templates.TEMPLATES.values()]
+            for t in env_templates.templates().values()]
 
 
 def _depth_rows(levels):

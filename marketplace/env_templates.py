@@ -109,13 +109,25 @@ def _load() -> dict[str, Template]:
     return out
 
 
-TEMPLATES: dict[str, Template] = _load()
+TEMPLATES: dict[str, Template] = _load()  # as templates.json says; templates() as served
 CUSTOM = "custom"
 
 
+def templates() -> dict[str, Template]:
+    """The templates this site offers: TEMPLATES with the operator's image in place of a
+    template's own where settings.GPUMARKET_TEMPLATE_IMAGES names one (a registry mirror,
+    or a local image; marketplace/template_images.py)."""
+    from django.conf import settings
+
+    mapped = getattr(settings, "GPUMARKET_TEMPLATE_IMAGES", None) or {}
+    return {k: t._replace(image=mapped[k]) if k in mapped else t
+            for k, t in TEMPLATES.items()}
+
+
 def get_template(template_id: str) -> Template:
-    """The template `template_id`; InvalidInput naming `template`, listing the known."""
-    t = TEMPLATES.get(template_id)
+    """The template `template_id` as templates() serves it; InvalidInput naming
+    `template`, listing the known."""
+    t = templates().get(template_id)
     if t is None:
         known = ", ".join(sorted(TEMPLATES))
         raise InvalidInput(f"unknown template {template_id!r}: known templates are {known}",

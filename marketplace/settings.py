@@ -25,6 +25,10 @@ Variables (default in brackets):
   being outbid and being preempted (docs/MATCHING.md, "Preemption").
 - GPUMARKET_MARKET_LOCK_TIMEOUT_MS [5000]: the longest a writer waits for a market's
   lock; then a 503 "the market … is busy" and nothing written (0: wait forever).
+- GPUMARKET_TEMPLATE_IMAGES [none]: an image per template in place of templates.json's
+  (a registry mirror, or `pytorch-jupyter=gpumarket/jupyter:local` on a site with no
+  registry), as a JSON object or id=image,id=image; an unknown id, `custom` or a bad
+  image reference stops the start (marketplace/template_images.py).
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
@@ -74,6 +78,8 @@ from pathlib import Path
 import environ
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
+
+from marketplace.template_images import parse_template_images
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("GPUMARKET_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -374,6 +380,11 @@ if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
+try:  # an operator's image per template: a registry mirror, or a local image
+    GPUMARKET_TEMPLATE_IMAGES = parse_template_images(
+        env.str("GPUMARKET_TEMPLATE_IMAGES", default=""))
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"GPUMARKET_TEMPLATE_IMAGES: {_exc}") from None
 
 # Stripe (off unless STRIPE_SECRET_KEY is set). STRIPE_API_BASE points the official
 # library elsewhere (tests: localstripe on 127.0.0.1).

@@ -65,8 +65,9 @@ cat > "$root/entrypoint" <<'EOF'
 #!/bin/sh
 set -e
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
-[ "$#" -eq 0 ] || exec "$@"
-exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}"
+# a command (a template's, such as cuda-ssh's) runs as given; none, or options, go to sshd
+case "${1:-}" in ""|-*) exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@" ;; esac
+exec "$@"
 EOF
 chmod 755 "$root/entrypoint"
 tar -C "$root" -c . | docker import \

@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 TEST_IMAGE = os.environ.get("GPUMARKET_TEST_IMAGE", "gpumarket/busybox:local")
+JUPYTER_IMAGE = "gpumarket/jupyter:local"  # scripts/build-jupyter-image.sh
 
 
 def require_or_skip(reason: str) -> None:
@@ -114,6 +115,10 @@ def ssh_image(docker_client) -> str:
     """The real sshd image (scripts/build-ssh-image.sh, built by CI's .ci/run)."""
     from tests.support.ssh import SSH_IMAGE, SSH_IMAGE_VERSION
 
+    if Path("/usr/sbin/sshd").exists() and shutil.which("busybox"):
+        subprocess.run([str(ROOT / "scripts" / "build-ssh-image.sh"), SSH_IMAGE], check=True,
+                       stdout=subprocess.DEVNULL)
+        return SSH_IMAGE
     try:
         labels = docker_client.images.get(SSH_IMAGE).labels or {}
     except Exception:
@@ -124,6 +129,23 @@ def ssh_image(docker_client) -> str:
                             "busybox-static not installed: run scripts/build-ssh-image.sh as root")
         subprocess.run([str(ROOT / "scripts" / "build-ssh-image.sh"), SSH_IMAGE], check=True)
     return SSH_IMAGE
+
+
+@pytest.fixture(scope="session")
+def jupyter_image(docker_client, ssh_image) -> str:
+    """The real JupyterLab image (scripts/build-jupyter-image.sh, built by CI's .ci/run;
+    built here when missing: about 2 minutes, PyPI needed)."""
+    try:
+        docker_client.images.get(JUPYTER_IMAGE)
+    except Exception:
+        if shutil.which("python3") is None:
+            require_or_skip(f"image {JUPYTER_IMAGE} missing and no python3 to build it from")
+        done = subprocess.run([str(ROOT / "scripts" / "build-jupyter-image.sh"), JUPYTER_IMAGE],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            require_or_skip(f"image {JUPYTER_IMAGE} missing and scripts/build-jupyter-image.sh "
+                            f"failed: {done.stderr.strip().splitlines()[-1:]}")
+    return JUPYTER_IMAGE
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ GPU-hour (UsdField); durations are whole hours in, seconds inside."""
 
 from __future__ import annotations
 
-import re
 import threading
 
 from django.utils import timezone
@@ -16,6 +15,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
+from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
 from marketplace import env_templates, interconnect, selectors
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
@@ -56,34 +56,6 @@ class ClientOrderIdField(serializers.RegexField):
         return super().to_internal_value(data)
 
 
-# Docker's image reference grammar, as github.com/distribution/reference (v0.5.0,
-# reference.go and regexp.go) defines it — the grammar the Docker Engine parses `image`
-# with:
-#   reference        := name [ ":" tag ] [ "@" digest ]
-#   name             := [domain '/'] remote-name
-#   domain           := host [':' port-number]
-#   host             := domain-name | IPv4address | \[ IPv6address \]
-#   domain-name      := domain-component ['.' domain-component]*
-#   domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
-#   port-number      := /[0-9]+/
-#   path-component   := alpha-numeric [separator alpha-numeric]*
-#   remote-name      := path-component ['/' path-component]*
-#   alpha-numeric    := /[a-z0-9]+/
-#   separator        := /[_.]|__|[-]+/
-#   tag              := /[\w][\w.-]{0,127}/
-#   digest           := digest-algorithm ":" digest-hex
-#   digest-algorithm := component [ /[+.-_]/ component ]*, component := /[A-Za-z][A-Za-z0-9]*/
-#   digest-hex       := /[0-9a-fA-F]{32,}/
-# and a name of at most 255 characters (NameTotalLengthMax).
-_ALNUM = r"[a-z0-9]+"
-_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
-_NAME = rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_TAG = r"[\w][\w.-]{0,127}"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
-IMAGE_NAME_MAX = 255
 
 
 class DockerImageField(serializers.CharField):

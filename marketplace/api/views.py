@@ -78,7 +78,7 @@ class TemplateList(APIView):
 
     @extend_schema(responses=s.TemplateListSerializer)
     def get(self, request):
-        return Response({"results": [t.as_api() for t in env_templates.TEMPLATES.values()]})
+        return Response({"results": [t.as_api() for t in env_templates.templates().values()]})
 
 
 class RecentFills(generics.ListAPIView):
