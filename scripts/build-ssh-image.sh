@@ -4,11 +4,16 @@
 # filesystem, `docker import`ed. The entrypoint makes an ed25519 host key and runs
 # `sshd -D -e -p 22`, public keys only, reading /etc/gpumarket/authorized_keys and
 # /root/.ssh/authorized_keys (the runner bind-mounts both read-only; docs/RUNNER.md).
-# Usage: scripts/build-ssh-image.sh [IMAGE]  (default gpumarket/sshd:local)
+# Before sshd starts it writes the container's environment (the lease's env and secrets)
+# to /root/.ssh/environment, mode 0600, which sshd gives every session
+# (PermitUserEnvironment): `ssh … 'echo $MODEL'` sees what the workload sees.
+# Usage: scripts/build-ssh-image.sh [IMAGE]  (default gpumarket/sshd:local); an image of
+# an older revision (label gpumarket.sshd.revision) is rebuilt.
 set -euo pipefail
 image="${1:-gpumarket/sshd:local}"
-if docker image inspect "$image" >/dev/null 2>&1; then
-  echo "image $image already present"; exit 0
+revision=2
+if [ "$(docker image inspect -f '{{index .Config.Labels "gpumarket.sshd.revision"}}' "$image" 2>/dev/null)" = "$revision" ]; then
+  echo "image $image (revision $revision) already present"; exit 0
 fi
 if [ ! -x /usr/sbin/sshd ] || ! command -v busybox >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "needs openssh-server and busybox-static (apt-get install)" >&2; exit 2; }
@@ -55,15 +60,27 @@ PrintLastLog no
 # the runner's read-only mounts (the buyer's keys of this lease), then the image's own
 AuthorizedKeysFile /etc/gpumarket/authorized_keys /root/.ssh/authorized_keys
 PidFile /run/sshd.pid
+# sessions get the container's environment, written by /entrypoint (root-only file)
+PermitUserEnvironment yes
 EOF
 cat > "$root/entrypoint" <<'EOF'
 #!/bin/sh
 set -e
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
+# the lease's env and secrets for SSH sessions: NAME=value lines, root-only, never printed
+# (a value spanning lines cannot be one such line and is left out)
+umask 077
+awk 'BEGIN { for (k in ENVIRON) if (k ~ /^[A-Za-z_][A-Za-z0-9_]*$/ &&
+             k !~ /^(HOME|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|_)$/ && ENVIRON[k] !~ /\n/)
+             print k "=" ENVIRON[k] }' > /root/.ssh/environment.new
+chmod 600 /root/.ssh/environment.new
+mv -f /root/.ssh/environment.new /root/.ssh/environment
+umask 022
 exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@"
 EOF
 chmod 755 "$root/entrypoint"
 tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["/entrypoint"]' --change 'ENV PATH=/usr/sbin:/usr/bin:/bin' \
-  --change 'EXPOSE 22/tcp' - "$image" >/dev/null
+  --change 'EXPOSE 22/tcp' --change "LABEL gpumarket.sshd.revision=$revision" \
+  - "$image" >/dev/null
 echo "built image $image from $(/usr/sbin/sshd -V 2>&1 | head -1 || true) and $busybox"

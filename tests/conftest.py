@@ -112,11 +112,13 @@ def _fast_password_hasher(settings):
 @pytest.fixture(scope="session")
 def ssh_image(docker_client) -> str:
     """The real sshd image (scripts/build-ssh-image.sh, built by CI's .ci/run)."""
-    from tests.support.ssh import SSH_IMAGE
+    from tests.support.ssh import SSH_IMAGE, SSH_IMAGE_REVISION
 
     try:
-        docker_client.images.get(SSH_IMAGE)
+        labels = docker_client.images.get(SSH_IMAGE).labels or {}
     except Exception:
+        labels = {}
+    if labels.get("gpumarket.sshd.revision") != SSH_IMAGE_REVISION:
         if not (Path("/usr/sbin/sshd").exists() and shutil.which("busybox")):
             require_or_skip(f"image {SSH_IMAGE} missing and openssh-server or busybox-static "
                             "not installed: run scripts/build-ssh-image.sh as root")
