@@ -183,8 +183,11 @@ class DockerRuntime:
                 lease_network.create(self.client, network, self._labels(lease_id))
             except self._docker.errors.DockerException as exc:
                 self._cleanup(lease_id)
+                hint = ("; dockerd has no address range left for another network: give it "
+                        "more (daemon.json default-address-pools, docs/RUNNER.md)"
+                        if "address pool" in str(exc) else "")
                 raise RuntimeFailure(f"Docker refused the lease's network {network}: "
-                                     f"{exc}") from None
+                                     f"{exc}{hint}") from None
         try:
             container = self.client.containers.run(
                 lease.image,
