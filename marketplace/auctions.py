@@ -31,6 +31,7 @@ from marketplace.locking import lock_market
 from marketplace.models import Auction, Interconnect, SealedBid
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import seal
+from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
@@ -166,6 +167,7 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             if not interconnect_possible(auction, min_gpus):
                 raise InvalidInput(f"this lot's node has no {min_gpus} GPUs all "
                                    "NVLink-connected", field="interconnect")
+        require_key(bidder_id, ssh)
         hold_amount = checked_hold_amount(price=price, gpus=gpus,
                                           duration_seconds=auction.duration_seconds)
         previous = SealedBid.objects.filter(auction=auction, bidder_id=bidder_id,

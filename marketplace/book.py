@@ -26,6 +26,7 @@ from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, Per
 from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
+from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Gpu, Node
 from settlement import services as ledger
@@ -344,6 +345,7 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
     check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
     clean_port_roles(roles, ports)
     clean_env_and_secrets(r.env, r.secrets)
+    require_key(r.buyer_id, r.ssh)
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 

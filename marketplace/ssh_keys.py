@@ -178,3 +178,14 @@ def authorized_lines(owner_id: int) -> list[str]:
     """The owner's keys as authorized_keys lines, `<type> <base64> <name>`, oldest first
     (what a new lease with ssh copies into Lease.ssh_public_keys)."""
     return [f"{k.public_key} {k.name}" for k in SshKey.objects.filter(owner_id=owner_id)]
+
+
+NO_KEY = ("needs an SSH key on your account: add one first (POST /api/v1/ssh-keys/, or "
+          "\"SSH keys\" on the wallet page), or place the bid without ssh")
+
+
+def require_key(owner_id: int, ssh: bool) -> None:
+    """A bid with `ssh` needs a key its leases can be given: InvalidInput (field "ssh")
+    when the owner has none (the lease would show an ssh command no key opens)."""
+    if ssh and not SshKey.objects.filter(owner_id=owner_id).exists():
+        raise InvalidInput(NO_KEY, field="ssh")

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Build a real SSH server image with no registry: this host's Debian `openssh-server`
 # (sshd, ssh-keygen and the shared libraries `ldd` lists) and busybox in a root
-# filesystem, `docker import`ed. The entrypoint makes an ed25519 host key, then runs the
-# container's command when it has one (a template's, e.g. cuda-ssh's `sh -c "… exec
-# /usr/sbin/sshd -D -e"`), else `sshd -D -e -p 22`; public keys only, reading
-# /etc/gpumarket/authorized_keys and /root/.ssh/authorized_keys (the runner bind-mounts
-# both read-only; docs/RUNNER.md). An image of an older build (its label
-# gpumarket.sshd-image is not $version) is rebuilt under the same name.
+# filesystem, `docker import`ed. The entrypoint makes an ed25519 host key, writes the
+# container's environment (the lease's env and secrets) to /root/.ssh/environment, mode
+# 0600, which sshd gives every session (PermitUserEnvironment: `ssh … 'echo $MODEL'` sees
+# what the workload sees), then runs the container's command when it has one (a
+# template's, e.g. cuda-ssh's `sh -c "… exec /usr/sbin/sshd -D -e"`), else
+# `sshd -D -e -p 22`; public keys only, reading /etc/gpumarket/authorized_keys and
+# /root/.ssh/authorized_keys (the runner bind-mounts both read-only; docs/RUNNER.md). An
+# image of an older build (its label gpumarket.sshd-image is not $version) is rebuilt
+# under the same name.
 # Usage: scripts/build-ssh-image.sh [IMAGE]  (default gpumarket/sshd:local)
 set -euo pipefail
 image="${1:-gpumarket/sshd:local}"
-version=2
+version=3  # 2: runs a command it is given; 3: sessions get the container's environment
 if [ "$(docker image inspect -f '{{index .Config.Labels "gpumarket.sshd-image"}}' "$image" \
       2>/dev/null)" = "$version" ]; then
   echo "image $image already present"; exit 0
@@ -60,11 +63,22 @@ PrintLastLog no
 # the runner's read-only mounts (the buyer's keys of this lease), then the image's own
 AuthorizedKeysFile /etc/gpumarket/authorized_keys /root/.ssh/authorized_keys
 PidFile /run/sshd.pid
+# sessions get the container's environment, written by /entrypoint (root-only file)
+PermitUserEnvironment yes
 EOF
 cat > "$root/entrypoint" <<'EOF'
 #!/bin/sh
 set -e
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key
+# the lease's env and secrets for SSH sessions: NAME=value lines, root-only, never printed
+# (a value spanning lines cannot be one such line and is left out)
+umask 077
+awk 'BEGIN { for (k in ENVIRON) if (k ~ /^[A-Za-z_][A-Za-z0-9_]*$/ &&
+             k !~ /^(HOME|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|_)$/ && ENVIRON[k] !~ /\n/)
+             print k "=" ENVIRON[k] }' > /root/.ssh/environment.new
+chmod 600 /root/.ssh/environment.new
+mv -f /root/.ssh/environment.new /root/.ssh/environment
+umask 022
 # a command (a template's, such as cuda-ssh's) runs as given; none, or options, go to sshd
 case "${1:-}" in ""|-*) exec /usr/sbin/sshd -D -e -p "${SSH_PORT:-22}" "$@" ;; esac
 exec "$@"

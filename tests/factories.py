@@ -38,9 +38,13 @@ class UserFactory(factory.django.DjangoModelFactory):
     password = factory.django.Password("correct-horse-battery")  # hashed before the save
 
 
-def funded_buyer(usd: int = 1000):
+def funded_buyer(usd: int = 1000, *, ssh_key: bool = False):
+    """A new user with `usd` dollars; ssh_key: with one SSH key (with_ssh_key), as a bid
+    with ssh needs."""
     user = UserFactory()
     ledger.dev_credit(user_id=user.pk, amount=usd * 1_000_000)
+    if ssh_key:
+        with_ssh_key(user)
     return user
 
 
@@ -144,3 +148,14 @@ def ask_body(node, /, *, price: str = "1.50", gpus: int = 2, **changes) -> dict:
     body = {"side": "ask", "node": node.pk, "price": price, "gpus": gpus,
             "available_until": in_a_day().isoformat(), **changes}
     return {k: v for k, v in body.items() if v is not MISSING}
+
+
+def with_ssh_key(user, name: str = "laptop"):
+    """`user` with one new ed25519 SSH key on the account (a bid with ssh needs one);
+    returns the KeyPair (tests/support/ssh.py)."""
+    from marketplace.ssh_keys import add_key
+    from tests.support.ssh import key_pair
+
+    pair = key_pair()
+    add_key(owner_id=user.pk, public_key=pair.public_line, name=name)
+    return pair

@@ -247,6 +247,10 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
                            advertise_host=args.advertise_host, log=print_line)
     if isinstance(runtime, DockerRuntime):
         runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
+        if args.network not in ("per-lease", "none", "host"):
+            print_line(f"WARNING: every lease on the network {args.network} can reach the "
+                       "others' ports (SSH, Jupyter, …); the default --network per-lease "
+                       "isolates them (docs/RUNNER.md, \"Lease isolation\")")
         if args.token:
             print_line("note: --token on the command line is readable by every local user "
                        "(`ps`); `gpumarket-runner register` saves it 0600 instead")
@@ -458,10 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grace", type=_non_negative, default=10.0, metavar="S",
                      help="seconds between SIGTERM and SIGKILL when stopping a lease's "
                           "workload (default 10; 0: SIGKILL at once)")
-    run.add_argument("--network", metavar="NAME", default=None,
-                     help="Docker network of lease containers (default: the engine's "
-                          "default); to publish ports (SSH) where dockerd has no default "
-                          "bridge, a user-defined bridge: `docker network create NAME`")
+    run.add_argument("--network", metavar="NAME", default="per-lease",
+                     help="Docker network of lease containers (default per-lease: a bridge "
+                          "of each lease's own, removed with it, so no lease reaches "
+                          "another's ports; `doctor` says what the host must add); none, "
+                          "host, or a shared network's NAME (its leases reach each other)")
     run.add_argument("--public-host", metavar="ADDR", default=None,
                      help="publish the container ports a lease asks for (its `ports`) on this "
                           "address of the host, at ports the engine picks, and report them to "

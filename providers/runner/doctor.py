@@ -1,5 +1,6 @@
 """`gpumarket-runner doctor`'s checks: NVIDIA driver, MIG devices and NVLinks per GPU
-(gpu_text.doctor_lines), Docker Engine, NVIDIA container runtime, marketplace connectivity
+(gpu_text.doctor_lines), Docker Engine, NVIDIA container runtime, isolation between
+lease networks (lease_network.isolation_check), marketplace connectivity
 and token, clock offset against the marketplace.
 
 Each check gives one PASS/FAIL/SKIP line with the fix for a failure (doctor_checks);
@@ -16,6 +17,7 @@ from email.utils import parsedate_to_datetime
 from .catalog import UnknownGpuProduct
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_text import doctor_lines
+from .lease_network import isolation_check
 from .nvml import DumpGpus, NoDriverError, NvmlGpus
 from .nvsmi import DumpError
 from .runtime import docker_host
@@ -90,6 +92,8 @@ def doctor_checks(url: str | None, token: str | None,
             add(False, "NVIDIA container runtime", f"`docker info` failed: {exc}", runtime_fix)
         finally:
             engine.close()
+        ok, detail, fix = isolation_check()
+        add(ok, "lease isolation", detail, fix)
 
     if not url or not token:
         why = "no marketplace configured (run `gpumarket-runner register` or pass --url/--token)"

@@ -21,12 +21,13 @@ by RunnerLease.of); the interface is runtime_common.Runtime.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import ssh_access
+from . import lease_network, ssh_access
 from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
@@ -74,7 +75,8 @@ class DockerRuntime:
     """Lease containers on a Docker Engine (docker SDK).
 
     node: value of the `gpumarket.node` label (only this node's containers are adopted);
-    network_mode: None for the engine default, or e.g. "none"; simulate: True passes the
+    network_mode: "per-lease" (default: a bridge network of the lease's own, lease_network.py),
+    None for the engine default, "none", "host", or a network's name; simulate: True passes the
     GPUs only as NVIDIA_VISIBLE_DEVICES (no device request, for hosts without a GPU);
     False adds a DeviceRequest(driver="nvidia", device_ids=<uuids>) so the NVIDIA
     container toolkit exposes exactly the leased GPUs.
@@ -86,8 +88,8 @@ class DockerRuntime:
     against the engine's MemTotal and NCPU; see resource_limits().
     keys_dir: where a lease's authorized_keys file is written (ssh_access.py; the runner
     passes `<state dir>/authorized_keys`); a lease with SSH keys and no keys_dir is
-    refused. SSH's port is published like any other: on a user-defined bridge network
-    (`--network NAME`) each lease's port 22 gets a host port of its own.
+    refused. SSH's port is published like any other: each lease's port 22 gets a host port
+    of its own.
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -96,7 +98,8 @@ class DockerRuntime:
     node_gpus: int | None = None
     _host: tuple[int, float] | None = None  # (memory bytes, CPUs) as the engine reports
 
-    def __init__(self, node: str | None, *, client=None, network_mode: str | None = None,
+    def __init__(self, node: str | None, *, client=None,
+                 network_mode: str | None = lease_network.PER_LEASE,
                  simulate: bool = False, public_host: str | None = None,
                  advertise_host: str | None = None, keys_dir: str | Path | None = None) -> None:
         import docker
@@ -127,6 +130,17 @@ class DockerRuntime:
     def _container_name(self, lease_id: int) -> str:
         safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in self.node)
         return f"gpumarket-{safe}-lease-{lease_id}"
+
+    def _labels(self, lease_id: int) -> dict[str, str]:
+        return {LEASE_LABEL: str(lease_id), NODE_LABEL: self.node}
+
+    def _cleanup(self, lease_id: int) -> None:
+        """Remove what a lease has besides its container: keys file, own network."""
+        ssh_access.remove_keys(self.keys_dir, lease_id)
+        if self.network_mode == lease_network.PER_LEASE:
+            # still in use (a container we could not remove): the next stop retries
+            with contextlib.suppress(self._docker.errors.DockerException):
+                lease_network.remove(self.client, self._container_name(lease_id))
 
     def start(self, lease: RunnerLease | Mapping) -> str:
         """Start the lease's container (detached, init, labelled) and return its id.
@@ -162,15 +176,27 @@ class DockerRuntime:
                                      "directory for authorized_keys files")
             keys = ssh_access.write_keys(self.keys_dir, lease_id, lease.ssh_authorized_keys)
             kwargs["volumes"] = ssh_access.volumes(keys)
+        network = self.network_mode
+        if network == lease_network.PER_LEASE:
+            network = self._container_name(lease_id)
+            try:
+                lease_network.create(self.client, network, self._labels(lease_id))
+            except self._docker.errors.DockerException as exc:
+                self._cleanup(lease_id)
+                hint = ("; dockerd has no address range left for another network: give it "
+                        "more (daemon.json default-address-pools, docs/RUNNER.md)"
+                        if "address pool" in str(exc) else "")
+                raise RuntimeFailure(f"Docker refused the lease's network {network}: "
+                                     f"{exc}{hint}") from None
         try:
             container = self.client.containers.run(
                 lease.image,
                 command=lease.command or None,
                 environment=lease_env(lease),
-                labels={LEASE_LABEL: str(lease_id), NODE_LABEL: self.node},
+                labels=self._labels(lease_id),
                 name=self._container_name(lease_id),
                 init=True,
-                network_mode=self.network_mode,
+                network_mode=network,
                 detach=True,
                 **kwargs,
             )
@@ -179,11 +205,11 @@ class DockerRuntime:
                 existing = self._containers(lease_id)
                 if existing:
                     return existing[0].id
-            ssh_access.remove_keys(self.keys_dir, lease_id)
+            self._cleanup(lease_id)
             raise RuntimeFailure(f"Docker refused to start {lease.image}: "
                                  f"{exc.explanation or exc}") from None
         except self._docker.errors.DockerException as exc:
-            ssh_access.remove_keys(self.keys_dir, lease_id)
+            self._cleanup(lease_id)
             raise RuntimeFailure(f"Docker failed to start {lease.image}: {exc}") from None
         return container.id
 
@@ -228,14 +254,14 @@ class DockerRuntime:
 
     def stop(self, lease_id: int, grace_s: float = 10) -> None:
         """Stop (SIGTERM, SIGKILL after grace_s) and remove the lease's container(s), then
-        its authorized_keys file."""
+        its authorized_keys file and its own network (per-lease)."""
         for container in self._containers(lease_id):
             try:
                 container.stop(timeout=max(0, int(grace_s)))
                 container.remove(force=True)
             except self._docker.errors.NotFound:
                 pass
-        ssh_access.remove_keys(self.keys_dir, lease_id)
+        self._cleanup(lease_id)
 
     def list_leases(self) -> dict[int, str]:
         """{lease id: container id} for every container of this node, running or exited."""

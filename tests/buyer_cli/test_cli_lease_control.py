@@ -11,7 +11,7 @@ import stat
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.factories import H100
+from tests.factories import H100, with_ssh_key
 
 IMAGE = "gpumarket/busybox:local"
 
@@ -86,6 +86,7 @@ def test_ssh_keys_add_list_delete(gm, market, tmp_path):
 
 
 def test_ssh_execs_the_leases_own_ssh_command_with_the_extra_arguments(gm, market, tmp_path):
+    with_ssh_key(market.buyer)  # a bid with ssh needs a key on the account
     lease_id = _lease(gm, market, "--image", IMAGE, "--ssh")
     waiting = gm("ssh", str(lease_id))
     assert waiting.returncode == 1 and f"gpumarket wait {lease_id}" in waiting.stderr
@@ -140,6 +141,7 @@ def test_templates_are_listed_and_a_bid_may_name_one(gm, market):
     human = gm("templates").stdout.splitlines()
     assert human[0].split() == ["ID", "TITLE", "IMAGE", "PORTS", "MIN", "CUDA"]
     ready = next(t for t in items if t["image"])
+    with_ssh_key(market.buyer)  # the first templates have ssh, which needs a key
     placed = gm("bid", H100, "--gpus", "1", "--price", "2.50", "--hours", "1",
                 "--template", ready["id"], "--json")  # the template gives the image
     assert placed.returncode == 0, placed.stderr

@@ -17,11 +17,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connections
 from django.utils import timezone
 
 from tests.conftest import DATA, ROOT, require_or_skip
-from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node
+from tests.factories import ensure_catalog, funded_buyer, in_a_day, registered_node, with_ssh_key
 from tests.settlement.test_stripe_topups import localstripe_url  # noqa: F401 (fixture)
 from tests.support.servers import AsgiServer
 from tests.support.waiting import wait_until
@@ -199,6 +200,7 @@ def test_buyer_picks_a_template_and_it_fills_only_on_the_node_that_can_run_it(
     browser.signup(live_server.url, "templ1")
     page.get_by_label("Amount (USD)").fill("100")
     page.get_by_role("button", name="Add development credit").click()
+    with_ssh_key(get_user_model().objects.get(username="templ1"))  # the template has ssh
 
     page.goto(f"{live_server.url}/markets/{MARKET}/")
     row = page.locator('#templates tr[data-template="pytorch-jupyter"]')

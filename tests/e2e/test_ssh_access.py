@@ -1,5 +1,5 @@
 """SSH into a lease end to end, with real parts: the marketplace (live server,
-PostgreSQL), the runner as its own process on a user-defined bridge network publishing
+PostgreSQL), the runner as its own process (each lease on a bridge network of its own) publishing
 on 127.0.0.1, the real sshd image and a real client (paramiko).
 
 The buyer's key logs in and another key is refused; a key deleted from the account is
@@ -43,12 +43,13 @@ def _bid(buyer, image: str) -> Lease:
 
 
 def test_ssh_into_a_lease_with_the_account_s_keys_only(live_server, docker_client, ssh_image,
-                                                       lease_network, runner_factory):
+                                                       runner_factory):
     provider, node, token = registered_node(H100_DUMP, name="h100-ssh")
     node.gpus.all().delete()  # the runner registers them itself
     runner = runner_factory(live_server.url, token, H100_DUMP)
     assert runner.register().returncode == 0
-    runner.start(network=lease_network, extra=("--public-host", "127.0.0.1"))
+    # the default network: a bridge of the lease's own (docs/RUNNER.md, "Lease isolation")
+    runner.start(network="per-lease", extra=("--public-host", "127.0.0.1"))
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
                    price=2_490_000, gpus=2, available_until=in_a_day())
 

@@ -37,7 +37,7 @@ def test_a_template_lease_runs_with_its_env_only_where_its_cuda_is_met(
     runner.start()
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
                    price=2_000_000, gpus=4, available_until=in_a_day())
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)  # the template has ssh
 
     needs_more = book.place_bid(buyer_id=buyer.pk, market_slug=H100, price=2_600_000, gpus=1,
                                 duration_seconds=60,

@@ -56,7 +56,7 @@ def test_another_user_s_key_cannot_be_deleted_from_the_page(client):
 def test_the_leases_page_shows_the_ssh_command_to_the_buyer_only(client):
     provider, node, token = registered_node()
     ask(provider, node, price=2_000_000)
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     [lease] = bid(buyer, ssh=True).leases
     runner = runner_client(token)
     url = f"/api/v1/runner/leases/{lease.pk}/events/"

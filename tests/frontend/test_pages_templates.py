@@ -61,7 +61,7 @@ def test_the_bid_form_offers_the_templates_first_then_own_image(client):
 
 def test_a_template_bid_from_the_page_fills_on_the_qualifying_node(client):
     _two_nodes()
-    buyer = login(client, funded_buyer(10))
+    buyer = login(client, funded_buyer(10, ssh_key=True))
     r = client.post(reverse("market", args=[H100]),
                     {**BID, "template": "pytorch-jupyter", "image": "gpumarket/busybox:local"})
     assert r.status_code == 302, field_error(r.content.decode(), "template")
@@ -97,7 +97,7 @@ def test_the_sealed_bid_form_offers_templates_and_refuses_one_the_node_cannot_ru
     auction = auctions.open_auction(provider_id=provider.pk, node_id=node.pk, gpus=8,
                                     reserve_price=1_000_000, duration_seconds=3600,
                                     closes_at=timezone.now() + timedelta(minutes=5))
-    buyer = login(client, funded_buyer(100))
+    buyer = login(client, funded_buyer(100, ssh_key=True))
     url = reverse("auction", args=[auction.pk])
     html = client.get(url).content.decode()
     assert 'name="template"' in html and "CUDA 12.2" in html

@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 SSH_IMAGE = "gpumarket/sshd:local"  # scripts/build-ssh-image.sh
-SSH_IMAGE_VERSION = "2"  # its label gpumarket.sshd-image: the entrypoint runs a command given
+SSH_IMAGE_VERSION = "3"  # its label gpumarket.sshd-image: 2 runs a command it is given, 3
+# gives sessions the container's environment (scripts/build-ssh-image.sh)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,21 @@ def ssh_login(port: int, pair: KeyPair, *, host: str = "127.0.0.1",
     try:
         _, stdout, _ = client.exec_command(command, timeout=5)
         return stdout.read().decode().strip() == "logged-in-as-root"
+    finally:
+        client.close()
+
+
+def ssh_output(port: int, pair: KeyPair, command: str, *, host: str = "127.0.0.1") -> str:
+    """What `command` prints (stdout) in an SSH session as root with `pair`'s key."""
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(host, port=port, username="root", pkey=_paramiko_key(pair), timeout=5,
+                   banner_timeout=5, auth_timeout=5, allow_agent=False, look_for_keys=False)
+    try:
+        _, stdout, _ = client.exec_command(command, timeout=5)
+        return stdout.read().decode()
     finally:
         client.close()
 

@@ -191,7 +191,7 @@ def test_a_bid_of_every_field_answers_alike_both_ways_in_and_again_as_a_replay()
            "client_order_id": "same-everywhere.1", "interruptible": True,
            "ports": [8889, 8888, 22], "template": "pytorch-jupyter", "min_cuda": "12.2",
            "ssh": True, "env": {"WANDB_MODE": "offline"}}
-    fast_buyer, slow_buyer = funded_buyer(100), funded_buyer(100)
+    fast_buyer, slow_buyer = funded_buyer(100, ssh_key=True), funded_buyer(100, ssh_key=True)
     slow_client = client_for(slow_buyer)
     [fast] = asgi_post((token_of(fast_buyer), bid))
     slow = slow_client.post("/api/v1/orders/", bid, format="json")
@@ -224,8 +224,8 @@ def test_a_template_bid_no_node_can_run_rests_with_the_same_note_both_ways_in():
         "side": "ask", "node": node.pk, "gpus": 4, "price": "2.00",
         "available_until": in_a_day().isoformat()}, format="json")
     bid = {**BID, "template": "cuda-ssh"}
-    [fast] = asgi_post((token_of(funded_buyer(100)), bid))
-    slow = client_for(funded_buyer(100)).post("/api/v1/orders/", bid, format="json")
+    [fast] = asgi_post((token_of(funded_buyer(100, ssh_key=True)), bid))
+    slow = client_for(funded_buyer(100, ssh_key=True)).post("/api/v1/orders/", bid, format="json")
     assert fast.status_code == slow.status_code == 201
     assert bid_batcher.batcher().stats["bids"] == 1
     assert without_ids(fast.json()) == without_ids(slow.json())

@@ -49,7 +49,7 @@ def test_the_catalog_lists_the_four_templates_with_real_images_and_their_cuda_so
 def test_a_template_bid_fills_its_terms_through_to_the_lease_and_the_runner():
     provider, node, token = registered_node(cuda_version="12.6")
     ask(provider, node, price=2_000_000)
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     r = _post_bid(buyer, template="pytorch-jupyter", image=LOCAL_IMAGE,
                   env={"WANDB_MODE": "offline"})
     assert r.status_code == 201, r.content
@@ -74,7 +74,7 @@ def test_a_template_bid_fills_its_terms_through_to_the_lease_and_the_runner():
 def test_a_template_alone_gives_its_own_image_and_a_raw_image_may_ask_for_ssh():
     provider, node, _ = registered_node(cuda_version="12.4")
     ask(provider, node, price=2_000_000)
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     r = _post_bid(buyer, template="vllm")
     assert r.status_code == 201, r.content
     assert r.json()["image"] == "vllm/vllm-openai:v0.6.4" and r.json()["ssh"] is False
@@ -94,7 +94,7 @@ def test_a_template_alone_gives_its_own_image_and_a_raw_image_may_ask_for_ssh():
 def test_a_bid_no_node_can_run_rests_and_its_answer_and_get_say_why():
     provider, node, _ = registered_node()  # the dump's driver 535: CUDA 12.2
     ask(provider, node, price=2_000_000)
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     r = _post_bid(buyer, template="cuda-ssh")
     assert r.status_code == 201, r.content
     note = "needs CUDA 12.4: 0 of 1 nodes with asks qualify"
@@ -156,7 +156,7 @@ def _auction(cuda: str):
 
 def test_a_sealed_bid_takes_a_template_and_its_lease_carries_it():
     auction = _auction("12.6")
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     r = client_for(buyer).post(f"/api/v1/auctions/{auction.pk}/bids/",
                                {"price": "1.50", "template": "pytorch-jupyter",
                                 "image": LOCAL_IMAGE}, format="json")
@@ -172,7 +172,7 @@ def test_a_sealed_bid_takes_a_template_and_its_lease_carries_it():
 
 def test_a_sealed_bid_on_a_node_below_its_cuda_is_a_409_naming_it_with_nothing_held():
     auction = _auction("12.2")
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     before = snapshot(buyer)
     r = client_for(buyer).post(f"/api/v1/auctions/{auction.pk}/bids/",
                                {"price": "1.50", "template": "cuda-ssh"}, format="json")
@@ -211,7 +211,7 @@ def test_missing_image_without_a_template_still_uses_the_default_image():
 def test_listing_resting_template_bids_reads_the_nodes_once(django_assert_max_num_queries):
     provider, node, _ = registered_node()  # CUDA 12.2
     ask(provider, node, price=2_000_000)
-    buyer = funded_buyer(100)
+    buyer = funded_buyer(100, ssh_key=True)
     for _ in range(5):
         assert _post_bid(buyer, template="cuda-ssh").json()["status"] == "open"
     client = client_for(buyer)

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.support.waiting import wait_until
+
 from .runner_helpers import A10, H100, ROOT, TOKEN, TRUNCATED
 
 UUID0 = "GPU-566e6f65-c38e-b12f-4824-6944218668b9"
@@ -195,3 +197,28 @@ def test_inventory_simulates_a_directory_holding_a_pair(tmp_path):
     done = runner("inventory", "--simulate", str(tmp_path))
     assert done.returncode == 2
     assert done.stderr.startswith("gpumarket-runner: malformed nvidia-smi dump: host.L.txt:1: ")
+
+
+@pytest.mark.docker
+def test_run_on_a_shared_network_warns_that_its_leases_reach_each_other(
+        marketplace, docker_client, tmp_path):
+    registered = runner("register", "--url", marketplace.url, "--token", TOKEN,
+                        "--simulate", str(H100), "--state-dir", str(tmp_path))
+    assert registered.returncode == 0, registered.stderr
+    log = tmp_path / "run.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(tmp_path),
+             "--poll-interval", "0.3", "--no-push", "--network", "trial1net"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, env=clean)
+    try:
+        assert wait_until("the warning", lambda: "WARNING" in log.read_text(), timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert ("WARNING: every lease on the network trial1net can reach the others' ports"
+            in text) and "--network per-lease" in text

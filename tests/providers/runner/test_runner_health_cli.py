@@ -27,9 +27,12 @@ def test_doctor_on_this_host_fails_the_driver_with_the_fix(docker_client, tmp_pa
     assert lines[1].startswith("PASS  Docker Engine: version ")
     assert lines[2].startswith("FAIL  NVIDIA container runtime: ")
     assert "fix: install the NVIDIA Container Toolkit" in lines[2]
-    assert lines[3].startswith("SKIP  marketplace connectivity and token: no marketplace")
-    assert lines[4].startswith("SKIP  clock offset: ")
-    assert lines[5] == "2 check(s) failed"
+    # dockerd here runs --iptables=false with ip_forward=1: lease bridges are routed
+    assert lines[3].startswith("FAIL  lease isolation: dockerd runs with --iptables=false")
+    assert "fix: run dockerd with its iptables rules" in lines[3]
+    assert lines[4].startswith("SKIP  marketplace connectivity and token: no marketplace")
+    assert lines[5].startswith("SKIP  clock offset: ")
+    assert lines[6] == "3 check(s) failed"
 
 
 def test_doctor_checks_token_and_clock_against_the_marketplace(marketplace, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from providers.runner import ssh_access
 from providers.runner.process_runtime import ProcessRuntime
 from providers.runner.runtime import DockerRuntime, RuntimeFailure
-from tests.support.ssh import key_pair, port_open, ssh_login
+from tests.support.ssh import key_pair, port_open, ssh_login, ssh_output
 from tests.support.waiting import wait_until
 
 from .runner_helpers import lease_for
@@ -52,6 +52,29 @@ def test_only_the_lease_s_keys_log_in_and_the_port_closes_at_the_end(
     assert not keys_file.exists()
     assert not port_open(port)
     assert ssh_login(port, buyer) is None
+
+
+@pytest.mark.docker
+def test_an_ssh_session_sees_the_lease_s_env_and_secrets_and_no_log_shows_them(
+        docker_client, docker_node, ssh_image, tmp_path):
+    secret = "hf_Sessi0nSecret-9c1e"
+    buyer = key_pair()
+    runtime = DockerRuntime(docker_node, client=docker_client, simulate=True,
+                            public_host="127.0.0.1", keys_dir=tmp_path / "authorized_keys")
+    lease = {**_ssh_lease(73, ssh_image, [buyer.public_line]), "env": {"MODEL": "llama"},
+             "secrets": {"HF_TOKEN": secret}}
+    try:
+        container_id = runtime.start(lease)
+        [endpoint] = runtime.endpoints(lease)
+        port = endpoint["host_port"]
+        assert wait_until("sshd to answer", lambda: ssh_login(port, buyer), timeout=20)
+        out = ssh_output(port, buyer, 'echo "$MODEL $HF_TOKEN $GPUMARKET_LEASE_ID"; '
+                                      "stat -c '%a %U' /root/.ssh/environment")
+        assert out.splitlines() == [f"llama {secret} 73", "600 root"]
+        assert secret not in runtime.logs(73, 500)
+        assert secret not in docker_client.containers.get(container_id).logs().decode()
+    finally:
+        runtime.stop(73, grace_s=0)
 
 
 def test_a_key_line_that_is_not_one_plain_key_is_refused_before_any_container(tmp_path):
