@@ -66,7 +66,7 @@ def test_the_mapped_image_is_listed_and_taken_by_a_template_bid(settings):
 
     terms = resolve(template="pytorch-jupyter")
     assert terms["image"] == MIRROR and terms["min_cuda"] == "12.4"
-    buyer = funded_buyer(10)
+    buyer = funded_buyer(10, ssh_key=True)
     r = client_for(buyer).post("/api/v1/orders/", bid_body(gpus=1, template="pytorch-jupyter"),
                                format="json")
     assert r.status_code == 201, r.json()

@@ -27,8 +27,8 @@ def test_an_ssh_template_s_session_sees_the_env_and_secrets(
     shell, flag, script = get_template(template_id).command
     # pytorch-jupyter's sshd runs in the background, then Jupyter (no pip here): keep the
     # sshd part and stay up instead
-    script = script.split("; pip install")[0] + ("; exec sleep 600" if "; pip" in script
-                                                 else "")
+    jupyter = "; (command -v jupyter-lab"
+    script = script.split(jupyter)[0] + ("; exec sleep 600" if jupyter in script else "")
     buyer = key_pair()
     keys = ssh_access.write_keys(tmp_path, 1, [buyer.public_line])
     secret = f"hf_{uuid.uuid4().hex}"

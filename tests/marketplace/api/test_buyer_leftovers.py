@@ -124,7 +124,7 @@ def test_every_lease_endpoint_says_no_lease_n_of_yours():
 def test_the_leases_page_shows_the_template_and_the_ports_roles(client):
     provider, node, _ = registered_node()
     ask(provider, node, price=PRICE)
-    buyer = login(client, funded_buyer(100))
+    buyer = login(client, funded_buyer(100, ssh_key=True))
     placed = client_for(buyer).post("/api/v1/orders/", {
         "side": "bid", "gpu_class": "h100-sxm-80gb", "gpus": 1, "hours": 1, "price": "2.50",
         "template": "pytorch-jupyter", "image": "gpumarket/sshd:local", "min_cuda": "12.2"},
