@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -590,17 +591,25 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
 
 
 class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
-    """A bidder's own view of its sealed bid (its secrets by name only)."""
+    """A bidder's own view of its sealed bid (its secrets by name only); `lease`: the id
+    of the lease it won, null before or without one."""
 
     price = UsdField()
     paid_price = UsdField(positive=False)
     secret_names = secret_names_field()
+    lease = serializers.SerializerMethodField()
+
+    def get_lease(self, bid) -> int | None:
+        try:
+            return bid.lease.pk
+        except ObjectDoesNotExist:
+            return None
 
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "secret_names",
-                  "interconnect", "created_at"]
+                  "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
+                  "secret_names", "interconnect", "created_at"]
 
 
 _templates = threading.local()

@@ -214,7 +214,7 @@ class MySealedBids(generics.ListAPIView):
     serializer_class = s.SealedBidSerializer
 
     def get_queryset(self):
-        return selectors.own_bids(self.request.user.pk).order_by("-pk")
+        return selectors.own_bids(self.request.user.pk).select_related("lease").order_by("-pk")
 
 
 class SealedBidWithdraw(APIView):
