@@ -56,6 +56,8 @@ def book(data: dict) -> str:
     lines += [f"  {shown(a['price'])}  {a['gpus']} GPUs" for a in reversed(asks)]
     lines.append("bids:" if bids else "bids: (none)")
     lines += [f"  {shown(b['price'])}  {b['gpus']} GPUs" for b in bids]
+    if data.get("note"):  # a crossed book: why those bids rest
+        lines.append(data["note"])
     return "\n".join(lines)
 
 

@@ -242,6 +242,8 @@ def _market_context(request, market: GpuClass, form):
         "trades": trades, "trades_json": _rows_json(trades),
         "best_bid": usd(bids[0][0]) if bids else None,
         "best_ask": usd(asks[0][0]) if asks else None,
+        "crossed": selectors.crossed_note(market.pk, asks[0][0]) if bids and asks
+        and bids[0][0] >= asks[0][0] else "",
         "gpus_offered": sum(q for _, q in asks),
         "markets": GpuClass.objects.all(),
         "benchmark": class_summary(market),  # None: "not benchmarked yet"

@@ -214,6 +214,8 @@ class DepthSerializer(serializers.Serializer):
     gpu_class = serializers.CharField()
     bids = LevelSerializer(many=True)
     asks = LevelSerializer(many=True)
+    note = serializers.CharField(help_text="why bids at or above the best ask rest "
+                                 "(selectors.crossed_note), \"\" when none does")
 
 
 def ports_field() -> serializers.ListField:
