@@ -1,7 +1,8 @@
 """The marketplace's public REST API (/api/v1/), as the buyer uses it.
 
 Sends `Authorization: Bearer <token>`; the token is never printed, logged or in repr().
-Every failure is a CliError with its exit status (config.py): 401 → 3 (auth); another 4xx
+Every failure is a CliError with its exit status (config.py): 401, or no token for a
+server that answers, → 3 (auth); another 4xx
 → 1 with the API's `detail` and each named field's messages in one line; no answer or a
 5xx → 4. The error shape: marketplace/api/errors.py ({"detail", "errors": {field: [msg]}}).
 """
@@ -59,16 +60,11 @@ class Api:
     def call(self, method: str, path: str, body: dict | None = None, *,
              params: dict | None = None, auth: bool = True):
         """The decoded JSON answer (None for 204). CliError as the module doc says."""
-        if auth and not self.token:
+        if auth and not self.token:  # is anything there? (a bare GET: the body stays here)
+            self._send("GET", "/api/v1/", None, None)
             raise CliError(f"not logged in to {self.url}: run `gpumarket login --url "
                            f"{self.url}`", EXIT_AUTH)
-        try:
-            response = self._http.request(method, "/api/v1" + path, json=body, params=params)
-        except httpx.TimeoutException:
-            raise CliError(f"{self.url} did not answer in time", EXIT_UNREACHABLE) from None
-        except httpx.TransportError as exc:
-            reason = str(exc) or exc.__class__.__name__
-            raise CliError(f"cannot reach {self.url}: {reason}", EXIT_UNREACHABLE) from None
+        response = self._send(method, "/api/v1" + path, body, params)
         if response.status_code == 204:
             return None
         try:
@@ -91,6 +87,16 @@ class Api:
             raise CliError(f"{method} {path}: not found on {self.url} (is the server older "
                            "than this CLI?)", EXIT_REFUSED)
         raise CliError(line, EXIT_REFUSED)
+
+    def _send(self, method: str, path: str, body: dict | None, params: dict | None):
+        """The HTTP response; CliError (exit 4) when nothing answers in time."""
+        try:
+            return self._http.request(method, path, json=body, params=params)
+        except httpx.TimeoutException:
+            raise CliError(f"{self.url} did not answer in time", EXIT_UNREACHABLE) from None
+        except httpx.TransportError as exc:
+            reason = str(exc) or exc.__class__.__name__
+            raise CliError(f"cannot reach {self.url}: {reason}", EXIT_UNREACHABLE) from None
 
     def get(self, path: str, **kw):
         return self.call("GET", path, **kw)

@@ -154,8 +154,12 @@ def auctions(args) -> int:
 
 
 def bid(args) -> int:
-    data = _api(args).post("/orders/", bid_body(args))
-    return _emit(args, data, render.order_placed)
+    api = _api(args)
+    data = api.post("/orders/", bid_body(args))
+    # the human line names each lease's own price (the fill's); a few GETs, not with --json
+    leases = [] if args.json else [api.get(f"/leases/{int(i)}/")
+                                   for i in (data.get("leases") or [])[:8]]
+    return _emit(args, data, lambda o: render.order_placed(o, leases))
 
 
 def sealed_bid(args) -> int:

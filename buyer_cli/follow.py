@@ -22,8 +22,7 @@ from .config import EXIT_AUTH, EXIT_REFUSED, CliError
 from .render import ENDED
 
 SAYS = {"pending": "waiting for the provider's runner to take it",
-        "starting": "the runner is starting the container",
-        "running": "running"}
+        "starting": "the runner is starting the container"}  # other statuses say themselves
 
 
 def open_feed(api: Api) -> tuple[Feed | None, str | None]:
@@ -92,8 +91,8 @@ def lease_in(message: dict, lease_id: int) -> dict | bool | None:
 def progress_line(lease: dict) -> str:
     status = lease.get("status")
     cause = f" ({lease['cause']})" if lease.get("cause") else ""
-    return f"lease {lease.get('id')}: {status}{cause} — {SAYS.get(status, 'ended')}" \
-        if status in SAYS else f"lease {lease.get('id')}: {status}{cause}"
+    return f"lease {lease.get('id')}: {status}{cause}" + (f" — {SAYS[status]}"
+                                                          if status in SAYS else "")
 
 
 def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,

@@ -21,6 +21,13 @@ def table(rows: list[list], header: list[str]) -> str:
                      for r in cells)
 
 
+def parse_usd_or_none(value) -> int | None:
+    try:
+        return parse_usd(str(value))
+    except ValueError:
+        return None
+
+
 def duration(seconds) -> str:
     if seconds is None:
         return "-"
@@ -30,9 +37,15 @@ def duration(seconds) -> str:
     return f"{seconds} s"
 
 
+NONE = "—"  # no figure: a market without a reference price
+
+
 def markets(items: list[dict]) -> str:
-    return table([[m.get("slug"), m.get("name"), f"{m.get('memory_gb')} GB",
-                   shown(m.get("reference_price"))] for m in items],
+    def reference(m):
+        price = m.get("reference_price")
+        return NONE if price in (None, "") or parse_usd_or_none(price) == 0 else shown(price)
+    return table([[m.get("slug"), m.get("name"), f"{m.get('memory_gb')} GB", reference(m)]
+                  for m in items],
                  ["CLASS", "NAME", "MEMORY", "REFERENCE $/GPU-h"])
 
 
@@ -43,6 +56,8 @@ def book(data: dict) -> str:
     lines += [f"  {shown(a['price'])}  {a['gpus']} GPUs" for a in reversed(asks)]
     lines.append("bids:" if bids else "bids: (none)")
     lines += [f"  {shown(b['price'])}  {b['gpus']} GPUs" for b in bids]
+    if data.get("note"):  # a crossed book: why those bids rest
+        lines.append(data["note"])
     return "\n".join(lines)
 
 
@@ -71,26 +86,41 @@ def orders(items: list[dict]) -> str:
                  ["ID", "SIDE", "STATUS", "CLASS", "PRICE", "LEFT/GPUS", "FOR", "CREATED"])
 
 
-def order_placed(o: dict) -> str:
-    leases = o.get("leases") or []
-    won = (f"; leases {', '.join(str(x) for x in leases)} (`gpumarket wait {leases[0]}`)"
-           if leases else "")
+def order_placed(o: dict, leases: list[dict] | None = None) -> str:
+    """The order; its leases (`leases`: their GET answers, else the ids of `o`) at the
+    prices they trade at — a fill's price, the ask's, may be below the bid's."""
+    ids = o.get("leases") or []
+    found = {le.get("id"): le for le in leases or []}
+    each = [f"{i} at {shown(found[i].get('price'))}/GPU-h" if i in found else str(i)
+            for i in ids]
+    won = (f"; lease{'s' if len(ids) > 1 else ''} {', '.join(each)} "
+           f"(`gpumarket wait {ids[0]}`)" if ids else "")
     return (f"order {o.get('id')}: {o.get('status')}, {o.get('gpus')} × {o.get('gpu_class')} "
-            f"at {shown(o.get('price'))}/GPU-h for {duration(o.get('duration_seconds'))}, "
-            f"{o.get('remaining_gpus')} GPUs left to fill{won}")
+            f"bid at {shown(o.get('price'))}/GPU-h for "
+            f"{duration(o.get('duration_seconds'))}, {o.get('remaining_gpus')} GPUs left to "
+            f"fill{won}")
 
 
 def sealed_bid(b: dict) -> str:
-    replaced = f"; it replaces sealed bid {b['replaced']}" if b.get("replaced") else ""
-    return (f"sealed bid {b.get('id')} on auction {b.get('auction')}: {b.get('status')}, "
-            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h{replaced}")
+    """A sealed bid; once won, the GPUs awarded, the price it pays and its lease; in the
+    answer to placing it, the earlier bid it replaced."""
+    line = (f"sealed bid {b.get('id')} on auction {b.get('auction')}: {b.get('status')}, "
+            f"{b.get('gpus')} GPUs at {shown(b.get('price'))}/GPU-h")
+    if b.get("status") == "won":
+        line += (f"; won {b.get('awarded_gpus')} GPUs, paying "
+                 f"{shown(b.get('paid_price'))}/GPU-h")
+        if b.get("lease") is not None:
+            line += f": lease {b['lease']} (`gpumarket wait {b['lease']}`)"
+    if b.get("replaced"):
+        line += f"; it replaces sealed bid {b['replaced']}"
+    return line
 
 
 def leases(items: list[dict]) -> str:
     return table([[le.get("id"), le.get("status"), le.get("gpu_class"), le.get("gpu_count"),
                    shown(le.get("price")), duration(le.get("duration_seconds")),
-                   le.get("started_at"), le.get("ends_at"), shown(le.get("cost"))]
-                  for le in items],
+                   le.get("started_at"), le.get("ended_at") or le.get("ends_at"),
+                   shown(le.get("cost"))] for le in items],
                  ["ID", "STATUS", "CLASS", "GPUS", "PRICE", "FOR", "STARTED", "ENDS", "COST"])
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
 
-from frontend.forms_fields import ApiField, port_list, whole_number, words
+from frontend.forms_fields import (
+    ApiField,
+    WriteOnlyTextarea,
+    name_value_lines,
+    port_list,
+    whole_number,
+    words,
+)
 from marketplace.api.accounts import SignupIn
 from marketplace.api.serializers import (
     AuctionInSerializer,
@@ -90,6 +97,27 @@ def _ports(serializer) -> ApiField:
                               "lease shows where to connect once it runs")
 
 
+_VARS = {"rows": 3, "spellcheck": "false", "autocomplete": "off"}
+
+
+def _env(serializer) -> ApiField:
+    """Environment variables, one NAME=VALUE a line → {NAME: VALUE} (the API's `env`)."""
+    return ApiField(serializer, "env", label="Environment variables",
+                    to_json=name_value_lines, widget=forms.Textarea(attrs=_VARS),
+                    help_text="optional, one NAME=VALUE a line, e.g. EPOCHS=3 (shown on "
+                              "the lease)")
+
+
+def _secrets(serializer) -> ApiField:
+    """Secrets, one NAME=VALUE a line (the API's write-only `secrets`): never rendered
+    back into the page, also not when the form is shown again after an error."""
+    return ApiField(serializer, "secrets", label="Secrets", to_json=name_value_lines,
+                    widget=WriteOnlyTextarea(attrs=_VARS),
+                    help_text="optional, one NAME=VALUE a line, e.g. HF_TOKEN=hf_…; sealed, "
+                              "given only to the lease's container, shown by name only "
+                              "(after an error, enter them again)")
+
+
 class SignupForm(UserCreationForm):
     username = ApiField(SignupIn, "username", label="Username",
                         help_text="3 to 150 of A–Z a–z 0–9 _ . @ + -")
@@ -133,6 +161,8 @@ class BidForm(forms.Form):
                        help_text="optional; empty runs the template's command, or else the "
                                  "image's own")
     ports = _ports(OrderInSerializer)
+    env = _env(OrderInSerializer)
+    secrets = _secrets(OrderInSerializer)
     min_cuda = _min_cuda(OrderInSerializer)
     ssh = _ssh(OrderInSerializer)
     interconnect = ApiField(OrderInSerializer, "interconnect", label="Interconnect",
@@ -159,6 +189,8 @@ class SealedBidForm(forms.Form):
     image = _image(SealedBidInSerializer)
     command = _command(SealedBidInSerializer)
     ports = _ports(SealedBidInSerializer)
+    env = _env(SealedBidInSerializer)
+    secrets = _secrets(SealedBidInSerializer)
     min_cuda = _min_cuda(SealedBidInSerializer)
     ssh = _ssh(SealedBidInSerializer)
     interconnect = ApiField(SealedBidInSerializer, "interconnect", label="Interconnect",

@@ -49,6 +49,32 @@ def port_list(text: str) -> list:
     return [whole_number(w) for w in text.replace(",", " ").split()]
 
 
+def name_value_lines(text: str):
+    """ "NAME=VALUE" lines (blank ones skipped) → {NAME: VALUE}, for the API's env and
+    secrets field to judge. A line without "=" or a name given twice is refused here; the
+    message names the line, never its text (it may hold a secret)."""
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.replace("\r\n", "\n").split("\n"), 1):
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise forms.ValidationError(f"line {number} is not NAME=VALUE")
+        name = name.strip()
+        if name in out:
+            raise forms.ValidationError(f"{name} is given twice")
+        out[name] = value
+    return out
+
+
+class WriteOnlyTextarea(forms.Textarea):
+    """A textarea whose value is never rendered back (a form re-shown after an error
+    comes back empty: a secret is never echoed into a page)."""
+
+    def format_value(self, value):
+        return None
+
+
 class ApiField(forms.Field):
     """A form field whose value is cleaned by `serializer_class`'s field `name` (see the
     module docstring). `required` (default: the API field's) makes an empty entry "This

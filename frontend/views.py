@@ -71,6 +71,8 @@ def _service_error(form, exc: Exception) -> None:
     field = getattr(exc, "field", None)
     if field == "hours" and "hours" not in form.fields:
         field = None
+    if field and field.split(".", 1)[0] in ("env", "secrets"):  # "secrets.HF_TOKEN"
+        field, message = field.split(".", 1)[0], f"{field}: {message}"
     form.add_error(field if field in form.fields else None, message)
 
 
@@ -201,11 +203,13 @@ def wallet_dev_credit(request):
 
 def container_terms(v: dict) -> dict:
     """A bid form's container fields resolved as the API resolves a body's
-    (env_templates.resolve): an empty entry is a field not given. Raises InvalidInput."""
-    return env_templates.resolve(
+    (env_templates.resolve), and its secrets: an empty entry is a field not given.
+    Raises InvalidInput."""
+    return {**env_templates.resolve(
         template=v.get("template") or "", image=v.get("image") or None,
         command=v.get("command") or None, ports=v.get("ports") or None,
-        min_cuda=v.get("min_cuda") or None, ssh=v.get("ssh"))
+        env=v.get("env") or None, min_cuda=v.get("min_cuda") or None, ssh=v.get("ssh")),
+        "secrets": v.get("secrets") or {}}
 
 
 def template_compatibility(market: GpuClass) -> list[dict]:
@@ -238,6 +242,8 @@ def _market_context(request, market: GpuClass, form):
         "trades": trades, "trades_json": _rows_json(trades),
         "best_bid": usd(bids[0][0]) if bids else None,
         "best_ask": usd(asks[0][0]) if asks else None,
+        "crossed": selectors.crossed_note(market.pk, asks[0][0]) if bids and asks
+        and bids[0][0] >= asks[0][0] else "",
         "gpus_offered": sum(q for _, q in asks),
         "markets": GpuClass.objects.all(),
         "benchmark": class_summary(market),  # None: "not benchmarked yet"

@@ -28,7 +28,7 @@ from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
-from marketplace.models import Auction, Interconnect, SealedBid
+from marketplace.models import Auction, Interconnect, Order, SealedBid
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import seal
 from marketplace.ssh_keys import require_key
@@ -81,7 +81,8 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         market = lock_market(market.pk)
         free = free_gpu_count(node, market)
         if gpus > free:
-            raise InvalidInput(f"only {free} GPUs of node {node.name} are free", field="gpus")
+            raise InvalidInput(f"only {free} GPUs of node {node.name} are free"
+                               + _covered(node, market), field="gpus")
         auction = Auction.objects.create(
             market=market, provider_id=provider_id, node=node, gpus=gpus,
             reserve_price=reserve_price, rule=rule, duration_seconds=duration_seconds,
@@ -90,6 +91,22 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         auction.created(cause="auction opened", at=now)
         transaction.on_commit(lambda: _schedule_close(auction.pk, closes_at))
     return auction
+
+
+def _covered(node, market) -> str:
+    """": 8 are in ask 3 (cancel it to free them)" — where the node's other GPUs are
+    offered (standing asks, open auctions), "" when none is."""
+    asks = list(Order.objects.filter(node=node, market=market, side=Order.Side.ASK,
+                                     status__in=Order.ACTIVE)
+                .order_by("pk").values_list("pk", "remaining_gpus"))
+    lots = list(node.auctions.filter(status="open", market=market).order_by("pk")
+                .values_list("pk", "gpus"))
+    parts = [f"{n} in ask {pk}" for pk, n in asks] + [f"{n} in auction {pk}"
+                                                     for pk, n in lots]
+    if not parts:
+        return ""
+    what = "cancel it" if len(parts) == 1 else "cancel one"
+    return f": {', '.join(parts)} ({what} to free them)"
 
 
 def _schedule_close(auction_id: int, closes_at: datetime) -> None:
@@ -152,7 +169,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise Conflict("this auction is not open yet", field="auction")
         gpus = auction.gpus if gpus is None else gpus
         if auction.rule == Auction.Rule.SECOND_PRICE and gpus != auction.gpus:
-            raise InvalidInput(f"a second_price lot is all {auction.gpus} GPUs", field="gpus")
+            raise InvalidInput(f"a second_price lot is all {auction.gpus} "
+                               f"GPU{'' if auction.gpus == 1 else 's'}", field="gpus")
         if not 0 < gpus <= auction.gpus:
             raise InvalidInput(f"must be between 1 and the lot's {auction.gpus} GPUs",
                                field="gpus")

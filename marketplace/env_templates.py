@@ -166,7 +166,8 @@ def resolve(*, template: str = "", image: str | None = None,
 
     ssh defaults to whether the ports hold an "ssh" role; ssh true without one adds
     port 22 as "ssh". Refused (InvalidInput naming the field): an unknown template;
-    `ports` that leave out a port of the template's; a `min_cuda` below the template's
+    `ports` that leave out a port of the template's while its image is kept (with
+    an own image, the template's roles of the ports listed stay); a `min_cuda` below the template's
     while its image is kept; "custom" without an image; port 22 given another role;
     a malformed min_cuda or env."""
     t = get_template(template) if template else None
@@ -174,9 +175,10 @@ def resolve(*, template: str = "", image: str | None = None,
     if ports is not None:
         ports = clean_ports(ports)
         dropped = [f"{p} ({r})" for p, r in sorted(roles.items()) if p not in ports]
-        if dropped:
-            raise InvalidInput(f"leaves out port {', '.join(dropped)} of template {t.id}: "
-                               "list it too, or bring your own image", field="ports")
+        if dropped and image in (None, "", t.image):
+            raise InvalidInput(f"leaves out port {', '.join(dropped)} of template {t.id}'s "
+                               "image: list it too, or bring your own image", field="ports")
+        roles = {p: r for p, r in roles.items() if p in ports}  # own image: its ports
     else:
         ports = sorted(roles)
     wanted = clean_min_cuda(min_cuda) if min_cuda is not None else None

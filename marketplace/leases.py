@@ -13,7 +13,8 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from marketplace import interconnect, ssh_keys
@@ -69,6 +70,19 @@ def _locked(node: Node, market: GpuClass, chosen: list[Gpu]) -> list[Gpu]:
     return chosen
 
 
+def _next_lease_id() -> int:
+    """The id the next lease takes, so that its hold, placed first, can name it:
+    "lease:<id>". PostgreSQL: its sequence's next value. SQLite (the demo's default): one
+    writer at a time, and the caller holds the market lock, whose write came first, so the
+    largest id + 1 is this transaction's alone."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))",
+                           [Lease._meta.db_table])
+            return cursor.fetchone()[0]
+    return (Lease.objects.aggregate(last=Max("pk"))["last"] or 0) + 1
+
+
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
@@ -81,7 +95,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
-    Conflict (nothing written) when the node cannot give them. The bid's workload terms
+    Conflict (nothing written) when the node cannot give them. The hold is named
+    "lease:<id>" (a given one, a sealed bid's, is renamed so). The bid's workload terms
     are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
     with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
@@ -92,13 +107,17 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                        f"below the {min_cuda} this lease needs", field="min_cuda")
     port_roles = dict(port_roles or {})
     chosen = _locked(node, market, _pick_gpus(node, market, gpus, nvlink_gang))
+    lease_id = _next_lease_id()
     if hold_id is None:
         hold_id = ledger.hold_place(
             buyer_id=buyer_id, amount=lease_cost(price, gpus, duration_seconds),
-            reference=f"lease-of:{fill.pk if fill else sealed_bid.pk}",
+            reference=f"lease:{lease_id}",
         ).pk
+    else:
+        ledger.hold_relabel(hold_id=hold_id, reference=f"lease:{lease_id}")
     lease = Lease.objects.create(
-        market=market, buyer_id=buyer_id, provider_id=provider_id, node=node, price=price,
+        pk=lease_id, market=market, buyer_id=buyer_id, provider_id=provider_id, node=node,
+        price=price,
         gpu_count=gpus, duration_seconds=duration_seconds,
         image=image or settings.GPUMARKET_DEFAULT_IMAGE, command=command, fill=fill, ask=ask,
         sealed_bid=sealed_bid, hold_id=hold_id, interruptible=interruptible,

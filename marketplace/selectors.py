@@ -9,10 +9,11 @@ marketplace/auctions.py goes through it; `sealed_bid_q` is the rest (the admin's
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Q, QuerySet
+from django.utils import timezone
 
 from marketplace.env_templates import cuda_ok
-from marketplace.models import Auction, Lease, Order, SealedBid
+from marketplace.models import Auction, Interconnect, Lease, Order, SealedBid
 
 
 def user_leases(user_id: int) -> QuerySet[Lease]:
@@ -96,3 +97,31 @@ def cuda_match_note(order, known: dict[int, list[str]] | None = None) -> str | N
     if order.market_id not in known:
         known[order.market_id] = ask_node_cudas(order.market_id)
     return cuda_note(order.min_cuda, known[order.market_id])
+
+
+def crossed_note(market_id: int, best_ask: int | None) -> str:
+    """Why bids at or above the best ask (micro-USD) rest, "" when none does: what they
+    need that no offer meets — "bids at or above the best ask rest: they need CUDA 12.4 /
+    NVLink that no offer meets". Needs named: a min_cuda, NVLink, more GPUs on one node
+    (gang) than any ask offers; else "their terms"."""
+    if best_ask is None:
+        return ""
+    now = timezone.now()
+    active = Order.objects.filter(market_id=market_id, status__in=Order.ACTIVE,
+                                  remaining_gpus__gt=0).exclude(
+        Q(expires_at__lte=now) | Q(available_until__lte=now))
+    rows = set(active.filter(side=Order.Side.BID, price__gte=best_ask).order_by()
+               .values_list("min_cuda", "interconnect", "gang_size", "remaining_gpus"))
+    if not rows:
+        return ""
+    widest = active.filter(side=Order.Side.ASK).aggregate(m=Max("remaining_gpus"))["m"] or 0
+    needs = sorted({f"CUDA {c}" for c, _, _, _ in rows if c},
+                   key=lambda n: tuple(int(x) for x in n[5:].split(".")))
+    if any(i == Interconnect.NVLINK for _, i, _, _ in rows):
+        needs.append("NVLink")
+    gang = max((g or left) for _, _, g, left in rows)
+    if gang > widest:
+        needs.append(f"{gang} GPUs on one node")
+    what = f"they need {' / '.join(needs)} that no offer meets" if needs else \
+        "their terms (expiry, gang size, nodes) meet no offer"
+    return f"bids at or above the best ask rest: {what}"

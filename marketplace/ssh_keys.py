@@ -171,7 +171,7 @@ def delete_key(*, owner_id: int, key_id: int) -> None:
     Leases already created keep the keys they were given; the next one does not get it."""
     deleted, _ = SshKey.objects.filter(pk=key_id, owner_id=owner_id).delete()
     if not deleted:
-        raise NotFound(f"you have no SSH key {key_id}", field="ssh_key")
+        raise NotFound(f"you have no SSH key {key_id}")  # the URL's id, no request field
 
 
 def authorized_lines(owner_id: int) -> list[str]:

@@ -305,6 +305,12 @@ def hold_release(*, hold_id: int, cause: str) -> int:
     return released
 
 
+def hold_relabel(*, hold_id: int, reference: str) -> None:
+    """Name what a hold now secures (a sealed bid's hold once it wins: "lease:<id>"); its
+    journal entries keep the reference they were written with."""
+    Hold.objects.filter(pk=hold_id).update(reference=reference)
+
+
 def hold_reduce(*, hold_id: int, to_amount: int, cause: str) -> int:
     """Cut an active hold down to `to_amount` micro-USD, releasing the rest to the buyer
     (a winner's hold cut to what it pays). Returns the micro-USD released."""

@@ -20,7 +20,11 @@ from marketplace.auth_backends import release_connection
 
 
 class SignupIn(StrictInputSerializer):
-    username = serializers.RegexField(r"^[A-Za-z0-9_.@+-]{3,150}$", max_length=150)
+    username = serializers.RegexField(
+        r"^[A-Za-z0-9_.@+-]{3,150}$", max_length=150,
+        error_messages={"invalid": "must be 3 to 150 characters: letters, digits and "
+                        "_ . @ + -"},
+        help_text="3 to 150 characters: letters, digits and _ . @ + -")
     password = StrictCharField(max_length=128, write_only=True, trim_whitespace=False,
                                help_text="checked by the server's password validators "
                                "(AUTH_PASSWORD_VALIDATORS): at least 10 characters, not a "
@@ -48,7 +52,10 @@ class SignupOut(serializers.Serializer):
     username = serializers.CharField()
     token = serializers.CharField(help_text="the API token: Authorization: Bearer <token>; "
                                   "shown once, only its hash is stored")
-    token_expires_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(help_text="when the token expires (as "
+                                           "POST /auth/token/ answers it)")
+    token_expires_at = serializers.DateTimeField(help_text="the same as expires_at (the "
+                                                 "older name, kept)")
 
 
 class Signup(APIView):
@@ -67,6 +74,7 @@ class Signup(APIView):
         user = get_user_model().objects.create_user(**data.validated_data)
         issued = api_tokens.issue(user=user, name="signup")
         return Response({"id": user.pk, "username": user.username, "token": issued.key,
+                         "expires_at": issued.token.expires_at,
                          "token_expires_at": issued.token.expires_at}, status=201)
 
 

@@ -214,5 +214,5 @@ class LeaseLogs(APIView):
     def get(self, request, pk: int):
         user = request.user
         if not selectors.user_leases(user.pk).filter(pk=pk).exists():
-            raise NotFound(f"no lease {pk} of yours")
+            raise NotFound(f"no lease {pk} of yours")  # the URL's, no field: as every lease 404
         return Response(lease_log_body(pk, LeaseLog.objects.filter(lease_id=pk).first()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -185,6 +186,8 @@ class DepthSerializer(serializers.Serializer):
     gpu_class = serializers.CharField()
     bids = LevelSerializer(many=True)
     asks = LevelSerializer(many=True)
+    note = serializers.CharField(help_text="why bids at or above the best ask rest "
+                                 "(selectors.crossed_note), \"\" when none does")
 
 
 def ports_field() -> serializers.ListField:
@@ -579,23 +582,31 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
 
 
 class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
-    """A bidder's own view of its sealed bid (its secrets by name only). `replaced`: in the
-    answer to placing it, the id of your earlier bid on this auction that it replaced
-    (withdrawn, its hold released); null otherwise."""
+    """A bidder's own view of its sealed bid (its secrets by name only). `lease`: the id of
+    the lease it won, null before or without one; `replaced`: in the answer to placing it,
+    the id of your earlier bid on this auction that it replaced (withdrawn, its hold
+    released); null otherwise."""
 
     price = UsdField()
     paid_price = UsdField(positive=False)
     secret_names = secret_names_field()
     replaced = serializers.SerializerMethodField()
+    lease = serializers.SerializerMethodField()
 
     def get_replaced(self, obj) -> int | None:
         return getattr(obj, "replaced_bid_id", None)
 
+    def get_lease(self, bid) -> int | None:
+        try:
+            return bid.lease.pk
+        except ObjectDoesNotExist:
+            return None
+
     class Meta:
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "image", "command", "ports", *TEMPLATE_TERMS, "secret_names",
-                  "interconnect", "created_at", "replaced"]
+                  "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
+                  "secret_names", "interconnect", "created_at", "replaced"]
 
 
 _templates = threading.local()

@@ -63,9 +63,11 @@ class OrderBookDepth(APIView):
     def get(self, request, slug: str):
         market = get_object_or_404(GpuClass, slug=slug)
         bids, asks = book.depth(market)
+        crossed = bids and asks and bids[0][0] >= asks[0][0]
         data = {"gpu_class": slug,
                 "bids": [{"price": p, "gpus": q} for p, q in bids],
-                "asks": [{"price": p, "gpus": q} for p, q in asks]}
+                "asks": [{"price": p, "gpus": q} for p, q in asks],
+                "note": selectors.crossed_note(market.pk, asks[0][0]) if crossed else ""}
         return Response(s.DepthSerializer(data).data)
 
 
@@ -214,7 +216,7 @@ class MySealedBids(generics.ListAPIView):
     serializer_class = s.SealedBidSerializer
 
     def get_queryset(self):
-        return selectors.own_bids(self.request.user.pk).order_by("-pk")
+        return selectors.own_bids(self.request.user.pk).select_related("lease").order_by("-pk")
 
 
 class SealedBidWithdraw(APIView):

@@ -88,3 +88,8 @@ def test_not_logged_in_exits_3_and_no_server_exits_4(gm):
     [line] = gone.stderr.splitlines()
     assert line.startswith("gpumarket: cannot reach http://127.0.0.1:")
     assert "Traceback" not in gone.stderr
+    # no token for that URL: nothing there is exit 4, a server there exit 3
+    nowhere = gm("wallet", "--url", f"http://127.0.0.1:{free_port()}")
+    assert nowhere.returncode == 4 and "cannot reach" in nowhere.stderr
+    there = gm("wallet", "--url", gm.url)
+    assert there.returncode == 3 and f"not logged in to {gm.url}" in there.stderr

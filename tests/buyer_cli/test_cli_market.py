@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from marketplace.auctions import open_auction
+from marketplace.auctions import close_auction, open_auction
 from marketplace.models import Lease, Order
 from settlement.models import Hold
 from tests.factories import H100, UserFactory, ask, funded_buyer, registered_node
@@ -214,3 +214,30 @@ def test_wait_polls_when_the_server_has_no_websockets(tmp_path, transactional_db
                 waiting.kill()
             waiting.wait(timeout=10)
             waiting.stdout.close()
+
+
+def test_a_bid_above_the_ask_prints_its_lease_at_the_fill_price(gm, market):
+    gm.login(market.buyer)
+    done = gm("bid", H100, "--gpus", "1", "--price", "2.60", "--hours", "1", "--image", IMAGE)
+    assert done.returncode == 0, done.stderr
+    [lease] = Lease.objects.filter(buyer=market.buyer)
+    assert "bid at $2.600000/GPU-h" in done.stdout
+    assert f"lease {lease.pk} at $1.500000/GPU-h" in done.stdout  # the ask's price
+
+
+def test_a_won_sealed_bid_lists_what_it_pays_and_its_lease(gm):
+    provider, node, _ = registered_node(name="won-node")
+    auction = open_auction(provider_id=provider.pk, node_id=node.pk, gpus=2,
+                           reserve_price=1_000_000, duration_seconds=3600,
+                           closes_at=timezone.now() + timedelta(hours=1))
+    gm.login(funded_buyer(100))
+    placed = json.loads(gm("--json", "sealed-bid", str(auction.pk), "--price", "1.75",
+                           "--image", IMAGE).stdout)
+    assert placed["lease"] is None
+    close_auction(auction_id=auction.pk, now=auction.closes_at)
+    lease = Lease.objects.get()
+    mine = gm("sealed-bids")
+    assert mine.returncode == 0, mine.stderr
+    assert (f"won 2 GPUs, paying $1.000000/GPU-h: lease {lease.pk} "
+            f"(`gpumarket wait {lease.pk}`)") in mine.stdout
+    assert json.loads(gm("--json", "sealed-bids").stdout)["results"][0]["lease"] == lease.pk

@@ -12,7 +12,7 @@ import pytest
 from buyer_cli import cli, config, render
 from buyer_cli.api import Api, refusal_line
 from buyer_cli.bidding import pairs
-from buyer_cli.follow import lease_in, new_lines
+from buyer_cli.follow import lease_in, new_lines, progress_line
 from buyer_cli.money import lease_cost, parse_usd, shown, usd
 from tests.conftest import ROOT
 
@@ -130,3 +130,22 @@ def test_a_token_no_header_can_carry_is_refused_without_showing_it():
         with pytest.raises(config.CliError) as refused:
             Api("http://127.0.0.1:9", token)
         assert refused.value.code == config.EXIT_AUTH and "s3cr3t" not in str(refused.value)
+
+
+def test_the_human_lines_show_what_was_paid_and_when_a_lease_ended():
+    """A lease's price, not the bid's; a won sealed bid's paid_price and lease; "—" for no
+    reference price; the end of an ended lease; "running" said once."""
+    order = {"id": 10, "status": "filled", "gpus": 1, "gpu_class": "h100", "price": "2.600000",
+             "duration_seconds": 3600, "remaining_gpus": 0, "leases": [5]}
+    line = render.order_placed(order, [{"id": 5, "price": "2.000000"}])
+    assert "bid at $2.600000/GPU-h" in line and "lease 5 at $2.000000/GPU-h" in line
+    won = render.sealed_bid({"id": 3, "auction": 2, "status": "won", "gpus": 4, "price": "1.9",
+                             "awarded_gpus": 4, "paid_price": "1.300000", "lease": 8})
+    assert "paying $1.300000/GPU-h: lease 8" in won
+    assert render.markets([{"slug": "t4", "reference_price": "0.000000"}]).splitlines()[1] \
+        .split()[-1] == "—"
+    ended = {"id": 5, "status": "completed", "ends_at": "2026-01-01T02:00:00Z",
+             "ended_at": "2026-01-01T00:10:00Z"}
+    assert "2026-01-01T00:10:00Z" in render.leases([ended])
+    assert "2026-01-01T02:00:00Z" not in render.leases([ended])
+    assert progress_line({"id": 5, "status": "running"}) == "lease 5: running"

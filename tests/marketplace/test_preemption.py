@@ -286,7 +286,8 @@ def test_concurrent_beat_runs_preempt_once():
     assert low_lease.status == "preempted"
     assert low_lease.events.filter(to_status="preempted").count() == 1
     assert Lease.objects.filter(fill__bid_id=placed.order.pk).count() == 1
-    assert JournalEntry.objects.filter(reference=f"lease:{low_lease.pk}").count() == 1
+    assert JournalEntry.objects.filter(reference=f"lease:{low_lease.pk}",
+                                       kind=JournalEntry.Kind.LEASE_SETTLE).count() == 1
     assert_no_gpu_twice()
     assert first_violation() is None
 

@@ -95,3 +95,19 @@ def test_a_mixed_node_must_name_its_class_for_an_auction_as_for_an_ask():
     assert not Auction.objects.exists()
     # named, it opens on that class
     assert _auction(provider, node, gpus=1, market_slug=other.slug).market == other
+
+
+def test_refusals_name_where_the_gpus_are_and_count_them_right():
+    from tests.factories import ask
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    placed = ask(provider, node, price=1_000_000, gpus=8)
+    with pytest.raises(InvalidInput) as refused:
+        _auction(provider, node, gpus=1)
+    assert refused.value.field == "gpus"
+    assert refused.value.message == (f"only 0 GPUs of node {node.name} are free: 8 in ask "
+                                     f"{placed.order.pk} (cancel it to free them)")
+    book.cancel_order(user_id=provider.pk, order_id=placed.order.pk)
+    lot = _auction(provider, node, gpus=1)
+    with pytest.raises(InvalidInput, match=r"^a second_price lot is all 1 GPU$"):
+        auctions.place_sealed_bid(bidder_id=funded_buyer(100).pk, auction_id=lot.pk,
+                                  price=2_000_000, gpus=2)

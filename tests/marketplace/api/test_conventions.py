@@ -260,6 +260,7 @@ def test_every_operation_documents_its_answer_body_and_takes_json_only():
     assert list(signup) == ["201"]
     ref = signup["201"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
     assert set(doc["components"]["schemas"][ref]["properties"]) == {"id", "username", "token",
+                                                                    "expires_at",
                                                                     "token_expires_at"}
     token = doc["paths"]["/api/v1/auth/token/"]["post"]["requestBody"]["content"]
     assert list(token) == ["application/json"]
@@ -448,10 +449,19 @@ def test_signup_refuses_weak_passwords_with_djangos_messages(username, password,
     assert not get_user_model().objects.filter(username=username).exists()
 
 
+@pytest.mark.parametrize("username", ["x", "has space"])
+def test_signup_says_the_username_rule(username):
+    r = APIClient().post("/api/v1/signup/", {"username": username,
+                                             "password": "a long password"}, format="json")
+    body = assert_refused(r, "username")
+    assert "3 to 150 characters" in body["errors"]["username"][0], body
+
+
 def test_signup_with_a_good_password_answers_201_with_the_token():
     r = APIClient().post("/api/v1/signup/", {"username": "grace",
                                              "password": "a long password"}, format="json")
     assert r.status_code == 201 and set(r.json()) == {"id", "username", "token",
+                                                                    "expires_at",
                                                                     "token_expires_at"}
 
 

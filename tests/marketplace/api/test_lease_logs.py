@@ -55,6 +55,8 @@ def test_strangers_get_404_and_anonymous_401():
     r = client_for(UserFactory()).get(f"/api/v1/leases/{lease.pk}/logs/")
     assert r.status_code == 404
     assert "secret" not in r.content.decode()
+    # as the lease's own 404: a detail, no `errors` (no request field caused it)
+    assert r.json() == {"detail": f"no lease {lease.pk} of yours"}
     assert client_for(UserFactory()).get("/api/v1/leases/999999/logs/").status_code == 404
     assert client_for().get(f"/api/v1/leases/{lease.pk}/logs/").status_code == 401
 

@@ -57,7 +57,8 @@ def test_delete_is_204_then_404_and_another_user_s_key_is_404():
     assert client_for(other).get(URL).json() == {"results": []}
     assert SshKey.objects.filter(pk=key_id).exists()
     assert client_for(buyer).delete(f"{URL}{key_id}/").status_code == 204
-    assert client_for(buyer).delete(f"{URL}{key_id}/").status_code == 404
+    gone = client_for(buyer).delete(f"{URL}{key_id}/")
+    assert gone.status_code == 404 and gone.json() == {"detail": f"you have no SSH key {key_id}"}
     assert client_for(buyer).get(URL).json() == {"results": []}
 
 

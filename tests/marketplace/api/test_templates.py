@@ -91,6 +91,17 @@ def test_a_template_alone_gives_its_own_image_and_a_raw_image_may_ask_for_ssh():
     assert r.json()["port_roles"] == {"22": "ssh", "8000": "http"}
 
 
+def test_own_image_with_a_template_may_list_fewer_ports_and_keeps_their_roles():
+    """Only the template's own image needs its ports: an own image lists its own."""
+    provider, node, _ = registered_node(cuda_version="12.4")
+    ask(provider, node, price=2_000_000)
+    r = _post_bid(funded_buyer(100), template="pytorch-jupyter",
+                  image="gpumarket/sshd:local", ports=[22])
+    assert r.status_code == 201, r.content
+    assert r.json()["ports"] == [22] and r.json()["port_roles"] == {"22": "ssh"}
+    assert r.json()["ssh"] is True and r.json()["image"] == "gpumarket/sshd:local"
+
+
 def test_a_bid_no_node_can_run_rests_and_its_answer_and_get_say_why():
     provider, node, _ = registered_node()  # the dump's driver 535: CUDA 12.2
     ask(provider, node, price=2_000_000)
@@ -118,6 +129,8 @@ def test_a_bid_no_node_can_run_rests_and_its_answer_and_get_say_why():
     ({"min_cuda": "0.0"}, "min_cuda", "MAJOR.MINOR"),
     ({"min_cuda": 12.4}, "min_cuda", "must be a string"),
     ({"template": "pytorch-jupyter", "ports": [8888]}, "ports", "22 (ssh)"),
+    ({"template": "pytorch-jupyter", "ports": [22],
+      "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"}, "ports", "8888 (jupyter)"),
     ({"template": "cuda-ssh", "min_cuda": "11.8"}, "min_cuda", "needs CUDA 12.4"),
     ({"template": "custom"}, "image", "give one"),
     ({"env": {"lower_case": "1"}}, "env", "capital letters"),

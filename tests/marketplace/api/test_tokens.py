@@ -75,7 +75,8 @@ def test_each_signup_and_login_issues_a_new_token_valid_ttl_days(settings):
     first = _signup()
     second = _login(name="laptop")
     assert first["token"] != second["token"]
-    for body, key in ((first, "token_expires_at"), (second, "expires_at")):
+    assert first["expires_at"] == first["token_expires_at"]  # login's name, and the old
+    for body, key in ((first, "expires_at"), (second, "expires_at")):
         expires = timezone.datetime.fromisoformat(body[key].replace("Z", "+00:00"))
         assert abs(expires - (timezone.now() + timedelta(days=7))) < timedelta(minutes=5)
     # both work, each on its own
