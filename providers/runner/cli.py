@@ -43,6 +43,7 @@ from .config import (
 from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
 from .gpu_text import mig_lines, mig_summary, nvlink_summary
+from .lease_network import isolation_check
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
@@ -251,6 +252,11 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
             print_line(f"WARNING: every lease on the network {args.network} can reach the "
                        "others' ports (SSH, Jupyter, …); the default --network per-lease "
                        "isolates them (docs/RUNNER.md, \"Lease isolation\")")
+        elif args.network == "per-lease":
+            isolated, detail, fix = isolation_check()
+            if isolated is False:  # doctor FAILs this host: say so where the provider looks
+                print_line(f"WARNING: lease isolation: {detail}; buyers' containers on this "
+                           f"node can reach each other: {fix}")
         if args.token:
             print_line("note: --token on the command line is readable by every local user "
                        "(`ps`); `gpumarket-runner register` saves it 0600 instead")

@@ -222,3 +222,38 @@ def test_run_on_a_shared_network_warns_that_its_leases_reach_each_other(
     text = log.read_text()
     assert ("WARNING: every lease on the network trial1net can reach the others' ports"
             in text) and "--network per-lease" in text
+
+
+@pytest.mark.docker
+def test_run_says_when_this_host_does_not_isolate_lease_networks(marketplace, docker_client,
+                                                                 tmp_path):
+    """doctor's "lease isolation" verdict of this host, printed by `run` where the provider
+    looks: a WARNING with the fix when the host routes between lease bridges (CI's dockerd,
+    --iptables=false with ip_forward=1), nothing when it isolates them."""
+    from providers.runner.lease_network import isolation_check
+
+    registered = runner("register", "--url", marketplace.url, "--token", TOKEN,
+                        "--simulate", str(H100), "--state-dir", str(tmp_path))
+    assert registered.returncode == 0, registered.stderr
+    log = tmp_path / "run.log"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUMARKET_")}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "providers.runner", "run", "--state-dir", str(tmp_path),
+             "--poll-interval", "0.3", "--no-push"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True, env=clean)
+    try:
+        # the start line comes after the network checks
+        assert wait_until("the runner's start line",
+                          lambda: "gpumarket-runner " in log.read_text(), timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    isolated, detail, fix = isolation_check()
+    if isolated is False:
+        assert f"WARNING: lease isolation: {detail}" in text and fix in text
+    else:
+        assert "WARNING: lease isolation" not in text
