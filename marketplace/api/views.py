@@ -143,10 +143,19 @@ class OrderListCreate(APIView):
 
 
 class OrderDetail(generics.RetrieveAPIView):
+    """One of your orders; anyone else's is "no order N of yours", 404, as a missing one
+    (the words of cancel)."""
+
     serializer_class = s.OrderSerializer
 
     def get_queryset(self):
         return Order.objects.filter(owner=self.request.user)
+
+    def get_object(self):
+        order = self.get_queryset().filter(pk=self.kwargs["pk"]).first()
+        if order is None:
+            raise NotFound(f"no order {self.kwargs['pk']} of yours")
+        return order
 
 
 class OrderCancel(APIView):

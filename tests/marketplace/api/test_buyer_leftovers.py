@@ -156,3 +156,16 @@ def test_the_extend_page_sent_twice_extends_once(client):
     assert LeaseExtension.objects.filter(lease=lease).count() == 1
     assert Lease.objects.get(pk=lease.pk).duration_seconds == 7200
     assert said[0] == said[1] and said[0].endswith(": 2.49 USD more held."), said
+
+
+@pytest.mark.django_db
+def test_another_buyer_s_order_reads_as_a_missing_one_on_get_and_cancel():
+    mine = bid(funded_buyer(100), price=PRICE, gpus=1).order
+    other = client_for(funded_buyer(100))
+    answers = [other.get(f"/api/v1/orders/{mine.pk}/"),
+               other.post(f"/api/v1/orders/{mine.pk}/cancel/"),
+               other.get("/api/v1/orders/999999/")]
+    assert [a.status_code for a in answers] == [404, 404, 404]
+    assert answers[0].json()["detail"] == f"no order {mine.pk} of yours"
+    assert answers[1].json()["detail"].endswith(f"no order {mine.pk} of yours")
+    assert answers[2].json()["detail"] == "no order 999999 of yours"
