@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.db.models.signals import post_save
@@ -27,7 +28,7 @@ from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
 from marketplace.workload_env import clean_env_and_secrets
-from providers.models import Node
+from providers.models import Gpu, Node
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import MAX_USD_MICROS
@@ -56,9 +57,16 @@ def node_market(node: Node, market_slug: str | None) -> GpuClass:
     no GPUs registered, InvalidInput naming `gpu_class` for a class it lacks or when a
     node of several classes names none."""
     classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
+    unsliced = _mig_without_slices(node, market_slug)
+    if unsliced and (not classes or market_slug not in (None, *classes)):
+        raise Conflict(f"node {node.name} offers no GPU of {unsliced[0]}: GPU {unsliced[1]} is "
+                       "MIG-enabled with no MIG devices, and a MIG-enabled GPU is never leased "
+                       "whole; create MIG devices (nvidia-smi mig -cgi … -C) or disable MIG, "
+                       "then run gpumarket-runner register again", field="node")
     if not classes:
         raise Conflict("this node has no registered GPUs yet: run gpumarket-runner register",
                        field="node")
+    require_heartbeating(node)
     if market_slug is None:
         if len(classes) > 1:
             raise InvalidInput("this node has several GPU classes: name one", field="gpu_class")
@@ -151,6 +159,32 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
     if expired:
         log.info("expired orders %s", expired)
     return expired
+
+
+def _mig_without_slices(node: Node, market_slug: str | None) -> tuple[str, str] | None:
+    """(class slug, UUID) of a GPU of `node` (of `market_slug`, when given) registered
+    MIG-enabled with no listed slice: registered, never offered (docs/RUNNER_PROTOCOL.md,
+    "MIG slices")."""
+    parents = Gpu.every.filter(node=node, parent=None, listed=False, mig_mode="Enabled")
+    if market_slug is not None:
+        parents = parents.filter(gpu_class__slug=market_slug)
+    found = (parents.exclude(slices__listed=True).order_by("uuid")
+             .values_list("gpu_class__slug", "uuid").first())
+    return tuple(found) if found else None
+
+
+def require_heartbeating(node: Node) -> None:
+    """Conflict naming `node` unless its runner is heard from: a heartbeat within
+    GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS of now (a node never heard is never offered; one
+    silent that long has its leases failed: marketplace/health.py)."""
+    seen = node.last_heartbeat_at
+    if seen is None:
+        raise Conflict(f"node {node.name} has never sent a heartbeat: start its runner "
+                       "(gpumarket-runner run) before offering its GPUs", field="node")
+    if seen < timezone.now() - timedelta(seconds=settings.GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS):
+        raise Conflict(f"node {node.name} is silent: no heartbeat since "
+                       f"{seen.astimezone(UTC).isoformat(timespec='seconds')}; start its "
+                       "runner (gpumarket-runner run) before offering its GPUs", field="node")
 
 
 def free_gpu_count(node: Node, market: GpuClass) -> int:

@@ -94,7 +94,7 @@ def _cmd_inventory(args) -> int:
             print(f"      {line}")
         if nvlink_summary(gpu):
             print(f"    {nvlink_summary(gpu)}")
-    for note in inventory.notes:
+    for note in (*inventory.notes, *mig.notes(inventory)):
         print(f"  note: {note}")
     return EXIT_OK
 
@@ -123,6 +123,8 @@ def _cmd_register(args) -> int:
     slices = mig.summary(inventory)
     print(f"registered node {node.get('name', '?')}: {inventory.summary()}"
           + (f"; offered as {slices}" if slices else ""))
+    for note in (*inventory.notes, *mig.notes(inventory)):
+        print(f"  note: {note}")
     if not simulate:  # simulated GPUs are not the ones a CUDA stack here would measure
         _benchmark_after_register(url, token, [u.uuid for u in mig.units(inventory)])
     return EXIT_OK
