@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.db.models.signals import post_save
@@ -29,6 +28,7 @@ from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
 from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Gpu, Node
+from providers.services import runner_heard
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import MAX_USD_MICROS
@@ -174,16 +174,16 @@ def _mig_without_slices(node: Node, market_slug: str | None) -> tuple[str, str] 
 
 
 def require_heartbeating(node: Node) -> None:
-    """Conflict naming `node` unless its runner is heard from: a heartbeat within
-    GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS of now (a node never heard is never offered; one
-    silent that long has its leases failed: marketplace/health.py)."""
-    seen = node.last_heartbeat_at
-    if seen is None:
+    """Conflict naming `node` unless its runner is heard from (providers.services.
+    runner_heard): never heard, or silent past GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS (when
+    its leases are failed: marketplace/health.py), it offers nothing."""
+    heard = runner_heard(node)
+    if heard == "never":
         raise Conflict(f"node {node.name} has never sent a heartbeat: start its runner "
                        "(gpumarket-runner run) before offering its GPUs", field="node")
-    if seen < timezone.now() - timedelta(seconds=settings.GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS):
-        raise Conflict(f"node {node.name} is silent: no heartbeat since "
-                       f"{seen.astimezone(UTC).isoformat(timespec='seconds')}; start its "
+    if heard == "silent":
+        seen = node.last_heartbeat_at.astimezone(UTC).isoformat(timespec="seconds")
+        raise Conflict(f"node {node.name} is silent (no heartbeat since {seen}): start its "
                        "runner (gpumarket-runner run) before offering its GPUs", field="node")
 
 

@@ -258,6 +258,16 @@ def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, A
     return mig.apply_layouts(node, gpus, rows, InventoryConflict)
 
 
+def runner_heard(node: Node, now=None) -> str:
+    """"never" (no heartbeat yet: `gpumarket-runner run` never started), "silent" (none
+    for GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS) or "heard". A node not heard is offered to
+    no bid and shown healthy nowhere."""
+    if node.last_heartbeat_at is None:
+        return "never"
+    timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
+    return "silent" if node.last_heartbeat_at < (now or timezone.now()) - timeout else "heard"
+
+
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
                      findings: list[dict[str, Any]] | None = None) -> list[str]:
     """Store the node's heartbeat time, each GPU's latest reading and health findings.

@@ -37,6 +37,7 @@ from .config import (
     require_marketplace,
     resource_policy,
     save_config,
+    simulate_id,
     state_dir_from,
     token_source,
 )
@@ -52,8 +53,10 @@ from .switch import pick_runtime, previous_runtimes
 
 
 def load_gpus(simulate: str | None, replay_xid: str | None = None,
-              replay_health: str | None = None, replay_process_left: str | None = None):
-    """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays); CliError
+              replay_health: str | None = None, replay_process_left: str | None = None,
+              state_dir: Path | None = None):
+    """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays; zeroed UUIDs
+    replaced by ones of `state_dir`'s id when given: sim_uuids); CliError
     (code 2) without a driver; CliError (code 1) for a replay without --simulate or an
     unusable replay."""
     if (replay_xid or replay_health or replay_process_left) and not simulate:
@@ -66,7 +69,8 @@ def load_gpus(simulate: str | None, replay_xid: str | None = None,
             left = load_replay_process_left(replay_process_left) if replay_process_left \
                 else None
             return DumpGpus(simulate, replay_xid=replay_xid, replay_health=health,
-                            replay_process_left=left)
+                            replay_process_left=left,
+                            uuid_salt=simulate_id(state_dir) if state_dir else None)
         except ReplayError as exc:
             raise CliError(str(exc)) from None
     try:
@@ -103,7 +107,7 @@ def _cmd_register(args) -> int:
     state_dir = state_dir_from(args.state_dir)
     url, token = require_marketplace(args.url, args.token, {})
     simulate = str(Path(args.simulate).resolve()) if args.simulate else None
-    gpus = load_gpus(simulate)
+    gpus = load_gpus(simulate, state_dir=state_dir)
     inventory = gpus.inventory()
     client = MarketplaceClient(url, token)
     try:
@@ -240,7 +244,10 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     config = load_config(state_dir)
     url, token = require_marketplace(args.url, args.token, config)
     simulate = args.simulate or config.get("simulate")
-    gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
+    gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left,
+                     state_dir)
+    for note in gpus.inventory().notes if simulate else ():
+        print_line(f"note: {note}")
     node = node_label(config.get("node") or {})
     policy = resource_policy(args, config)
     runtime = pick_runtime(args.runtime, state_dir, node, simulate=bool(simulate),

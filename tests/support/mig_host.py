@@ -7,12 +7,14 @@ from providers.runner.nvsmi import GpuInfo, Inventory, MigDevice
 
 #: The recorded MIG-partitioned H100 host (data/nvidia-smi/h100-80gb-hbm3-mig-x1.*: the
 #: UUIDs and profiles from its `nvidia-smi -L`, GPU instance ids, SM counts and memory from
-#: its `nvidia-smi -q`), built here while the dump parser cannot read MIG devices.
+#: its `nvidia-smi -q`), built here while the dump parser cannot read MIG devices. The
+#: recording's all-zero GPU and MIG UUIDs, which the marketplace refuses (no NVML reports
+#: them; a runner with --simulate replaces them: runner/sim_uuids.py), are 0…01 here.
 #: needs: nvsmi (parse_dump of the recording gives the same GpuInfo once it reads MIG)
 H100_MIG = Inventory("590.48.01", "13.1", [GpuInfo(
-    "GPU-00000000-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3", 81559,
+    "GPU-00000000-0000-0000-0000-0000000000a1", "NVIDIA H100 80GB HBM3", 81559,
     "00000000:00:09.0", "Enabled", "h100-sxm-80gb", mig_devices=(
-        MigDevice("MIG-00000000-0000-0000-0000-000000000000", "3g.40gb", 2, 0, 40448, 60, 0),
+        MigDevice("MIG-00000000-0000-0000-0000-0000000000a1", "3g.40gb", 2, 0, 40448, 60, 0),
         MigDevice("MIG-00000001-0000-0000-0000-000000000001", "2g.20gb", 3, 0, 20096, 32, 1),
         MigDevice("MIG-00000002-0000-0000-0000-000000000002", "1g.10gb", 9, 0, 9984, 16, 2),
         MigDevice("MIG-00000003-0000-0000-0000-000000000003", "1g.10gb", 10, 0, 9984, 16, 3),
