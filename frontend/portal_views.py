@@ -190,7 +190,8 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
     topology = [interconnect.node_summary(node.pk, c.pk)
                 for c in sorted(classes, key=lambda c: c.slug)]
     return _page(request, "frontend/node.html", {
-        "node": node, "gpus": gpus, "classes": sorted(classes, key=lambda c: c.slug),
+        "node": node, "heard": runner_heard(node), "gpus": gpus,
+        "classes": sorted(classes, key=lambda c: c.slug),
         "topology": topology,
         "leases": _lease_rows(Lease.objects.filter(node=node)
                               .select_related("market", "node").order_by("-pk")[:50],

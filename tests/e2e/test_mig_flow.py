@@ -20,7 +20,7 @@ import pytest
 from marketplace import book
 from marketplace.models import Lease
 from providers import services as provider_services
-from providers.models import Gpu
+from providers.models import Gpu, Node
 from providers.runner.agent import Agent
 from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import READING_KEYS
@@ -81,6 +81,8 @@ def test_slices_register_trade_run_and_settle(live_server, docker_client, test_i
     thread.start()
     try:
         wait_until("the runner to register", lambda: node.gpus.count() == 4, timeout=30)
+        wait_until("the runner's first heartbeat", lambda: Node.objects.get(
+            pk=node.pk).last_heartbeat_at is not None, timeout=30)  # asks need a heard node
         slices = {g.uuid: g for g in node.gpus.all()}
         assert set(slices) == {d.uuid for d in H100_MIG.gpus[0].mig_devices}
         assert not Gpu.every.get(uuid=H100_MIG.gpus[0].uuid).listed  # never offered whole

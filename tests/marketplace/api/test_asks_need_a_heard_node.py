@@ -75,3 +75,5 @@ def test_the_portal_calls_a_node_never_heard_not_healthy(client):
     assert "runner never heard from" in text
     row = text[text.index(node.name):]
     assert ">healthy<" not in row[:row.index("</tr>")]
+    page = client.get(f"/provider/nodes/{node.pk}/")
+    assert page.status_code == 200 and "Runner never heard from" in page.content.decode()
