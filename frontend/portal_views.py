@@ -32,7 +32,7 @@ from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
 from providers.models import Node, Provider
-from providers.services import ProviderError, node_create, provider_onboard
+from providers.services import ProviderError, node_create, provider_onboard, runner_heard
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
 from settlement.models import ChainAddress
@@ -50,6 +50,7 @@ def _portal_context(request, provider, **forms):
             "models": sorted({g.product_name for g in gpus}),
             "unhealthy": sum(1 for g in gpus if not g.healthy),
             "registered_at": n.registered_at, "last_heartbeat_at": n.last_heartbeat_at,
+            "heard": runner_heard(n),
         })
     user = request.user
     asks = (Order.objects.filter(owner=user, side="ask").select_related("market", "node")
@@ -189,7 +190,8 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
     topology = [interconnect.node_summary(node.pk, c.pk)
                 for c in sorted(classes, key=lambda c: c.slug)]
     return _page(request, "frontend/node.html", {
-        "node": node, "gpus": gpus, "classes": sorted(classes, key=lambda c: c.slug),
+        "node": node, "heard": runner_heard(node), "gpus": gpus,
+        "classes": sorted(classes, key=lambda c: c.slug),
         "topology": topology,
         "leases": _lease_rows(Lease.objects.filter(node=node)
                               .select_related("market", "node").order_by("-pk")[:50],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -29,6 +29,7 @@ from marketplace.sealing import same_secrets, seal
 from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Gpu, Node
+from providers.services import runner_heard
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import MAX_USD_MICROS
@@ -57,9 +58,16 @@ def node_market(node: Node, market_slug: str | None) -> GpuClass:
     no GPUs registered, InvalidInput naming `gpu_class` for a class it lacks or when a
     node of several classes names none."""
     classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
+    unsliced = _mig_without_slices(node, market_slug)
+    if unsliced and (not classes or market_slug not in (None, *classes)):
+        raise Conflict(f"node {node.name} offers no GPU of {unsliced[0]}: GPU {unsliced[1]} is "
+                       "MIG-enabled with no MIG devices, and a MIG-enabled GPU is never leased "
+                       "whole; create MIG devices (nvidia-smi mig -cgi … -C) or disable MIG, "
+                       "then run gpumarket-runner register again", field="node")
     if not classes:
         raise Conflict("this node has no registered GPUs yet: run gpumarket-runner register",
                        field="node")
+    require_heartbeating(node)
     if market_slug is None:
         if len(classes) > 1:
             raise InvalidInput("this node has several GPU classes: name one", field="gpu_class")
@@ -152,6 +160,32 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
     if expired:
         log.info("expired orders %s", expired)
     return expired
+
+
+def _mig_without_slices(node: Node, market_slug: str | None) -> tuple[str, str] | None:
+    """(class slug, UUID) of a GPU of `node` (of `market_slug`, when given) registered
+    MIG-enabled with no listed slice: registered, never offered (docs/RUNNER_PROTOCOL.md,
+    "MIG slices")."""
+    parents = Gpu.every.filter(node=node, parent=None, listed=False, mig_mode="Enabled")
+    if market_slug is not None:
+        parents = parents.filter(gpu_class__slug=market_slug)
+    found = (parents.exclude(slices__listed=True).order_by("uuid")
+             .values_list("gpu_class__slug", "uuid").first())
+    return tuple(found) if found else None
+
+
+def require_heartbeating(node: Node) -> None:
+    """Conflict naming `node` unless its runner is heard from (providers.services.
+    runner_heard): never heard, or silent past GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS (when
+    its leases are failed: marketplace/health.py), it offers nothing."""
+    heard = runner_heard(node)
+    if heard == "never":
+        raise Conflict(f"node {node.name} has never sent a heartbeat: start its runner "
+                       "(gpumarket-runner run) before offering its GPUs", field="node")
+    if heard == "silent":
+        seen = node.last_heartbeat_at.astimezone(UTC).isoformat(timespec="seconds")
+        raise Conflict(f"node {node.name} is silent (no heartbeat since {seen}): start its "
+                       "runner (gpumarket-runner run) before offering its GPUs", field="node")
 
 
 def free_gpu_count(node: Node, market: GpuClass) -> int:

@@ -23,9 +23,9 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
     A slice item (`parent_uuid` set) must name a `MIG-` UUID, a parent item of the same
     report that is MIG-enabled and sent with `listed: false`, the bus id of its parent, a
     profile market of its parent's class whose profile is its `mig_profile`, and memory
-    that fits its parent (every GPU instance's together too: slices that are compute
-    instances of one GPU instance share its memory). A whole-GPU item carries no slice
-    fields. Duplicate UUIDs are refused naming both items."""
+    that fits its parent (every slice's together too), and a GPU instance no other slice
+    of that parent names. A whole-GPU item carries no slice fields. Duplicate UUIDs are
+    refused naming both items, and the all-zero UUID (NVML never reports it)."""
     (error,) = errors
     seen: dict[str, int] = {}
     for i, g in enumerate(gpus):
@@ -33,9 +33,14 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
             raise error(f"GPU {g['uuid']} is listed twice (also gpus[{seen[g['uuid']]}])",
                         field=f"gpus[{i}].uuid")
         seen[g["uuid"]] = i
+        if not g["uuid"].split("-", 1)[1].strip("0-"):
+            raise error(f"{g['uuid']} is the all-zero UUID, which NVML never reports (a "
+                        "recording with its UUIDs zeroed): send the GPU's real UUID "
+                        "(gpumarket-runner --simulate replaces zeroed ones)",
+                        field=f"gpus[{i}].uuid")
     parents = {g["uuid"]: (i, g) for i, g in enumerate(gpus) if not g.get("parent_uuid")}
     used: dict[str, int] = {}
-    instances: set[tuple[str, object]] = set()  # (parent, GPU instance) counted in used
+    instances: dict[tuple[str, int], int] = {}  # (parent, GPU instance id) → item
     for i, g in enumerate(gpus):
         parent_uuid = g.get("parent_uuid")
         if not parent_uuid:
@@ -61,16 +66,35 @@ def check_report(gpus: list[dict[str, Any]], classes: dict[str, Any], errors) ->
             raise error(f"must be its parent's ({parent['pci_bus_id']})",
                         field=f"gpus[{i}].pci_bus_id")
         _check_profile(i, g, classes[g["gpu_class"]], classes[parent["gpu_class"]], error)
-        # compute instances of one GPU instance share its memory: counted once
-        instance = (parent_uuid, g.get("gpu_instance_id") if g.get("gpu_instance_id")
-                    is not None else g["uuid"])
-        if instance not in instances:
-            instances.add(instance)
-            used[parent_uuid] = used.get(parent_uuid, 0) + g["memory_mib"]
+        gi = g.get("gpu_instance_id")
+        if gi is not None and instances.setdefault((parent_uuid, gi), i) != i:
+            raise error(f"GPU instance {gi} of GPU {parent_uuid} is sent twice (also "
+                        f"gpus[{instances[parent_uuid, gi]}]): a slice is one whole GPU "
+                        "instance; one split into several compute instances is not offered",
+                        field=f"gpus[{i}].gpu_instance_id")
+        used[parent_uuid] = used.get(parent_uuid, 0) + g["memory_mib"]
         if g["memory_mib"] > parent["memory_mib"] or used[parent_uuid] > parent["memory_mib"]:
             raise error(f"the slices of GPU {parent_uuid} would hold {used[parent_uuid]} MiB, "
                         f"more than its {parent['memory_mib']} MiB",
                         field=f"gpus[{i}].memory_mib")
+
+
+def unlist_unsliced(gpus: list[dict[str, Any]], warnings: list[str]) -> list[dict[str, Any]]:
+    """`gpus` with each MIG-enabled GPU that has no slice in the report sent `listed`
+    false (a MIG-enabled GPU is never leased whole: its memory and SMs belong to its GPU
+    instances), a warning appended for each one the runner sent listed."""
+    parents = {g["parent_uuid"] for g in gpus if g.get("parent_uuid")}
+    out = []
+    for i, g in enumerate(gpus):
+        if (not g.get("parent_uuid") and g.get("mig_mode") == "Enabled"
+                and g["uuid"] not in parents):
+            if g.get("listed", True):
+                warnings.append(f"gpus[{i}]: GPU {g['uuid']} is MIG-enabled with no MIG "
+                                "slices: registered, not offered (a MIG-enabled GPU is never "
+                                "leased whole)")
+            g = {**g, "listed": False}
+        out.append(g)
+    return out
 
 
 def _check_whole(i: int, g: dict[str, Any], error) -> None:

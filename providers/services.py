@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from providers import mig, push
+from providers import cuda_driver, mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
 from providers.signals import gpu_health_changed, node_cuda_changed, units_changed
 
@@ -115,7 +115,8 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     mig_mode, and optionally nvlink {links_active, peers} and pcie_generation/pcie_width
     (topology_values); a MIG slice also parent_uuid, mig_profile, sm_count,
     gpu_instance_id, compute_instance_id, and its parent `listed` false (providers/mig.py
-    checks them). Raises ProviderError naming `gpus[i].<field>` for an unknown class or a
+    checks them). Raises ProviderError naming `cuda_version` for a CUDA the driver cannot
+    support (providers/cuda_driver.py), `gpus[i].<field>` for an unknown class or a
     contradictory slice, and InventoryConflict for a UUID registered to another node or a
     MIG layout change under a running lease. All or nothing. A layout change sends
     `units_changed` after commit, and the market fits the node's asks to its units again.
@@ -131,14 +132,18 @@ def inventory_record(*, node: Node, hostname: str, driver_version: str, cuda_ver
     """
     if not gpus or len(gpus) > MAX_GPUS_PER_NODE:
         raise ProviderError(f"must list 1 to {MAX_GPUS_PER_NODE} GPUs", field="gpus")
+    refused = cuda_driver.refusal(driver_version, cuda_version)
+    if refused:
+        raise ProviderError(refused[1], field=refused[0])
     classes = {c.slug: c for c in _gpu_class_model().objects.all()}
     for i, g in enumerate(gpus):
         if g["gpu_class"] not in classes:
             raise ProviderError(f"unknown GPU class '{g['gpu_class']}'",
                                 field=f"gpus[{i}].gpu_class")
     mig.check_report(gpus, classes, (ProviderError,))
-    uuids = [g["uuid"] for g in gpus]
     warnings = warnings if warnings is not None else []
+    gpus = mig.unlist_unsliced(gpus, warnings)
+    uuids = [g["uuid"] for g in gpus]
     gpus = topology_values(gpus, warnings)
     if len(warnings) > MAX_WARNINGS:
         warnings[MAX_WARNINGS:] = [f"and {len(warnings) - MAX_WARNINGS} more items ignored"]
@@ -259,6 +264,16 @@ def _inventory_write(node: Node, classes: dict[str, Any], gpus: list[dict[str, A
         for row in Gpu.objects.bulk_create(fresh):
             rows[row.uuid] = row
     return mig.apply_layouts(node, gpus, rows, InventoryConflict)
+
+
+def runner_heard(node: Node, now=None) -> str:
+    """"never" (no heartbeat yet: `gpumarket-runner run` never started), "silent" (none
+    for GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS) or "heard". A node not heard is offered to
+    no bid and shown healthy nowhere."""
+    if node.last_heartbeat_at is None:
+        return "never"
+    timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
+    return "silent" if node.last_heartbeat_at < (now or timezone.now()) - timeout else "heard"
 
 
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],

@@ -16,6 +16,7 @@ from django.utils import timezone
 from marketplace import api_tokens, book
 from marketplace.catalog import load_catalog
 from marketplace.models import GpuClass
+from providers import cuda_driver
 from providers import services as provider_services
 from providers.runner import mig as runner_mig
 from providers.runner.gpu_links import topology_fields
@@ -67,11 +68,22 @@ def dump_gpus(dump=H100_DUMP, name: str | None = None) -> list[dict]:
     return gpus
 
 
+def driver_for(driver: str, cuda: str) -> str:
+    """`driver`, or the oldest one that supports `cuda` when `driver` cannot
+    (providers/cuda_driver.py): a node reporting another CUDA than its dump's."""
+    if cuda_driver.refusal(driver, cuda) is None:
+        return driver
+    major, minor = (int(part) for part in cuda.split(".")[:2])
+    row = max(v for v in cuda_driver.MIN_DRIVER if v <= (major, minor))
+    return ".".join(str(part) for part in cuda_driver.MIN_DRIVER[row])
+
+
 def registered_node(dump=H100_DUMP, name: str = "node-1", user=None, *,
                     cuda_version: str | None = None, own_uuids: bool = False):
     """A provider with a node whose GPUs come from a recorded nvidia-smi dump.
     cuda_version: what its runner reports instead of the dump's; own_uuids: GPU UUIDs
     derived from `name`, so that several nodes may come from one dump.
+    Its runner has sent one heartbeat (an ask needs a heard node: book.require_heartbeating).
     Returns (provider user, node, runner token)."""
     ensure_catalog()
     user = user or UserFactory()
@@ -79,11 +91,13 @@ def registered_node(dump=H100_DUMP, name: str = "node-1", user=None, *,
     created = provider_services.node_create(provider=provider, name=name)
     inv = parse_dump(dump)
     gpus = dump_gpus(dump, name if own_uuids else None)
+    cuda = inv.cuda_version if cuda_version is None else cuda_version
     provider_services.inventory_record(
-        node=created.node, hostname=name, driver_version=inv.driver_version,
-        cuda_version=inv.cuda_version if cuda_version is None else cuda_version,
+        node=created.node, hostname=name, driver_version=driver_for(inv.driver_version, cuda),
+        cuda_version=cuda,
         runner_version="test", source=f"simulate:{dump.name}", gpus=gpus,
     )
+    provider_services.heartbeat_record(node=created.node, runtime="docker", gpus=[])
     return user, created.node, created.runner_token
 
 
@@ -105,6 +119,7 @@ def mig_node(inventory: Inventory = H100_MIG, name: str = "mig-1", user=None):
         node=created.node, hostname=name, driver_version=inventory.driver_version,
         cuda_version=inventory.cuda_version, runner_version="test", source=inventory.source,
         gpus=runner_mig.inventory_items(inventory))
+    provider_services.heartbeat_record(node=created.node, runtime="docker", gpus=[])
     return user, created.node, created.runner_token
 
 

@@ -37,6 +37,7 @@ from .config import (
     require_marketplace,
     resource_policy,
     save_config,
+    simulate_id,
     state_dir_from,
     token_source,
 )
@@ -53,8 +54,10 @@ from .switch import pick_runtime, previous_runtimes
 
 
 def load_gpus(simulate: str | None, replay_xid: str | None = None,
-              replay_health: str | None = None, replay_process_left: str | None = None):
-    """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays); CliError
+              replay_health: str | None = None, replay_process_left: str | None = None,
+              state_dir: Path | None = None):
+    """NvmlGpus, or DumpGpus(simulate) when a dump is given (with the replays; zeroed UUIDs
+    replaced by ones of `state_dir`'s id when given: sim_uuids); CliError
     (code 2) without a driver; CliError (code 1) for a replay without --simulate or an
     unusable replay."""
     if (replay_xid or replay_health or replay_process_left) and not simulate:
@@ -67,7 +70,8 @@ def load_gpus(simulate: str | None, replay_xid: str | None = None,
             left = load_replay_process_left(replay_process_left) if replay_process_left \
                 else None
             return DumpGpus(simulate, replay_xid=replay_xid, replay_health=health,
-                            replay_process_left=left)
+                            replay_process_left=left,
+                            uuid_salt=simulate_id(state_dir) if state_dir else None)
         except ReplayError as exc:
             raise CliError(str(exc)) from None
     try:
@@ -95,7 +99,7 @@ def _cmd_inventory(args) -> int:
             print(f"      {line}")
         if nvlink_summary(gpu):
             print(f"    {nvlink_summary(gpu)}")
-    for note in inventory.notes:
+    for note in (*inventory.notes, *mig.notes(inventory)):
         print(f"  note: {note}")
     return EXIT_OK
 
@@ -104,7 +108,7 @@ def _cmd_register(args) -> int:
     state_dir = state_dir_from(args.state_dir)
     url, token = require_marketplace(args.url, args.token, {})
     simulate = str(Path(args.simulate).resolve()) if args.simulate else None
-    gpus = load_gpus(simulate)
+    gpus = load_gpus(simulate, state_dir=state_dir)
     inventory = gpus.inventory()
     client = MarketplaceClient(url, token)
     try:
@@ -124,6 +128,8 @@ def _cmd_register(args) -> int:
     slices = mig.summary(inventory)
     print(f"registered node {node.get('name', '?')}: {inventory.summary()}"
           + (f"; offered as {slices}" if slices else ""))
+    for note in (*inventory.notes, *mig.notes(inventory)):
+        print(f"  note: {note}")
     if not simulate:  # simulated GPUs are not the ones a CUDA stack here would measure
         _benchmark_after_register(url, token, [u.uuid for u in mig.units(inventory)])
     return EXIT_OK
@@ -239,7 +245,10 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
     config = load_config(state_dir)
     url, token = require_marketplace(args.url, args.token, config)
     simulate = args.simulate or config.get("simulate")
-    gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left)
+    gpus = load_gpus(simulate, args.replay_xid, args.replay_health, args.replay_process_left,
+                     state_dir)
+    for note in gpus.inventory().notes if simulate else ():
+        print_line(f"note: {note}")
     node = node_label(config.get("node") or {})
     policy = resource_policy(args, config)
     runtime = pick_runtime(args.runtime, state_dir, node, simulate=bool(simulate),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from pathlib import Path
 
 from .limits import ResourcePolicy, parse_size
@@ -31,6 +32,24 @@ def state_dir_from(value: str | None) -> Path:
     DEFAULT_STATE_DIR; `~` expanded."""
     raw = value or os.environ.get("GPUMARKET_RUNNER_STATE_DIR") or DEFAULT_STATE_DIR
     return Path(raw).expanduser()
+
+
+def simulate_id(state_dir: Path) -> str:
+    """This state dir's id (a UUID in its file `simulate-id`, made on first use, 0600):
+    what `--simulate` derives a scrubbed recording's UUIDs from (sim_uuids). CliError when
+    the state dir cannot be written."""
+    path = state_dir / "simulate-id"
+    try:
+        if not path.is_file():
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f"{uuid.uuid4()}\n")
+        return path.read_text().strip()
+    except FileExistsError:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror or exc}") from None
 
 
 def save_config(state_dir: Path, config: dict) -> Path:

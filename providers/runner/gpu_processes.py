@@ -94,15 +94,18 @@ class DumpProcesses:
     """The processes recorded in a `nvidia-smi -q` report (`--simulate FILE`).
 
     left_after_lease: {uuid: [GpuProcess, …]} that appear on that GPU when the first lease
-    workload on it is removed (`--replay-process-left`; workload_removed adds them)."""
+    workload on it is removed (`--replay-process-left`; workload_removed adds them);
+    uuid_map: {recorded UUID: the one the runner uses} (nvml.DumpGpus.uuid_map)."""
 
     live = False  # the recorded processes ran on the recorded host, never in a lease here
 
     def __init__(self, path: str | Path,
-                 left_after_lease: dict[str, list[GpuProcess]] | None = None) -> None:
+                 left_after_lease: dict[str, list[GpuProcess]] | None = None,
+                 uuid_map: dict[str, str] | None = None) -> None:
         self.path = Path(path)
         report = dump_files(self.path).report
-        self.table = processes_from_text(read_text(report), report.name)
+        self.table = {(uuid_map or {}).get(u, u): p for u, p in
+                      processes_from_text(read_text(report), report.name).items()}
         self.pending = {u: list(p) for u, p in (left_after_lease or {}).items()}
 
     def set(self, uuid: str, processes: list[GpuProcess]) -> None:
@@ -212,7 +215,7 @@ def source_for(gpus) -> DumpProcesses | NvmlProcesses | None:
     `path` and `replay_process_left`), NvmlProcesses for nvml.NvmlGpus (its pynvml module);
     None for anything else."""
     if isinstance(gpus, DumpGpus):
-        return DumpProcesses(gpus.path, gpus.replay_process_left)
+        return DumpProcesses(gpus.path, gpus.replay_process_left, gpus.uuid_map)
     if isinstance(gpus, NvmlGpus):
         return NvmlProcesses(gpus._nvml)
     return None

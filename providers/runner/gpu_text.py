@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .mig import not_offered
 from .nvsmi import TIMES, GpuInfo
 
 
@@ -39,14 +40,16 @@ def nvlink_summary(gpu: GpuInfo) -> str | None:
 
 def mig_lines(gpu: GpuInfo) -> list[str]:
     """One line per MIG device: index, UUID, profile, GI/CI ids, memory, SMs."""
-    return [f"MIG {m.index}  {m.uuid}  {m.profile}  GI {m.gpu_instance_id} CI "
+    return [f"MIG {m.index}  {m.uuid}  {m.compute_profile or m.profile}  GI "
+            f"{m.gpu_instance_id} CI "
             f"{m.compute_instance_id}  {m.memory_mib} MiB  "
             f"{'?' if m.sm_count is None else m.sm_count} SMs" for m in gpu.mig_devices]
 
 
 def doctor_lines(gpus: list[GpuInfo]) -> list[tuple[bool | None, str, str, str]]:
     """(ok, check name, detail, fix) per GPU for MIG (MIG Enabled without MIG devices: FAIL,
-    nothing on it can be leased) and NVLink (some links down: FAIL; none up: SKIP)."""
+    nothing on it can be leased; a GPU instance split into compute instances: FAIL, it is
+    not offered, the GPU's other slices are) and NVLink (some links down: FAIL; none up: SKIP)."""
     out: list[tuple[bool | None, str, str, str]] = []
     for index, gpu in enumerate(gpus):
         name = f"GPU {index} {gpu.product_name}"
@@ -56,6 +59,11 @@ def doctor_lines(gpus: list[GpuInfo]) -> list[tuple[bool | None, str, str, str]]
                         "" if ok else "create MIG devices (`sudo nvidia-smi mig -cgi "
                         "<profiles> -C`) or disable MIG (`sudo nvidia-smi -i "
                         f"{index} -mig 0`)"))
+            if ok:  # GPU instances split into compute instances: the rest is offered
+                out += [(False, "MIG", f"{name}: {line.split(': not offered')[0]}: not "
+                         "offered", "a slice is one GPU instance with one compute instance "
+                         "covering it: " + line.split("; ", 1)[1])
+                        for line in not_offered(gpu)]
         summary = nvlink_summary(gpu)
         if summary is not None:
             up = sum(1 for link in gpu.nvlinks if link.active)

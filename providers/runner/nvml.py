@@ -16,6 +16,7 @@ from . import nvml_mig
 from .catalog import gpu_class_for
 from .nvsmi import GpuInfo, Inventory, load_dump
 from .nvsmi_health import health_from_tree
+from .sim_uuids import own_uuids
 from .xid import NvmlXidWatcher, XidEvent, XidUnsupported, map_to_gpus, parse_kernel_log
 
 #: The keys of a heartbeat `gpus[]` item (docs/RUNNER_PROTOCOL.md); readings hold more.
@@ -241,6 +242,8 @@ class DumpGpus:
     the recorded readings (nvml.load_replay_health); replay_process_left: {uuid: [processes]}
     that appear on a GPU when the first lease workload on it is removed
     (gpu_processes.load_replay_process_left; kept here for gpu_processes.source_for).
+    uuid_salt: the state dir's id (config.simulate_id): zeroed UUIDs of the recording are
+    replaced by ones derived from it (sim_uuids; replays may name either; uuid_map).
     Constructing it parses the file and raises nvsmi.DumpError if it is malformed,
     ReplayError for an unusable replay.
     """
@@ -250,10 +253,20 @@ class DumpGpus:
 
     def __init__(self, path: str | Path, *, replay_xid: str | Path | None = None,
                  replay_health: dict[str, dict] | None = None,
-                 replay_process_left: dict[str, list] | None = None) -> None:
+                 replay_process_left: dict[str, list] | None = None,
+                 uuid_salt: str | None = None) -> None:
         self.path = Path(path)
         self._inventory, tree = load_dump(self.path)
         self._health = health_from_tree(tree)
+        # zeroed UUIDs replaced by ones of this state dir (sim_uuids), where salt is given
+        self.uuid_map: dict[str, str] = {}
+        if uuid_salt is not None:
+            self._inventory, self.uuid_map = own_uuids(self._inventory, uuid_salt,
+                                                       self.path.name)
+            self._health = {self.uuid_map.get(u, u): v for u, v in self._health.items()}
+            replay_health = {self.uuid_map.get(u, u): v for u, v in (replay_health or {}).items()}
+            replay_process_left = {self.uuid_map.get(u, u): v
+                                   for u, v in (replay_process_left or {}).items()}
         self.source = self._inventory.source
         known = {g.uuid for g in self._inventory.gpus}
         for uuid, values in (replay_health or {}).items():

@@ -5,10 +5,12 @@ to nvmlDeviceGetMaxMigDeviceCount MIG devices, each a compute instance (CI) insi
 instance (GI). For each index, nvmlDeviceGetMigDeviceHandleByIndex gives the MIG device
 (NVML_ERROR_NOT_FOUND: no device at that index); its UUID ("MIG-…"), GI and CI ids, memory
 (nvmlDeviceGetMemoryInfo, bytes) and nvmlDeviceGetAttributes (multiprocessorCount, the GI's
-slice count and memory) come from that handle. The GI profile's name ("1g.10gb") is the
-`name` of nvmlDeviceGetGpuInstanceProfileInfo (v2) for the GI's profile id
-(nvmlDeviceGetGpuInstanceById + nvmlGpuInstanceGetInfo); where the GI cannot be opened
-(no permission), the profile whose slice count and memory equal the device's attributes.
+and the CI's slice counts and memory) come from that handle; a CI with fewer slices than
+its GI gets compute_profile "<CI slices>c.<GI profile>", as `nvidia-smi -L` prints it.
+The GI profile's name ("1g.10gb") is the `name` of nvmlDeviceGetGpuInstanceProfileInfo
+(v2) for the GI's profile id (nvmlDeviceGetGpuInstanceById + nvmlGpuInstanceGetInfo);
+where the GI cannot be opened (no permission), the profile whose slice count and memory
+equal the device's attributes.
 
 NVLink: nvmlDeviceGetNvLinkState per link 0 … NVML_NVLINK_MAX_LINKS-1 (a link past the
 GPU's last answers NVML_ERROR_INVALID_ARGUMENT or NOT_SUPPORTED), and for an active link
@@ -75,9 +77,14 @@ def mig_devices(nv, handle) -> tuple[MigDevice, ...]:
             raise
         gi_id = nv.nvmlDeviceGetGpuInstanceId(mig)
         attrs = nv.nvmlDeviceGetAttributes(mig)
+        profile = _profile_name(nv, handle, gi_id, attrs, profiles)
+        part = getattr(attrs, "computeInstanceSliceCount", None)
+        whole = getattr(attrs, "gpuInstanceSliceCount", None)
         out.append(MigDevice(
             uuid=_text(nv.nvmlDeviceGetUUID(mig)),
-            profile=_profile_name(nv, handle, gi_id, attrs, profiles),
+            profile=profile,
+            compute_profile=(f"{part}c.{profile}" if part and whole and part != whole
+                             else ""),
             gpu_instance_id=gi_id,
             compute_instance_id=nv.nvmlDeviceGetComputeInstanceId(mig),
             memory_mib=nv.nvmlDeviceGetMemoryInfo(mig).total // 2**20,

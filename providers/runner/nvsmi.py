@@ -50,6 +50,9 @@ class MigDevice:
     memory_mib: int
     sm_count: int | None
     index: int  # MIG device index within its GPU
+    # the compute instance's profile when it uses part of its GPU instance ("1c.3g.71gb",
+    # as -L prints it), "" when it covers the whole instance (runner/mig.py: offered)
+    compute_profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -253,10 +256,11 @@ def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu]
             if profile and known and known != profile:
                 raise DumpError(where, line, f"GPU {gpu.pci_bus_id}: GPU instance "
                                 f"{raw.gpu_instance_id} is both {known} and {profile}")
+            compute = raw.compute_profile or (named.compute_profile if named else "")
             if uuid and profile:
                 migs.append(MigDevice(uuid, profile, raw.gpu_instance_id,
                                       raw.compute_instance_id, raw.memory_mib, raw.sm_count,
-                                      raw.index))
+                                      raw.index, covering(compute, profile)))
         if len(migs) == len(raws):
             out.append(replace(gpu, mig_devices=tuple(sorted(migs, key=lambda m: m.index))))
             continue
@@ -266,6 +270,13 @@ def _name_migs(gpus: list[tuple[GpuInfo, list[RawMig]]], listed: list[ListedGpu]
                      "GPUs\")")
         out.append(gpu)
     return out, notes
+
+
+def covering(compute_profile: str, profile: str) -> str:
+    """`compute_profile` ("1c.3g.71gb"), or "" when it is the whole GPU instance
+    `profile` ("3c.3g.71gb" is all of 3g.71gb's compute slices)."""
+    match = re.match(r"^(\d+)c\.(\d+)g\.", compute_profile)
+    return "" if not match or match[1] == match[2] else compute_profile
 
 
 def _with_nvlink_status(gpus: list[GpuInfo], text: str, list_name: str) -> list[GpuInfo]:

@@ -30,12 +30,14 @@ _CI_PREFIX = re.compile(r"^\d+c\.")
 
 @dataclass(frozen=True)
 class ListedMig:
-    """A `-L` MIG line: device index, GPU instance profile ("3g.71gb"), MIG UUID, line."""
+    """A `-L` MIG line: device index, GPU instance profile ("3g.71gb"), MIG UUID, line, and
+    the compute instance profile where `-L` prints one ("1c.3g.71gb")."""
 
     index: int
     profile: str
     uuid: str
     line: int
+    compute_profile: str = ""  # "1c.3g.71gb" when a "Nc." prefix is printed, else ""
 
 
 @dataclass(frozen=True)
@@ -70,13 +72,15 @@ def _gpus(text: str, name: str, child, empty_ok: bool = False) -> list[ListedGpu
 
 
 def parse_list(text: str, name: str = "<-L>") -> list[ListedGpu]:
-    """The GPUs and MIG devices of `nvidia-smi -L` output; profile without its "1c." part."""
+    """The GPUs and MIG devices of `nvidia-smi -L` output; profile without its "1c." part
+    (kept in compute_profile)."""
 
     def mig(gpu: ListedGpu, line: str, number: int) -> bool:
         match = _MIG.match(line)
         if match:
             profile = _CI_PREFIX.sub("", match[1])
-            gpu.migs.append(ListedMig(int(match[2]), profile, match[3], number))
+            compute = match[1] if profile != match[1] else ""
+            gpu.migs.append(ListedMig(int(match[2]), profile, match[3], number, compute))
         return bool(match)
 
     return _gpus(text, name, mig)

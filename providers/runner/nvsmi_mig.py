@@ -33,6 +33,7 @@ class RawMig:
     uuid: str
     profile: str
     line: int
+    compute_profile: str = ""  # "1c.3g.71gb" where the report prints a "Nc." prefix
 
 
 def mig_blocks(section: Node, problems: list[tuple[int, str]]) -> list[RawMig]:
@@ -58,8 +59,10 @@ def mig_blocks(section: Node, problems: list[tuple[int, str]]) -> list[RawMig]:
         index, gi, ci, memory = fields.values()
         sm = _int_at(block, "Device Attributes", "Shared", "Multiprocessor count")
         uuid = block.known_at("UUID") or block.known_at("MIG UUID") or ""
-        profile = re.sub(r"^\d+c\.", "", block.known_at("Profile") or "")
-        out.append(RawMig(index, gi, ci, memory, sm, uuid, profile, block.line))
+        named = block.known_at("Profile") or ""
+        profile = re.sub(r"^\d+c\.", "", named)
+        out.append(RawMig(index, gi, ci, memory, sm, uuid, profile, block.line,
+                          named if named != profile else ""))
     return out
 
 

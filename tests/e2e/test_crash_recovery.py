@@ -45,6 +45,7 @@ def _overdue_leases(count: int) -> list[int]:
             gpus=[{"uuid": f"GPU-{uuid.uuid4()}", "product_name": "NVIDIA A10",
                    "gpu_class": "a10", "memory_mib": 23028, "pci_bus_id": f"0:{i}"}
                   for i in range(8)])
+        provider_services.heartbeat_record(node=node, runtime="docker", gpus=[])
         book.place_ask(provider_id=user.pk, node_id=node.pk, market_slug="a10",
                        price=1_010_000, gpus=8, available_until=in_a_day())
     for _ in range(count):

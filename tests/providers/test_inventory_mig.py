@@ -132,9 +132,19 @@ def _refusals():
         items[2]["pci_bus_id"] = "00000000:0A:00.0"
         return "gpus[2].pci_bus_id", "parent's"
 
-    return [whole_and_slices, parent_missing, parent_not_mig, unknown_profile,
-            profile_unknown_for_parent, class_of_another_profile, duplicate, beyond_parent,
-            slice_fields_on_a_gpu, other_bus]
+    def same_instance_twice(items):  # two compute instances of GPU instance 2 as slices
+        items[2]["gpu_instance_id"] = items[1]["gpu_instance_id"]
+        return "gpus[2].gpu_instance_id", "GPU instance 2 of GPU"
+
+    def all_zero_uuid(items):
+        items[0]["uuid"] = "GPU-00000000-0000-0000-0000-000000000000"
+        for item in items[1:]:
+            item["parent_uuid"] = items[0]["uuid"]
+        return "gpus[0].uuid", "all-zero UUID, which NVML never reports"
+
+    return [same_instance_twice, all_zero_uuid, whole_and_slices, parent_missing,
+            parent_not_mig, unknown_profile, profile_unknown_for_parent,
+            class_of_another_profile, duplicate, beyond_parent, slice_fields_on_a_gpu, other_bus]
 
 
 @pytest.mark.parametrize("spoil", _refusals(), ids=lambda f: f.__name__)
@@ -188,8 +198,8 @@ def test_a_new_layout_replaces_the_units_and_the_asks_follow(
     ask.refresh_from_db()
     assert ask.remaining_gpus == 1  # of 2, one leased; grows back only to its own size
 
-    # the slices give way to the whole GPU while the lease runs: refused
-    whole = [{**runner_mig.inventory_items(H100_MIG)[0], "listed": True}]
+    # MIG disabled, the slices give way to the whole GPU while the lease runs: refused
+    whole = [{**runner_mig.inventory_items(H100_MIG)[0], "listed": True, "mig_mode": "Disabled"}]
     assert_refused(_post(token, whole), "gpus", status=409, contains=f"lease {lease.pk}")
 
     # once the lease has ended, the whole GPU: its slices leave, the 1g ask shrinks to 0

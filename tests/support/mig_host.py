@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from providers.runner.nvsmi import parse_dump, parse_text, read_text
+from providers.runner.sim_uuids import own_uuids
 
 DUMPS = Path(__file__).resolve().parents[2] / "data" / "nvidia-smi"
 
-#: The recorded MIG-partitioned H100 (`nvidia-smi -q` and the `-L` beside it).
+#: The recorded MIG-partitioned H100 (`nvidia-smi -q` and the `-L` beside it), its zeroed
+#: UUIDs replaced as a runner with --simulate replaces them (runner/sim_uuids.py; the
+#: marketplace refuses the all-zero UUID), with the salt "tests".
 H100_MIG_DUMP = DUMPS / "h100-80gb-hbm3-mig-x1.utku-exporter-590.48.01.q-idle.txt"
-H100_MIG = parse_dump(H100_MIG_DUMP)
+H100_MIG, _ = own_uuids(parse_dump(H100_MIG_DUMP), "tests", H100_MIG_DUMP.name)
 
 #: The recorded MIG-partitioned A100 80GB (`nvidia-smi -q -x`, GPU 1 of 4: 4 MIG devices of
 #: 14 SMs and 19968 MiB — the 1g.20gb profile — in GPU instances 3 to 6). `-q -x` prints no

@@ -42,6 +42,9 @@ def _registered(name="node-1"):
     r = runner_client(token).post("/api/v1/runner/inventory/", _inventory_body(),
                                   format="json")
     assert r.status_code == 200, r.content
+    beat = runner_client(token).post("/api/v1/runner/heartbeat/", {"runtime": "docker"},
+                                     format="json")  # `run` started: asks may name the node
+    assert beat.status_code == 200, beat.content
     return user, node, token, r.json()
 
 
