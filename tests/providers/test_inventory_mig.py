@@ -19,11 +19,11 @@ from marketplace.models import LeaseGpu
 from providers import benchmarks
 from providers.models import Gpu, GpuBenchmark
 from providers.runner import mig as runner_mig
-from providers.runner.nvsmi import MigDevice, parse_dump
+from providers.runner.nvsmi import MigDevice
 from settlement.checks import first_violation
 from tests.factories import H100, H100_MIG, funded_buyer, in_a_day, mig_node
 from tests.support.api import assert_refused, runner_client
-from tests.support.mig_host import A100_MIG, DUMPS
+from tests.support.mig_host import A100_MIG
 
 pytestmark = pytest.mark.django_db
 
@@ -51,7 +51,7 @@ def test_a_mig_enabled_gpu_registers_as_its_slices_only():
     _user, node, token = mig_node()
     units = {g.uuid: g for g in node.gpus.all()}
     assert set(units) == {d.uuid for d in H100_MIG.gpus[0].mig_devices}
-    one_g = units["MIG-00000002-0000-0000-0000-000000000002"]
+    one_g = units[H100_MIG.gpus[0].mig_devices[2].uuid]
     assert (one_g.gpu_class.slug, one_g.mig_profile, one_g.sm_count, one_g.gpu_instance_id,
             one_g.memory_mib, one_g.parent.uuid) == (ONE_G, "1g.10gb", 16, 9, 9984, PARENT)
     parent = Gpu.every.get(uuid=PARENT)
@@ -64,7 +64,7 @@ def test_a_mig_enabled_gpu_registers_as_its_slices_only():
     answer = _post(token, H100_MIG)  # the same report again: nothing changes
     assert answer.status_code == 200, answer.content
     slices = {g["uuid"]: g for g in answer.json()["node"]["gpus"]}
-    assert slices["MIG-00000002-0000-0000-0000-000000000002"]["parent_uuid"] == PARENT
+    assert slices[H100_MIG.gpus[0].mig_devices[2].uuid]["parent_uuid"] == PARENT
     assert PARENT not in slices
 
 
@@ -74,17 +74,6 @@ def test_the_recorded_a100_registers_its_four_1g_20gb_slices():
                                         "gpu_instance_id")) == [
         ("a100-sxm-80gb.1g.20gb", 19968, 14, gi) for gi in (3, 4, 5, 6)]
     assert book.node_market(node, None).slug == "a100-sxm-80gb.1g.20gb"
-
-
-def test_the_recorded_h200_registers_two_compute_instances_of_one_gpu_instance():
-    """Its GPU instance 2 (3g.71gb, 71424 MiB) holds two compute instances: two slices that
-    share that memory, counted once against the GPU's 143771 MiB."""
-    inventory = parse_dump(DUMPS / "h200-mig-x1.utku-exporter-590.48.01.q-idle.txt")
-    _user, node, _token = mig_node(inventory)
-    assert sorted(node.gpus.values_list("mig_profile", "gpu_instance_id",
-                                        "compute_instance_id", "sm_count")) == [
-        ("1g.18gb", 9, 0, 16), ("1g.18gb", 10, 0, 16), ("2g.35gb", 3, 0, 32),
-        ("3g.71gb", 2, 0, 16), ("3g.71gb", 2, 1, 32)]
 
 
 def _items() -> list[dict]:

@@ -39,6 +39,8 @@ def trade_and_settle(*, provider, node, runner, docker_client, test_image, marke
     leased UUIDs. `runner`: a started tests.e2e.conftest.Runner; price: micro-USD per unit-hour
     (the bid offers 0.05 USD more, so the trade is at the ask's price)."""
     buyer = funded_buyer(100)
+    wait_until("the runner's first heartbeat (an ask needs a heard node)", lambda: type(
+        node).objects.get(pk=node.pk).last_heartbeat_at is not None, timeout=30)
     ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=market,
                          price=price, gpus=gpus, available_until=in_a_day()).order
     placed = book.place_bid(buyer_id=buyer.pk, market_slug=market, price=price + 50_000,

@@ -31,7 +31,11 @@ def test_inventory_of_every_recording_prints_its_real_names_and_slices(name):
     assert all(f"  {product}  " in line for line in gpu_lines)
     mig_lines = [line.split() for line in lines if line.startswith("      MIG ")]
     expected = MIG_LISTED.get(name, [])
-    assert [(m[2], m[3]) for m in mig_lines] == [(uuid, profile)
+    # a compute instance that is part of its GPU instance prints its own profile
+    split = {"MIG-00000000-0000-0000-0000-000000000000": "1c.3g.71gb",
+             "MIG-00000001-0000-0000-0000-000000000001": "2c.3g.71gb"} if expected is H200_MIG \
+        else {}
+    assert [(m[2], m[3]) for m in mig_lines] == [(uuid, split.get(uuid, profile))
                                                  for uuid, profile, *_ in expected]
 
 
