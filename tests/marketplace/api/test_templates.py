@@ -95,7 +95,7 @@ def test_own_image_with_a_template_may_list_fewer_ports_and_keeps_their_roles():
     """Only the template's own image needs its ports: an own image lists its own."""
     provider, node, _ = registered_node(cuda_version="12.4")
     ask(provider, node, price=2_000_000)
-    r = _post_bid(funded_buyer(100), template="pytorch-jupyter",
+    r = _post_bid(funded_buyer(100, ssh_key=True), template="pytorch-jupyter",
                   image="gpumarket/sshd:local", ports=[22])
     assert r.status_code == 201, r.content
     assert r.json()["ports"] == [22] and r.json()["port_roles"] == {"22": "ssh"}
