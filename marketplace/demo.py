@@ -206,6 +206,10 @@ class Demo:
                                           str(state), "--heartbeat-interval", "2",
                                           "--runtime", runtime, "--network", "none"])
             nodes[name] = node["id"]
+        # an ask or an auction needs a node whose runner was heard from (book.py)
+        self.wait_for("a first heartbeat of every node", lambda: all(
+            n["last_heartbeat_at"] for n in
+            self.call("GET", "/api/v1/nodes/", "provider")["results"]), timeout=30)
         for node in self.call("GET", "/api/v1/nodes/", "provider")["results"]:
             models = {}
             for g in node["gpus"]:
