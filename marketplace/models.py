@@ -396,6 +396,20 @@ class Lease(StateMachine):
     preempted_for = models.ForeignKey(
         Order, null=True, blank=True, on_delete=models.PROTECT, related_name="preempting",
         help_text="the resting bid this lease's GPUs are freed for")
+    # Chains (issue 15, docs/LEASE_CONTRACT.md): a lease failed by a provider-side cause
+    # may continue as a new lease on another node; every lease of one chain has the
+    # chain_id of its first lease (empty on a lease that is its own chain's first).
+    chain_id = models.BigIntegerField(
+        null=True, blank=True, db_index=True,
+        help_text="id of the first lease of this lease's chain; empty: this lease's own id")
+    continues = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="continuation",
+        help_text="the failed lease this one continues (at most one continuation each)")
+
+    @property
+    def chain(self) -> int:
+        """The chain's id: the first lease's id (this lease's own when it starts one)."""
+        return self.chain_id or self.pk
 
     def __str__(self) -> str:
         return f"lease #{self.pk} {self.gpu_count}× on {self.node_id} ({self.status})"
