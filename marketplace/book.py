@@ -20,7 +20,7 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core.bulk import execute_arrays, insert_all
-from marketplace import locking, matching, preemption
+from marketplace import locking, matching, offers, preemption
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Interconnect, Lease, Order
@@ -223,7 +223,8 @@ class BidRequest:
     nodes whose CUDA version meets it); port_roles: {"8888": "jupyter"}
     (ports.clean_port_roles); ssh: its leases get the buyer's SSH keys, port 22 (role ssh)
     added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
-    secrets in clear here, sealed when written: never in a log or an answer).
+    secrets in clear here, sealed when written: never in a log or an answer); node: the
+    one node it fills on (a node of the offers; None: any).
     """
 
     buyer_id: int
@@ -246,6 +247,7 @@ class BidRequest:
     env: dict[str, str] | None = None
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
+    node: int | None = None  # fill only on this node (offers.check_bid_node)
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -262,7 +264,7 @@ class BidRequest:
                 "interruptible": bool(self.interruptible), "ports": ports,
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
-                "interconnect": self.interconnect}
+                "interconnect": self.interconnect, "node_id": self.node}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -324,6 +326,9 @@ def place_bids(requests: list[BidRequest], *,
             if market.pk not in largest:
                 largest[market.pk] = largest_node(market)
             _check_fits_a_node(r, market, largest[market.pk])
+            if r.node is not None:
+                offers.check_bid_node(r.node, market, r.gpus if r.gang_size is None
+                                      else r.gang_size)
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue

@@ -127,7 +127,7 @@ def engine_bid(order: Order) -> engine.Bid:
                       gpus=order.remaining_gpus, gang=order.gang_size,
                       duration_s=order.duration_seconds, seq=order.pk,
                       tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda),
-                      nvlink=order.interconnect == "nvlink")
+                      nvlink=order.interconnect == "nvlink", node=order.node_id or 0)
 
 
 def engine_ask(order: Order) -> engine.Ask:
@@ -138,7 +138,8 @@ def engine_ask(order: Order) -> engine.Ask:
                       cuda=cuda_key(order.node.cuda_version))
 
 
-# a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility")
+# a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility");
+# node_id: an ask's node, or the one node a bid fills on (null: any)
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
         "interconnect")
@@ -158,7 +159,7 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
-                         nvlink=link == "nvlink"))
+                         nvlink=link == "nvlink", node=node or 0))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                          available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or "")))
@@ -176,7 +177,8 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
     if side == Order.Side.BID:
         book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                                  duration_s=duration, seq=pk, tif=tif,
-                                 min_cuda=cuda_key(need), nvlink=link == "nvlink"))
+                                 min_cuda=cuda_key(need), nvlink=link == "nvlink",
+                                 node=node or 0))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                                  available_until=epoch(until), seq=pk,

@@ -149,7 +149,7 @@ class Order(StateMachine):
     interconnect = models.CharField(
         max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
         help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
-    # ask only
+    # ask: its node; bid: the one node it fills on (null: any node); ask only:
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
     available_until = models.DateTimeField(null=True, blank=True)

@@ -159,7 +159,8 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
     def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
                 and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
-                and cuda_ok(ask.node.cuda_version, bid.min_cuda))
+                and cuda_ok(ask.node.cuda_version, bid.min_cuda)
+                and bid.node_id in (None, ask.node_id))
 
     offered: dict[int, int] = {}
     mine: dict[int, list[Lease]] = {}

@@ -7,7 +7,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import accounts, errors, market_data, runner, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -25,6 +25,10 @@ api_v1 = [
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
     path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("gpu-classes/<gpuclass:slug>/offers/", market_data.MarketOffers.as_view(),
+         name="market-offers"),
+    path("gpu-classes/<gpuclass:slug>/history/", market_data.MarketHistory.as_view(),
+         name="market-history"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
     path("templates/", market.TemplateList.as_view(), name="templates"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),

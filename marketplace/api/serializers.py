@@ -273,14 +273,15 @@ TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
             "secrets", "interconnect")
-ASK_ONLY = ("node", "available_until")
+ASK_ONLY = ("node", "available_until")  # (a bid may name a node: it fills only there)
 
 
 class OrderInSerializer(TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
-    interconnect: "nvlink" for gangs all NVLink-connected) or
+    interconnect: "nvlink" for gangs all NVLink-connected; node: fill only on that node,
+    a node id of the offers) or
     an ask (node, gpus, price, available_until, optional gpu_class); either with an
     optional client_order_id (yours, unique per user: placing it again returns the first
     order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
@@ -313,7 +314,7 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
         given = self.initial_data
         if attrs["side"] == Order.Side.BID:
             for name in ASK_ONLY:
-                if name in given:
+                if name in given and name != "node":
                     raise serializers.ValidationError({name: "is for asks, not bids"})
             if "gpu_class" not in attrs:
                 raise serializers.ValidationError({"gpu_class": "is required for a bid"})
@@ -348,7 +349,8 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
-            interconnect=v["interconnect"], **{name: v[name] for name in TEMPLATE_TERMS})
+            interconnect=v["interconnect"], node=v.get("node"),
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:

@@ -12,7 +12,8 @@ engine brief):
 * A resting order the incoming one cannot use is skipped and stays in the book: the
   lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
   the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
-  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``).
+  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and be the
+  bid's node when it names one (``bid.node``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
@@ -250,6 +251,7 @@ class OrderBook:
         need = bid.min_cuda
         left = bid.gpus
         nv = bid.nvlink
+        only = bid.node
         dead = 0
         i = 0
         while i < len(px):
@@ -276,7 +278,8 @@ class OrderBook:
                     del ix[a.id]
                     tot -= ag
                     stc.append(a.id)
-                elif ag < gang or end > a.available_until or (need and a.cuda < need):
+                elif (ag < gang or end > a.available_until or (need and a.cuda < need)
+                      or (only and a.node != only)):
                     j += 1
                     continue
                 else:
@@ -368,7 +371,8 @@ class OrderBook:
                     stc.append(b.id)
                 else:
                     gang = b.gang
-                    if gang > left or b.duration_s > window or b.min_cuda > cuda:
+                    if (gang > left or b.duration_s > window or b.min_cuda > cuda
+                            or (b.node and b.node != node)):
                         j += 1
                         continue
                     k = left // gang
@@ -424,6 +428,7 @@ class OrderBook:
         owner = bid.owner
         end = now + bid.duration_s
         need = bid.min_cuda
+        only = bid.node
         got = 0
         seen: list[Fill] = []
         qs = self._ask_q
@@ -433,7 +438,8 @@ class OrderBook:
             for cell in qs[p]:
                 a = cell[0]
                 if (a is None or a.owner == owner or a.gpus < gang
-                        or end > a.available_until or (need and a.cuda < need)):
+                        or end > a.available_until or (need and a.cuda < need)
+                        or (only and a.node != only)):
                     continue
                 k = a.gpus // gang
                 if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs

@@ -35,6 +35,8 @@ class Bid:
             (12.4 → 12004); 0: none. It fills only against asks with ``cuda >= min_cuda``.
         nvlink: each gang must be NVLink-connected (every pair of its GPUs linked); the
             book asks its ``links`` how many such gangs a node can give.
+        node: fill only against asks of this node id (a bid for one node picked from
+            the offers); 0: any node.
     """
 
     id: int
@@ -47,6 +49,7 @@ class Bid:
     tif: str = "GTC"
     min_cuda: int = 0
     nvlink: bool = False
+    node: int = 0
 
 
 @dataclass(slots=True)

@@ -7,15 +7,24 @@
   var trades = JSON.parse(document.getElementById("trades-data").textContent);
   var chart = null;
 
-  function cumulative(levels) {
-    var sum = 0;
-    return levels.map(function (l) { sum += l[1]; return {x: Number(l[0]), y: sum}; });
+  /* The standard depth chart, as the corners of a step line (drawn straight, so what is
+   * exposed is what is drawn): bids cumulative at or above each price (stepping down as
+   * the price rises), asks at or below (stepping up). `levels` are [price, gpus], best
+   * first (bids high → low, asks low → high), as book.depth gives them. */
+  function steps(levels, side) {
+    var pts = [], sum = 0;
+    levels.forEach(function (l) {
+      var x = Number(l[0]);
+      if (pts.length) pts.push({x: x, y: sum});  // flat from the better level to this one
+      sum += l[1];
+      pts.push({x: x, y: sum});
+    });
+    return side === "bids" ? pts.reverse() : pts;
   }
 
   function drawChart() {
     var canvas = document.getElementById("depth-chart");
-    if (!canvas || typeof Chart === "undefined") return;
-    var bids = cumulative(depth.bids).reverse(), asks = cumulative(depth.asks);
+    var bids = steps(depth.bids, "bids"), asks = steps(depth.asks, "asks");
     // extend each side flat past its last level, so even one level draws as an area
     var prices = bids.concat(asks).map(function (p) { return p.x; });
     if (prices.length) {
@@ -24,6 +33,9 @@
       if (bids.length) bids.unshift({x: bids[0].x - pad, y: bids[0].y});
       if (asks.length) asks.push({x: asks[asks.length - 1].x + pad, y: asks[asks.length - 1].y});
     }
+    // what the chart draws, for a reader (tests/e2e/test_browser_market_offers.py)
+    GM.depthChart = {bids: bids, asks: asks};
+    if (!canvas || typeof Chart === "undefined") return;
     if (chart) {
       chart.data.datasets[0].data = bids;
       chart.data.datasets[1].data = asks;
@@ -33,9 +45,9 @@
     chart = new Chart(canvas, {
       type: "line",
       data: {datasets: [
-        {label: "bids (GPUs at or above price)", data: bids, stepped: true, fill: "origin",
+        {label: "bids (GPUs at or above price)", data: bids, fill: "origin",
          borderColor: "#1a7f37", backgroundColor: "rgba(26,127,55,0.18)", pointRadius: 2},
-        {label: "asks (GPUs at or below price)", data: asks, stepped: true, fill: "origin",
+        {label: "asks (GPUs at or below price)", data: asks, fill: "origin",
          borderColor: "#cf222e", backgroundColor: "rgba(207,34,46,0.15)", pointRadius: 2}
       ]},
       options: {
