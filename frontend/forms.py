@@ -169,6 +169,8 @@ class BidForm(forms.Form):
                             initial="any", help_text="nvlink: each gang's GPUs all "
                             "NVLink-connected", widget=forms.Select(
                                 choices=[(v, v) for v in Interconnect.values]))
+    node = _whole(OrderInSerializer, "node", "Only on node (id)",
+                  help_text="empty: any node; an offer's \u201cBid for this node\u201d sets it")
 
     def clean(self):
         data = super().clean()

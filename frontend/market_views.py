@@ -4,6 +4,8 @@ redirects back to the page; a refused one is shown next to its field, 400)."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -19,9 +21,9 @@ from frontend.views import (
     container_terms,
     usd,
 )
-from marketplace import book, env_templates, interconnect, selectors
+from marketplace import book, env_templates, offers, price_history, selectors
 from marketplace.catalog import slice_label
-from marketplace.errors import MarketError
+from marketplace.errors import InvalidInput, MarketError
 from marketplace.models import Fill, GpuClass, Lease, Order
 from providers.benchmarks import class_summary
 from settlement import services as ledger
@@ -42,6 +44,84 @@ def template_compatibility(market: GpuClass) -> list[dict]:
 
 def _depth_rows(levels):
     return [[usd(p), q] for p, q in levels]
+
+
+OFFER_COLUMNS = [  # (sort key or "", heading), in the table's order
+    ("node", "Node"), ("provider", "Provider"), ("tflops", "BF16 TFLOPS measured / datasheet"),
+    ("reliability", "Reliability"), ("cuda", "Driver / CUDA"), ("", "Interconnect"),
+    ("gpus", "GPUs free"), ("price", "USD/GPU-h"), ("available_until", "Available until"),
+]
+
+
+def offer_view(row: dict) -> dict:
+    """An offers.offer_rows row as the page and market.js show it (strings)."""
+    def tflops(v):
+        return "—" if v is None else f"{v.normalize():f}"
+    return {"ask": row["ask"], "node_id": row["node"]["id"], "node": row["node"]["name"],
+            "provider": row["provider"], "measured": tflops(row["measured_tflops"]),
+            "datasheet": tflops(row["datasheet_tflops"]),
+            "reliability": "—" if row["reliability"] is None else str(row["reliability"]),
+            "driver": row["driver_version"] or "—", "cuda": row["cuda_version"] or "—",
+            "interconnect": row["interconnect"] or "—", "gpus_free": row["gpus_free"],
+            "price": usd(row["price"]), "until": offers.until_text(row["available_until"])}
+
+
+def _offers_context(request, market: GpuClass) -> dict:
+    """The offers table: the rows the page's query selects (offers.PARAMS; other keys are
+    the bid form's), its sort links and, for a bad parameter, the error naming it (then
+    every offer, unfiltered)."""
+    query = {k: request.GET[k] for k in offers.PARAMS if k in request.GET}
+    rows = offers.offer_rows(market)
+    try:
+        filters, error = offers.parse(query), None
+    except InvalidInput as exc:
+        filters, error = offers.Filters(), {"field": exc.field, "message": exc.message}
+        query = {}
+    selected = [offer_view(r) for r in offers.select(rows, filters)]
+    columns = []
+    for key, title in OFFER_COLUMNS:
+        link = None
+        if key:
+            order = f"-{key}" if filters.sort == key else key
+            link = "?" + urlencode({**query, "sort": order}) + "#offers-h"
+        columns.append({"key": key, "title": title, "link": link,
+                        "active": filters.sort.removeprefix("-") == key,
+                        "descending": filters.sort.startswith("-")})
+    return {"offer_rows": selected, "offer_columns": columns, "offer_error": error,
+            "offer_query": query, "offer_sort": filters.sort, "offer_total": len(rows),
+            "offer_sorts": [*offers.SORTS, *(f"-{k}" for k in offers.SORTS)],
+            "offers_data": selected}
+
+
+def _history_context(request, market: GpuClass) -> dict:
+    """The price history chart's data for ?range= (1h, 24h, 7d; anything else: 24h)."""
+    rng = price_history.RANGES.get(request.GET.get("range", ""),
+                                   price_history.RANGES[price_history.DEFAULT_RANGE])
+    h = price_history.history(market, rng)
+    data = {"range": rng.name, "bucket_seconds": h["bucket_seconds"],
+            "buckets": [{"t": int(b["start"].timestamp()) * 1000,
+                         **{k: None if b[k] is None else usd(b[k])
+                            for k in ("open", "high", "low", "close")},
+                         "trades": b["trades"], "gpu_hours": price_history.gpu_hours(
+                             b["gpu_seconds"])} for b in h["buckets"]]}
+    return {"history_range": rng.name, "history_ranges": list(price_history.RANGES),
+            "history_trades": sum(b["trades"] for b in h["buckets"]),
+            "history_data": data}
+
+
+def _bid_initial(request, market: GpuClass) -> dict:
+    """The bid form's initial values from "Bid for this node": ?node=<id> of a standing
+    ask of this market fills in the node, its price and its free GPUs (IOC off: the bid
+    rests on that node if the ask is taken meanwhile)."""
+    node = request.GET.get("node", "")
+    if not node.isascii() or not node.isdigit():
+        return {}
+    row = (Order.objects.filter(market=market, side=Order.Side.ASK, node_id=int(node),
+                                status__in=Order.ACTIVE, remaining_gpus__gt=0)
+           .order_by("price", "pk").values("price", "remaining_gpus").first())
+    if row is None:
+        return {}
+    return {"node": int(node), "price": usd(row["price"]), "gpus": row["remaining_gpus"]}
 
 
 def _market_context(request, market: GpuClass, form):
@@ -66,7 +146,8 @@ def _market_context(request, market: GpuClass, form):
         "slice_markets": [(c, slice_label(c)) for c in
                           market.slices.select_related("parent").order_by("memory_gb", "slug")],
         "templates": template_compatibility(market),
-        "offers": [{**o, "price": usd(o["price"])} for o in interconnect.offers(market)],
+        **_offers_context(request, market),
+        **_history_context(request, market),
     }
     if request.user.is_authenticated:
         ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
@@ -79,7 +160,7 @@ def _market_context(request, market: GpuClass, form):
 
 def market(request, slug: str):
     gpu_class = get_object_or_404(GpuClass, slug=slug)
-    form = f.BidForm(request.POST or None)
+    form = f.BidForm(request.POST or None, initial=_bid_initial(request, gpu_class))
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")
@@ -90,7 +171,8 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    interconnect=v["interconnect"] or "any", **container_terms(v))
+                    interconnect=v["interconnect"] or "any", node=v.get("node"),
+                    **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

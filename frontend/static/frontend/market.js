@@ -1,11 +1,14 @@
-/* Market page: depth chart (Chart.js, vendored), depth table, last trades, the hold
- * preview of the bid form, and live updates (/ws/markets/<slug>/ or the REST API). */
+/* Market page: depth chart (Chart.js, vendored), depth table, last trades, the offers
+ * table, the price history chart, the hold preview of the bid form, and live updates
+ * (/ws/markets/<slug>/ or the REST API). What the charts draw is in GM.depthChart and
+ * GM.historyChart, for a reader (tests). */
 (function () {
   "use strict";
   var slug = document.getElementById("market-js").dataset.market;
   var depth = JSON.parse(document.getElementById("depth-data").textContent);
   var trades = JSON.parse(document.getElementById("trades-data").textContent);
-  var chart = null;
+  var history = JSON.parse(document.getElementById("history-data").textContent);
+  var chart = null, historyChart = null;
 
   /* The standard depth chart, as the corners of a step line (drawn straight, so what is
    * exposed is what is drawn): bids cumulative at or above each price (stepping down as
@@ -112,8 +115,135 @@
     trades.sort(function (x, y) { return y.id - x.id; });
   }
 
+  /* Offers: the rows the page's query selected; refreshed from the API with the same
+   * query (offers filters and sort from the address bar) whenever the book changes. */
+  var OFFER_KEYS = ["min_gpus", "max_price", "min_cuda", "min_tflops", "provider", "sort"];
+  function offerQuery() {
+    var here = new URLSearchParams(location.search), q = new URLSearchParams();
+    OFFER_KEYS.forEach(function (k) { if (here.get(k)) q.set(k, here.get(k)); });
+    return q;
+  }
+  function decimalText(v) { return v === null || v === undefined ? "—" : String(v); }
+  function offerView(r) {
+    return {ask: r.ask, node_id: r.node.id, node: r.node.name, provider: r.provider,
+            measured: decimalText(r.measured_tflops), datasheet: decimalText(r.datasheet_tflops),
+            reliability: decimalText(r.reliability), driver: r.driver_version || "—",
+            cuda: r.cuda_version || "—", interconnect: r.interconnect || "—",
+            gpus_free: r.gpus_free, price: GM.usd(r.price),
+            until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC"};
+  }
+  function drawOffers(rows) {
+    var body = document.getElementById("offer-rows");
+    if (!body) return;
+    var frag = document.createDocumentFragment();
+    rows.forEach(function (o) {
+      var tr = document.createElement("tr");
+      tr.dataset.node = o.node_id; tr.dataset.ask = o.ask;
+      var node = cell(o.node); node.className = "offer-node"; node.title = o.node;
+      var prov = cell(o.provider); prov.title = o.provider;
+      [node, prov, cell(o.measured + " / " + o.datasheet, true), cell(o.reliability),
+       cell(o.driver + " / " + o.cuda), cell(o.interconnect), cell(o.gpus_free, true),
+       cell("$" + o.price, true), cell(o.until)].forEach(function (td) { tr.appendChild(td); });
+      var td = document.createElement("td"), a = document.createElement("a");
+      a.className = "bid-node"; a.href = "?node=" + o.node_id + "#bid-h";
+      a.textContent = "Bid for this node"; td.appendChild(a); tr.appendChild(td);
+      frag.appendChild(tr);
+    });
+    body.replaceChildren(frag);
+    var empty = document.getElementById("no-offers");
+    if (empty) {
+      empty.hidden = rows.length > 0;
+      if (!rows.length) empty.textContent = "No offer matches right now.";
+    }
+    GM.offers = rows;
+  }
+  var offersTimer = null;
+  function refreshOffers() {
+    if (offersTimer || document.getElementById("offer-filter-error")) return;
+    offersTimer = setTimeout(function () {
+      offersTimer = null;
+      GM.getJSON("/api/v1/gpu-classes/" + slug + "/offers/?" + offerQuery().toString())
+        .then(function (d) { drawOffers(d.results.map(offerView)); })
+        .catch(function (e) { console.warn("offers refresh failed:", e.message); });
+    }, 150);
+  }
+
+  /* Price history: per bucket the high–low range (a floating bar), the close (a line)
+   * and the volume in GPU-hours (bars on the right axis); x is time in UTC. */
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function timeLabel(ms) {
+    var d = new Date(ms), hm = two(d.getUTCHours()) + ":" + two(d.getUTCMinutes());
+    return history.range === "7d" ? two(d.getUTCMonth() + 1) + "-" + two(d.getUTCDate()) + " " + hm : hm;
+  }
+  function drawHistory() {
+    var ranges = [], closes = [], volume = [];
+    history.buckets.forEach(function (b) {
+      var mid = b.t + history.bucket_seconds * 500;
+      closes.push({x: mid, y: b.close === null ? null : Number(b.close)});
+      if (b.low !== null) ranges.push({x: mid, y: [Number(b.low), Number(b.high)]});
+      volume.push({x: mid, y: Number(b.gpu_hours)});
+    });
+    GM.historyChart = {range: history.range, bucket_seconds: history.bucket_seconds,
+                       buckets: history.buckets, closes: closes, ranges: ranges, volume: volume};
+    var traded = history.buckets.some(function (b) { return b.trades > 0; });
+    var none = document.getElementById("no-history");
+    if (none) none.hidden = traded;
+    var canvas = document.getElementById("history-chart");
+    if (!canvas || typeof Chart === "undefined") return;
+    if (historyChart) {
+      historyChart.data.datasets[0].data = ranges;
+      historyChart.data.datasets[1].data = closes;
+      historyChart.data.datasets[2].data = volume;
+      historyChart.update("none");
+      return;
+    }
+    var first = history.buckets[0].t, last = history.buckets[history.buckets.length - 1].t +
+      history.bucket_seconds * 1000;
+    historyChart = new Chart(canvas, {
+      data: {datasets: [
+        {type: "bar", label: "high–low (USD/GPU-h)", data: ranges, yAxisID: "y",
+         backgroundColor: "rgba(9,105,218,0.35)", borderColor: "#0969da", borderWidth: 1,
+         barPercentage: 0.8, categoryPercentage: 1},
+        {type: "line", label: "close (USD/GPU-h)", data: closes, yAxisID: "y", spanGaps: true,
+         borderColor: "#1f2328", pointRadius: 2},
+        {type: "bar", label: "volume (GPU-h)", data: volume, yAxisID: "volume",
+         backgroundColor: "rgba(130,80,223,0.25)"}
+      ]},
+      options: {
+        animation: false, maintainAspectRatio: false, parsing: false,
+        scales: {
+          x: {type: "linear", min: first, max: last, title: {display: true, text: "time (UTC)"},
+              ticks: {maxTicksLimit: 8, callback: function (v) { return timeLabel(v); }}},
+          y: {position: "left", title: {display: true, text: "USD per GPU-hour"}},
+          volume: {position: "right", beginAtZero: true, grid: {drawOnChartArea: false},
+                   title: {display: true, text: "GPU-hours"}}
+        },
+        plugins: {tooltip: {callbacks: {title: function (items) {
+          return items.length ? timeLabel(items[0].parsed.x - history.bucket_seconds * 500) + " UTC" : ""; }}}}
+      }
+    });
+  }
+  var historyTimer = null;
+  function refreshHistory() {
+    if (historyTimer) return;
+    historyTimer = setTimeout(function () {
+      historyTimer = null;
+      GM.getJSON("/api/v1/gpu-classes/" + slug + "/history/?range=" + history.range)
+        .then(function (d) {  // the API's buckets as the page's history-data has them
+          history = {range: d.range, bucket_seconds: d.bucket_seconds,
+                     buckets: d.buckets.map(function (b) {
+                       return {t: Date.parse(b.start), open: b.open, high: b.high, low: b.low,
+                               close: b.close, trades: b.trades, gpu_hours: b.gpu_hours}; })};
+          drawHistory();
+        })
+        .catch(function (e) { console.warn("history refresh failed:", e.message); });
+    }, 300);
+  }
+
   drawDepth();
   drawTrades();
+  GM.offers = JSON.parse(document.getElementById("offers-data").textContent);
+  drawHistory();
 
   GM.feed("/ws/markets/" + slug + "/", {
     pollMs: 2000,
@@ -121,9 +251,10 @@
       if (msg.type === "snapshot" || msg.type === "depth") {
         depth = {bids: msg.bids || [], asks: msg.asks || []};
         drawDepth();
+        refreshOffers();
       }
       if (msg.type === "snapshot" && msg.trades) { trades = msg.trades.slice(); drawTrades(); }
-      if (msg.type === "trade") { addTrade(msg); drawTrades(); }
+      if (msg.type === "trade") { addTrade(msg); drawTrades(); refreshOffers(); refreshHistory(); }
     },
     poll: function () {
       return Promise.all([
@@ -132,6 +263,7 @@
                    asks: d.asks.map(function (l) { return [l.price, l.gpus]; })};
           drawDepth();
         }),
+        Promise.resolve().then(function () { refreshOffers(); refreshHistory(); }),
         GM.getJSON("/api/v1/fills/?limit=100").then(function (d) {
           d.results.filter(function (x) { return x.gpu_class === slug; }).forEach(function (x) {
             addTrade({id: x.id, price: x.price, gpus: x.gpus, at: x.created_at});
