@@ -185,6 +185,7 @@ def market(request, slug: str):
                 return redirect("market", slug=slug)
         return _page(request, "frontend/market.html",
                      _market_context(request, gpu_class, form), status=400)
-    return _page(request, "frontend/market.html", _market_context(request, gpu_class, form))
+    ctx = _market_context(request, gpu_class, form)
+    return _page(request, "frontend/market.html", ctx, status=400 if ctx["offer_error"] else 200)
 
 
