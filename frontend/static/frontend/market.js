@@ -153,7 +153,9 @@
     var empty = document.getElementById("no-offers");
     if (empty) {
       empty.hidden = rows.length > 0;
-      if (!rows.length) empty.textContent = "No offer matches right now.";
+      var filtered = OFFER_KEYS.some(function (k) { return k !== "sort" && offerQuery().get(k); });
+      if (!rows.length) empty.textContent = filtered ? "No offer matches these filters."
+        : "No GPUs offered right now.";
     }
     GM.offers = rows;
   }
@@ -203,7 +205,7 @@
       data: {datasets: [
         {type: "bar", label: "high–low (USD/GPU-h)", data: ranges, yAxisID: "y",
          backgroundColor: "rgba(9,105,218,0.35)", borderColor: "#0969da", borderWidth: 1,
-         barPercentage: 0.8, categoryPercentage: 1},
+         barPercentage: 0.8, categoryPercentage: 1, minBarLength: 3},  // one price: a tick
         {type: "line", label: "close (USD/GPU-h)", data: closes, yAxisID: "y", spanGaps: true,
          borderColor: "#1f2328", pointRadius: 2},
         {type: "bar", label: "volume (GPU-h)", data: volume, yAxisID: "volume",
