@@ -48,7 +48,7 @@ def _depth_rows(levels):
 
 OFFER_COLUMNS = [  # (sort key or "", heading), in the table's order
     ("node", "Node"), ("provider", "Provider"), ("tflops", "BF16 TFLOPS measured / datasheet"),
-    ("reliability", "Reliability"), ("cuda", "Driver / CUDA"), ("", "Interconnect"),
+    ("reliability", "Reliability"), ("cuda", "Driver / CUDA"), ("", "GPUs and interconnect"),
     ("gpus", "GPUs free"), ("price", "USD/GPU-h"), ("available_until", "Available until"),
 ]
 
@@ -62,7 +62,7 @@ def offer_view(row: dict) -> dict:
             "datasheet": tflops(row["datasheet_tflops"]),
             "reliability": "—" if row["reliability"] is None else str(row["reliability"]),
             "driver": row["driver_version"] or "—", "cuda": row["cuda_version"] or "—",
-            "interconnect": row["interconnect"] or "—", "gpus_free": row["gpus_free"],
+            "interconnect": row["summary"] or "—", "gpus_free": row["gpus_free"],
             "price": usd(row["price"]), "until": offers.until_text(row["available_until"])}
 
 

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 
 from marketplace.env_templates import cuda_key, node_cuda, parse_min_cuda
 from marketplace.errors import Conflict, InvalidInput
-from marketplace.interconnect import interconnect_words
+from marketplace.interconnect import describe_gpus, interconnect_words
 from marketplace.models import GpuClass, Order
 from providers.benchmarks import latest_results
 from providers.models import Gpu, Node
@@ -102,14 +102,15 @@ def offer_rows(market: GpuClass) -> list[dict]:
     """Every standing ask of `market` with GPUs left, cheapest first (at most LIMIT):
     {"ask": id, "price": micro-USD per GPU-hour, "gpus_free", "available_until",
     "node": {"id", "name"}, "provider": display name, "driver_version", "cuda_version",
-    "cuda_key", "interconnect" (topology words; "" for a lone GPU), "node_gpus",
+    "cuda_key", "interconnect" (topology words; "" for a lone GPU), "summary" ("8 × H100
+    SXM 80GB, NVLink full mesh": interconnect.describe_gpus), "node_gpus",
     "measured_tflops" (Decimal or None), "datasheet_tflops" (Decimal or None),
     "reliability" (the node's, when the model has it; else None)}."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
                 .select_related("node__provider").order_by("price", "pk")[:LIMIT])
     nodes = {a.node_id for a in asks}
-    gpus = Gpu.objects.filter(node_id__in=nodes, gpu_class=market)
+    gpus = Gpu.objects.filter(node_id__in=nodes, gpu_class=market).select_related("gpu_class")
     by_node: dict[int, list[Gpu]] = {}
     for gpu in gpus:
         by_node.setdefault(gpu.node_id, []).append(gpu)
@@ -129,6 +130,7 @@ def offer_rows(market: GpuClass) -> list[dict]:
             "driver_version": node.driver_version, "cuda_version": node.cuda_version,
             "cuda_key": cuda_key(node.cuda_version),
             "interconnect": interconnect_words(by_node.get(node.pk, [])),
+            "summary": describe_gpus(by_node.get(node.pk, [])),
             "node_gpus": len(by_node.get(node.pk, [])),
             "measured_tflops": _median(measured.get(node.pk, [])),
             "datasheet_tflops": market.bf16_dense_tflops,

@@ -28,7 +28,8 @@ class OfferRowSerializer(serializers.Serializer):
     """One standing ask: `ask` (order id), `node` {id, name} (a bid's `node` to fill only
     there), `provider` (display name), `price` (USD per GPU-hour), `gpus_free`,
     `available_until`, `driver_version`, `cuda_version`, `interconnect` ("NVLink full
-    mesh", "PCIe only", "" for a lone GPU), `node_gpus`, `measured_tflops` (BF16 dense,
+    mesh", "PCIe only", "" for a lone GPU), `summary` ("8 × H100 SXM 80GB, NVLink full
+    mesh"), `node_gpus`, `measured_tflops` (BF16 dense,
     the node's median of its healthy GPUs' latest passed benchmarks; null: not
     benchmarked), `datasheet_tflops`, `reliability` (null until nodes carry one)."""
 
@@ -41,6 +42,7 @@ class OfferRowSerializer(serializers.Serializer):
     driver_version = serializers.CharField()
     cuda_version = serializers.CharField()
     interconnect = serializers.CharField()
+    summary = serializers.CharField()
     node_gpus = serializers.IntegerField()
     measured_tflops = serializers.SerializerMethodField()
     datasheet_tflops = serializers.SerializerMethodField()

@@ -128,7 +128,7 @@
     return {ask: r.ask, node_id: r.node.id, node: r.node.name, provider: r.provider,
             measured: decimalText(r.measured_tflops), datasheet: decimalText(r.datasheet_tflops),
             reliability: decimalText(r.reliability), driver: r.driver_version || "—",
-            cuda: r.cuda_version || "—", interconnect: r.interconnect || "—",
+            cuda: r.cuda_version || "—", interconnect: r.summary || "—",
             gpus_free: r.gpus_free, price: GM.usd(r.price),
             until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC"};
   }
