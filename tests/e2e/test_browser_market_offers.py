@@ -110,20 +110,28 @@ def test_the_price_history_chart_draws_the_fills(asgi_server, browser):  # noqa:
 
     provider, node, _ = registered_node()
     buyer = funded_buyer()
-    for price, minutes in ((2_000_000, 40), (2_500_000, 39), (2_200_000, 10)):
+    minute = timezone.now().replace(second=0, microsecond=0)
+    for price, at in ((2_000_000, minute - timedelta(minutes=40)),
+                      (2_500_000, minute - timedelta(minutes=40, seconds=-30)),  # same minute
+                      (2_200_000, minute - timedelta(minutes=10))):
         ask(provider, node, price=price, gpus=1)
         placed = bid(buyer, price=price, gpus=1)
-        Fill.objects.filter(bid=placed.order).update(
-            created_at=timezone.now() - timedelta(minutes=minutes))
+        Fill.objects.filter(bid=placed.order).update(created_at=at)
     page = browser.page
     page.goto(f"{asgi_server}/markets/{H100}/?range=1h")
     expect(page.locator("#no-history")).to_be_hidden()
     h = page.evaluate("GM.historyChart")
     assert h["range"] == "1h" and len(h["buckets"]) == 60
     traded = [b for b in h["buckets"] if b["trades"]]
-    assert sum(b["trades"] for b in traded) == 3
-    assert sorted(r["y"] for r in h["ranges"]) == sorted([[2.0, 2.0], [2.5, 2.5], [2.2, 2.2]])
-    drawn = page.evaluate("Chart.getChart('history-chart').data.datasets[0].data.length")
-    assert drawn == len(traded)
+    assert [b["trades"] for b in traded] == [2, 1]
+    assert [(b["open"], b["high"], b["low"], b["close"]) for b in traded] == [
+        ("2.00", "2.50", "2.00", "2.50"), ("2.20", "2.20", "2.20", "2.20")]
+    assert [r["y"] for r in h["ranges"]] == [[2.0, 2.5], [2.2, 2.2]]
+    # the high–low bar is drawn from low to high on the price axis (pixels)
+    bar, scale = page.evaluate("(() => { const c = Chart.getChart('history-chart');"
+                               " const b = c.getDatasetMeta(0).data[0];"
+                               " return [[b.base, b.y], [c.scales.y.getPixelForValue(2.0),"
+                               " c.scales.y.getPixelForValue(2.5)]]; })()")
+    assert bar == pytest.approx(scale, abs=1)
     browser.shot("browser-market-history")
     assert browser.errors == []

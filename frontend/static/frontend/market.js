@@ -205,7 +205,8 @@
       data: {datasets: [
         {type: "bar", label: "high–low (USD/GPU-h)", data: ranges, yAxisID: "y",
          backgroundColor: "rgba(9,105,218,0.35)", borderColor: "#0969da", borderWidth: 1,
-         barPercentage: 0.8, categoryPercentage: 1, minBarLength: 3},  // one price: a tick
+         barPercentage: 0.8, categoryPercentage: 1, minBarLength: 3,  // one price: a tick
+         parsing: {xAxisKey: "x", yAxisKey: "y"}},  // (floating [low, high] bars are parsed)
         {type: "line", label: "close (USD/GPU-h)", data: closes, yAxisID: "y", spanGaps: true,
          borderColor: "#1f2328", pointRadius: 2},
         {type: "bar", label: "volume (GPU-h)", data: volume, yAxisID: "volume",
