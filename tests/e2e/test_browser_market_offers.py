@@ -135,3 +135,18 @@ def test_the_price_history_chart_draws_the_fills(asgi_server, browser):  # noqa:
     assert bar == pytest.approx(scale, abs=1)
     browser.shot("browser-market-history")
     assert browser.errors == []
+
+
+def test_the_market_page_with_offers_and_history_fits_a_phone(asgi_server, browser):  # noqa: F811
+    from playwright.sync_api import expect
+
+    p1, n1, _ = registered_node(name="a-node-with-a-rather-long-name-indeed", own_uuids=True)
+    ask(p1, n1, price=1_000_000, gpus=8)
+    page = browser.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{asgi_server}/markets/{H100}/")
+    expect(page.locator("#offer-rows tr")).to_have_count(1)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    browser.shot("browser-market-phone")
+    assert width <= 390
+    assert browser.errors == []
