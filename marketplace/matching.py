@@ -160,7 +160,9 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     market = ask.market
     expire_due(market, now)  # an expired resting bid must not take the returned GPUs
     ask.remaining_gpus += gpus
-    ask.set_status("partially_filled", cause=f"{gpus} GPUs returned from an ended lease",
+    # every GPU back: the ask stands as it was placed ("open"), else partly sold
+    back = "open" if ask.remaining_gpus >= ask.gpus else "partially_filled"
+    ask.set_status(back, cause=f"{gpus} GPUs returned from an ended lease",
                    at=now, update_fields=("remaining_gpus", *locking.touch(ask)))
     book = locking.load_book(market, exclude=ask.pk)
     result = book.submit_ask(locking.engine_ask(ask), locking.epoch(now))

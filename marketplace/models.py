@@ -88,10 +88,11 @@ class Order(StateMachine):
 
     TRANSITIONS = {
         "open": {"partially_filled", "filled", "cancelled", "expired"},
-        "partially_filled": {"partially_filled", "filled", "cancelled", "expired"},
+        # an ask all of whose GPUs came back from ended leases is "open" again
+        "partially_filled": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask whose GPUs come back from an ended lease stands again; its provider may
         # withdraw it meanwhile (its leases run on; their GPUs then stay off the market)
-        "filled": {"partially_filled", "cancelled"},
+        "filled": {"open", "partially_filled", "cancelled"},
     }
     ACTIVE = ("open", "partially_filled")
 
