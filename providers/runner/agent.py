@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from . import __version__, mig
 from .benchmark import post_result, run_in_subprocess, run_slices
+from .checkpoint import CheckpointSync
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_links import topology_fields
@@ -92,6 +93,8 @@ class Agent(Reconciler):
                               else run_in_subprocess)
         # runtimes a previous runner may have left workloads in (switch.py); set by `run`
         self.previous_runtimes: list = []
+        # a lease's checkpoint uploads and restore (checkpoint.py; issue 15)
+        self.checkpoints = CheckpointSync(client, getattr(runtime, "workspaces", None), log)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:

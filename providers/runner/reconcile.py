@@ -47,9 +47,10 @@ class Reconciler:
             return False
         return True
 
-    def _stop(self, lease_id: int) -> None:
+    def _stop(self, lease_id: int, reason: str = "stop") -> None:
         """Send the final tail, stop and remove the workload, then check that no process
-        still holds its GPUs (check_released)."""
+        still holds its GPUs (check_released); the last checkpoint upload (`reason`:
+        checkpoint_reports.REASONS) goes on in the background."""
         uuids = self._lease_gpus.pop(lease_id, None)
         if uuids is None:  # ended while the runner was down: the container knows its GPUs
             uuids = next((w["gpus"].split(",") for w in self._describe()
@@ -57,6 +58,7 @@ class Reconciler:
         self.send_log(lease_id)
         self._sent_tails.pop(lease_id, None)
         self.runtime.stop(lease_id, self.grace_s)
+        self.checkpoints.finish(lease_id, reason)
         self.check_released(lease_id, uuids)
 
     def _describe(self) -> list[dict]:
@@ -76,6 +78,7 @@ class Reconciler:
         for lease_id, lease in listed.items():
             self._lease_gpus[lease_id] = list(lease.gpu_uuids)
             self._secret_values[lease_id] = list(lease.secrets.values())
+            self.checkpoints.remember(lease)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
@@ -113,7 +116,7 @@ class Reconciler:
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
         if handle is not None:
-            self._stop(lease_id)
+            self._stop(lease_id, "failure")
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
@@ -127,6 +130,11 @@ class Reconciler:
             if handle is None:
                 if status == "pending":
                     self._event(lease_id, "starting")
+                restore_failed = self.checkpoints.restore(lease)
+                if restore_failed:  # before running: charged nothing
+                    self._event(lease_id, "failed", cause=restore_failed)
+                    self.log(f"lease {lease_id}: failed: {restore_failed}")
+                    return
                 try:
                     handle = self.runtime.start(lease)
                 except RuntimeFailure as exc:
@@ -139,7 +147,7 @@ class Reconciler:
                 if mismatch is not None:
                     cause = f"GPU check failed: {mismatch}"[:300]
                     self._event(lease_id, "failed", container_id=handle, cause=cause)
-                    self._stop(lease_id)
+                    self._stop(lease_id, "failure")
                     self.log(f"lease {lease_id}: failed: {cause} (container removed)")
                     return
                 check = self.runtime.last_check
@@ -158,11 +166,18 @@ class Reconciler:
             self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
             self.log(f"lease {lease_id}: failed: {cause}")
             return
+        over = self.checkpoints.over_bound(lease)
+        if over:
+            self._event(lease_id, "failed", container_id=handle, cause=over,
+                        usage_seconds=self._usage(lease))
+            self._stop(lease_id, "failure")
+            self.log(f"lease {lease_id}: failed: {over}")
+            return
         ends_at = _parse_time(lease.ends_at)
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self._stop(lease_id)
+            self._stop(lease_id, "deadline")
             self.log(f"lease {lease_id}: completed after {usage} s, container removed")
             return
         code = self.runtime.exit_status(lease_id)
@@ -178,7 +193,7 @@ class Reconciler:
             self._event(lease_id, "failed", container_id=handle, cause=cause,
                         usage_seconds=usage)
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
-        self._stop(lease_id)
+        self._stop(lease_id, "end" if code == 0 else "failure")
 
     def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
         """Where the buyer reaches the lease's ports (runtime.endpoints), sent with
