@@ -5,7 +5,8 @@ docs/CHECKPOINTS.md.
 - `clean(data)` checks the bid's `checkpoint` object (shape and bounds, no network) into a
   `Checkpoint`: `terms` (stored in clear, shown back) and `credentials` (sealed apart with
   sealing.py, never shown: `Checkpoint.__repr__` leaves them out).
-- `probe(cp)` asks the bucket once (boto3 head_bucket; 3 s connect/read, no retry) and
+- `probe(cp)` asks the bucket (boto3 head_bucket and a one-key listing; 3 s connect/read,
+  no retry) and
   refuses what no runner could use; endpoints on private or loopback addresses are refused
   unless settings.GPUMARKET_CHECKPOINT_ALLOW_PRIVATE (the marketplace is no SSRF probe).
 - `public(terms)` the API's view; `runner_payload(lease)` what its runner gets.
@@ -175,16 +176,24 @@ def client(terms: dict, credentials: dict, *, timeout: float = PROBE_TIMEOUT_S):
 
 
 def probe(cp: Checkpoint) -> None:
-    """One HEAD of the bucket: InvalidInput naming `checkpoint` with the reason when the
-    endpoint is not allowed, unreachable or not S3, the bucket missing, or the credentials
-    refused."""
+    """A HEAD of the bucket and a listing of one key: InvalidInput naming `checkpoint`
+    with the reason when the endpoint is not allowed, unreachable or not S3, the bucket
+    missing, or the credentials refused."""
     from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
     if cp.terms["endpoint_url"]:
         _check_host(cp.terms["endpoint_url"])
     where = cp.terms["endpoint_url"] or "AWS S3"
     try:
-        client(cp.terms, cp.credentials).head_bucket(Bucket=cp.bucket)
+        s3 = client(cp.terms, cp.credentials)
+        s3.head_bucket(Bucket=cp.bucket)
+        # a web server answers HEAD with 200 too: an S3 listing names its bucket (and the
+        # runner's restore needs the right to list)
+        listing = s3.list_objects_v2(Bucket=cp.bucket, MaxKeys=1,
+                                     Prefix=urlsplit(cp.terms["url"]).path.lstrip("/"))
+        if listing.get("Name") != cp.bucket:
+            raise InvalidInput(f"{where} does not answer as an S3-compatible server (its "
+                               "listing of the bucket is not S3's)", field=FIELD)
     except ClientError as exc:
         error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

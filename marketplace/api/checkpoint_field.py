@@ -1,5 +1,6 @@
 """A bid's `checkpoint` in the API (bids and sealed bids): checked by
-marketplace/checkpoints.py, then the bucket probed once (head_bucket, 3 s, no retry);
+marketplace/checkpoints.py, then the bucket probed (head_bucket and a one-key listing,
+3 s, no retry);
 write-only — answers show `checkpoints.public` ({url, endpoint_url, region, path,
 max_bytes, credentials: "set"}), never a credential."""
 

@@ -19,7 +19,9 @@ from marketplace import checkpoint_reports
 from marketplace.api.runner import without_secrets
 from marketplace.errors import NotFound
 from marketplace.models import Lease
+from marketplace.sealing import Unsealable, unseal
 from providers.api import RunnerView
+from providers.runner.logtail import redact
 
 
 class CheckpointReportIn(StrictInputSerializer):
@@ -37,6 +39,17 @@ class CheckpointReportIn(StrictInputSerializer):
     message = StrictCharField(max_length=300, required=False, allow_blank=True, default="")
 
 
+def _redacted(lease: Lease, text: str) -> str:
+    """`text` without the lease's secrets and its store's credentials (the runner redacts
+    them too: a second guard)."""
+    text = without_secrets(lease, text)
+    try:
+        values = unseal(lease.checkpoint_sealed).values()
+    except Unsealable:
+        return text
+    return redact(text, values) if text else text
+
+
 class RunnerCheckpointReport(RunnerView):
     """Record a checkpoint report of a lease of this node."""
 
@@ -49,6 +62,6 @@ class RunnerCheckpointReport(RunnerView):
             raise NotFound(f"no lease {pk} on this node", field="lease")
         report = dict(data.validated_data)
         report["seconds"] = round(report["seconds"], 3)
-        report["message"] = without_secrets(lease, report["message"])
+        report["message"] = _redacted(lease, report["message"])
         checkpoint_reports.record(lease, report)
         return Response({"lease": lease.pk, "checkpoints": checkpoint_reports.listed(lease)})
