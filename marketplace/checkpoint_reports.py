@@ -4,7 +4,7 @@ show them; `listed` reads them back as the API's `checkpoints`. docs/CHECKPOINTS
 
 from __future__ import annotations
 
-from marketplace.models import Lease
+from marketplace.models import Lease, LeaseEvent
 
 #: what a report says happened
 STATUSES = ("uploaded", "restored", "none", "failed", "too_large")
@@ -55,6 +55,17 @@ def record(lease: Lease, report: dict) -> None:
     lease.note(cause=cause_text(report), at=report["at"],
                detail={"checkpoint": {k: (v.isoformat() if k == "at" else v)
                                       for k, v in report.items()}})
+
+
+def by_lease(lease_ids: list[int], *, last: int = 3) -> dict[int, list[dict]]:
+    """For pages: {lease id: its `last` reports, oldest first, as {at, cause}} (one
+    query for all the leases)."""
+    found: dict[int, list[dict]] = {}
+    events = (LeaseEvent.objects.filter(lease_id__in=lease_ids, detail__has_key="checkpoint")
+              .order_by("at", "pk").values_list("lease_id", "at", "cause"))
+    for lease_id, at, cause in events:
+        found.setdefault(lease_id, []).append({"at": at, "cause": cause})
+    return {k: v[-last:] for k, v in found.items()}
 
 
 def listed(lease: Lease) -> list[dict]:

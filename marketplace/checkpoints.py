@@ -6,9 +6,9 @@ docs/CHECKPOINTS.md.
   `Checkpoint`: `terms` (stored in clear, shown back) and `credentials` (sealed apart with
   sealing.py, never shown: `Checkpoint.__repr__` leaves them out).
 - `probe(cp)` asks the bucket (boto3 head_bucket and a one-key listing; 3 s connect/read,
-  no retry) and
-  refuses what no runner could use; endpoints on private or loopback addresses are refused
-  unless settings.GPUMARKET_CHECKPOINT_ALLOW_PRIVATE (the marketplace is no SSRF probe).
+  no retry) and refuses what no runner could use; endpoints on private or loopback
+  addresses are refused unless settings.GPUMARKET_CHECKPOINT_ALLOW_PRIVATE (the
+  marketplace is no SSRF probe).
 - `public(terms)` the API's view; `runner_payload(lease)` what its runner gets.
 Every refusal is InvalidInput naming `checkpoint` (or `checkpoint.<key>`), never a secret.
 """

@@ -11,11 +11,13 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from marketplace import auctions, sealing
 from marketplace.models import Lease, Order, SealedBid
 from tests.factories import ask, bid_body, funded_buyer, registered_node
+from tests.frontend.test_pages_buyer import login
 from tests.support.api import assert_refused, body_text, client_for, runner_client, snapshot
 from tests.support.net import free_port
 
@@ -217,6 +219,13 @@ def test_the_runner_reports_checkpoints_as_lease_events_the_api_lists(store):
     assert store["secret_access_key"] not in str(shown)
     causes = [e["cause"] for e in shown["events"]]
     assert "checkpoint uploaded at stop: 2 files, 2.0 KiB in 0.2 s" in causes
+    # the leases page: the bucket and the last reports, never a credential
+    page = Client()
+    login(page, buyer)
+    html = page.get("/leases/").content.decode()
+    assert "checkpoints to <code>s3://ckpt-bids/runs</code>" in html
+    assert "checkpoint uploaded at stop: 2 files, 2.0 KiB in 0.2 s" in html
+    assert store["secret_access_key"] not in html and store["access_key_id"] not in html
     bad = runner.post(f"/api/v1/runner/leases/{lease_id}/checkpoints/",
                       {"status": "lost", "reason": "stop", "at": at}, format="json")
     assert_refused(bad, "status")
