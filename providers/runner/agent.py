@@ -352,6 +352,7 @@ class Agent(Reconciler):
         finally:
             if self.push is not None:
                 self.push.stop()
+            self.checkpoints.join(timeout=60)  # a last upload under way finishes
 
     def _announce_until_answered(self, stop: threading.Event) -> bool:
         """Send the inventory until the marketplace takes it (True) or `stop` is set
