@@ -53,13 +53,19 @@ class Workspaces:
 
     def host_path(self, lease_id: int, container_path: str) -> Path:
         """Where `container_path` (under /workspace, as the marketplace checked it) is on
-        this host. ValueError for a path outside /workspace."""
+        this host. ValueError for a path outside /workspace, or one that a symlink the
+        workload made leads out of its workspace."""
         normal = posixpath.normpath(container_path)
         if normal == MOUNT_POINT:
             return self.path(lease_id)
         if not normal.startswith(MOUNT_POINT + "/") or "/../" in f"{normal}/":
             raise ValueError(f"{container_path} is not under {MOUNT_POINT}")
-        return self.path(lease_id) / normal[len(MOUNT_POINT) + 1:]
+        path = self.path(lease_id) / normal[len(MOUNT_POINT) + 1:]
+        top = os.path.realpath(self.path(lease_id))
+        parent = os.path.realpath(path.parent)
+        if parent != top and not parent.startswith(top + os.sep):
+            raise ValueError(f"{container_path} leads out of the workspace (a symlink)")
+        return path
 
     def usage(self, lease_id: int) -> int:
         """Bytes of the regular files in the lease's workspace (0 when it has none)."""

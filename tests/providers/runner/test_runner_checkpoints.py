@@ -17,7 +17,7 @@ from providers.runner.checkpoint import CheckpointStore
 from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
-from providers.runner.workspace import Workspaces
+from providers.runner.workspace import Workspaces, regular_files
 
 from .runner_helpers import H100, TOKEN, wait_for
 from .runner_helpers import LEASE_UUIDS as UUIDS
@@ -169,3 +169,18 @@ def test_a_manifest_naming_a_path_outside_the_workspace_is_refused(s3_server, bu
         CheckpointStore(cfg).restore(tmp_path / "ws" / "checkpoint")
     assert refused.type.__name__ == "CheckpointError"
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "ws" / "escaped").exists()
+
+
+def test_a_symlink_the_workload_made_never_leads_the_runner_out_of_its_workspace(tmp_path):
+    spaces = Workspaces(tmp_path / "workspaces")
+    outside = tmp_path / "host"
+    (outside / "secret").mkdir(parents=True)
+    (outside / "secret" / "key").write_text("host-only\n")
+    ws = spaces.create(5)
+    (ws / "a").symlink_to(outside)  # /workspace/a → a host directory
+    with pytest.raises(ValueError, match="leads out of the workspace"):
+        spaces.host_path(5, "/workspace/a/secret")
+    (ws / "checkpoint").symlink_to(outside / "secret")
+    assert spaces.host_path(5, "/workspace/checkpoint") == ws / "checkpoint"
+    assert spaces.usage(5) == 0  # a symlinked checkpoint is not followed either
+    assert regular_files(ws / "checkpoint") == []
