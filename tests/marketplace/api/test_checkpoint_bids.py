@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from marketplace import auctions, sealing
 from marketplace.models import Lease, Order, SealedBid
+from settlement import services as ledger
 from tests.factories import ask, bid_body, funded_buyer, registered_node
 from tests.frontend.test_pages_buyer import login
 from tests.support.api import assert_refused, body_text, client_for, runner_client, snapshot
@@ -229,3 +230,20 @@ def test_the_runner_reports_checkpoints_as_lease_events_the_api_lists(store):
     bad = runner.post(f"/api/v1/runner/leases/{lease_id}/checkpoints/",
                       {"status": "lost", "reason": "stop", "at": at}, format="json")
     assert_refused(bad, "status")
+
+
+def test_a_restore_that_failed_fails_the_lease_before_it_runs_and_charges_nothing(store):
+    _, _, token, buyer = _market()
+    before = ledger.wallet(user_id=buyer.pk)
+    (lease_id,) = _post_bid(buyer, checkpoint=store).json()["leases"]
+    runner = runner_client(token)
+    assert runner.post(f"/api/v1/runner/leases/{lease_id}/events/", {"status": "starting"},
+                       format="json").status_code == 200
+    cause = "checkpoint restore failed: ClientError: SignatureDoesNotMatch"
+    r = runner.post(f"/api/v1/runner/leases/{lease_id}/events/",
+                    {"status": "failed", "cause": cause}, format="json")
+    assert r.status_code == 200, r.content
+    lease = Lease.objects.get(pk=lease_id)
+    assert (lease.status, lease.cause, lease.cost, lease.started_at) == (
+        "failed", cause, 0, None)
+    assert ledger.wallet(user_id=buyer.pk) == before  # the whole hold came back
