@@ -10,7 +10,8 @@
   puts it in place at `dest`; a damaged one is skipped for the next older.
 
 `CheckpointSync` is what the agent calls: `remember(lease)` on each listing, `restore(lease)`
-before the workload starts, `upload(lease, reason)` (at notice, in the background),
+before the workload starts, `upload(lease, "notice", delay_s=NOTICE_SETTLE_S)` (once the
+notice is delivered, in the background),
 `finish(lease_id, reason)` after the workload was stopped (upload, then remove the
 workspace), `over_bound(lease)` for the size bound. Each transfer is reported to the
 marketplace (POST /api/v1/runner/leases/<id>/checkpoints/) and logged, never a credential.
@@ -35,6 +36,9 @@ from .workspace import CHECK_INTERVAL_S, Workspaces, regular_files
 
 TIMEOUT_S = 30
 MANIFEST = "manifest.json"
+NOTICE_SETTLE_S = 5.0  # after a notice, the workload's time to write its checkpoint
+# the stop sequence's reasons (notice.py: "stop", "end", "health") as reports name them
+REPORTED_AS = {"health": "failure"}
 
 
 class CheckpointError(Exception):
@@ -190,6 +194,7 @@ class CheckpointSync:
         self._checked: dict[int, float] = {}  # lease id → monotonic time of the last check
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._locks: dict[int, threading.Lock] = {}  # lease id → one transfer at a time
 
     def remember(self, lease: RunnerLease) -> None:
         """Keep the listed lease's store: its upload at the end needs it after the lease
@@ -243,28 +248,43 @@ class CheckpointSync:
                     f"({cfg['max_bytes']})")
         return None
 
-    def upload(self, lease: RunnerLease | int, reason: str, *, wait: bool = False) -> None:
-        """Upload the lease's checkpoint now (in the background unless `wait`)."""
+    def upload(self, lease: RunnerLease | int, reason: str, *, wait: bool = False,
+               delay_s: float = 0.0) -> None:
+        """Upload the lease's checkpoint (in the background unless `wait`), `delay_s` from
+        now: the notice sequence calls upload(lease, "notice", delay_s=NOTICE_SETTLE_S)
+        once the notice is delivered. A lease's transfers run one at a time, in order."""
         lease_id = lease if isinstance(lease, int) else lease.id
         if not isinstance(lease, int):
             self.remember(lease)
-        self._start(lambda: self._upload(lease_id, reason), wait)
+
+        def later() -> None:
+            if delay_s > 0:
+                time.sleep(delay_s)
+            with self._lease_lock(lease_id):
+                self._upload(lease_id, reason)
+
+        self._start(later, wait)
 
     def finish(self, lease_id: int, reason: str, *, wait: bool = False) -> None:
-        """After the workload was stopped: the last upload, then the workspace removed."""
+        """After the workload was stopped: the last upload, then the workspace removed
+        (`reason` as checkpoint reports name it, or the stop sequence's: REPORTED_AS)."""
+        reason = REPORTED_AS.get(reason, reason)
         if lease_id not in self._configs:
             if self.workspaces is not None:
                 self.workspaces.remove(lease_id)
             return
 
         def last() -> None:
-            try:
-                self._upload(lease_id, reason)
-            finally:
-                self._configs.pop(lease_id, None)
-                self._checked.pop(lease_id, None)
-                if self.workspaces is not None:
-                    self.workspaces.remove(lease_id)
+            with self._lease_lock(lease_id):
+                try:
+                    self._upload(lease_id, reason)
+                finally:
+                    self._configs.pop(lease_id, None)
+                    self._checked.pop(lease_id, None)
+                    if self.workspaces is not None:
+                        self.workspaces.remove(lease_id)
+            with self._lock:
+                self._locks.pop(lease_id, None)
 
         self._start(last, wait)
 
@@ -274,6 +294,10 @@ class CheckpointSync:
             threads = list(self._threads)
         for t in threads:
             t.join(timeout)
+
+    def _lease_lock(self, lease_id: int) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(lease_id, threading.Lock())
 
     def _start(self, work: Callable[[], None], wait: bool) -> None:
         if wait:

@@ -70,19 +70,24 @@ def test_a_stopped_lease_uploads_its_checkpoint_and_the_next_lease_restores_it(
     wait_for(lambda: "written" in agent.runtime.logs(71, 5))
     assert (tmp_path / "workspaces" / "lease-71" / "checkpoint" / "state.txt").read_text() \
         == "step-42\n"  # the workspace is a host directory
+    # the notice sequence's call once the notice is delivered, the container running
+    agent.checkpoints.upload(agent._leases[0], "notice", delay_s=0.1)
+    agent.checkpoints.join(30)
     marketplace.leases[71]["status"] = "cancelled"  # the buyer's stop: no longer listed
     agent.tick()
     agent.checkpoints.join(30)
     keys = s3_server.keys(bucket, "71/")
-    [manifest_key] = [k for k in keys if k.endswith("/manifest.json")]
+    first, manifest_key = [k for k in keys if k.endswith("/manifest.json")]
     base = manifest_key.removesuffix("manifest.json")
-    assert sorted(keys) == sorted([manifest_key, f"{base}files/opt/m",
-                                   f"{base}files/state.txt"])  # never the symlink
+    assert sorted(k for k in keys if k.startswith(base)) == sorted([
+        manifest_key, f"{base}files/opt/m", f"{base}files/state.txt"])  # never the symlink
     assert s3_server.read(bucket, f"{base}files/state.txt") == b"step-42\n"
     manifest = json.loads(s3_server.read(bucket, manifest_key))
     assert manifest["bytes"] == 13 and manifest["lease"] == 71
     assert [f["path"] for f in manifest["files"]] == ["opt/m", "state.txt"]
-    [report] = marketplace.checkpoints[71]
+    at_notice, report = marketplace.checkpoints[71]
+    assert (at_notice["status"], at_notice["reason"], at_notice["key"]) == (
+        "uploaded", "notice", first)
     assert (report["status"], report["reason"], report["bytes"], report["files"]) == (
         "uploaded", "stop", 13, 2)
     assert not (tmp_path / "workspaces" / "lease-71").exists()  # removed after the upload
