@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -50,12 +51,37 @@ def _now() -> str:
 
 
 def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return _digest(f)
+
+
+def _digest(f) -> str:
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
+    f.seek(0)
     return digest.hexdigest()
+
+
+def _open_inside(path: Path, top: Path):
+    """`path` opened for reading, only if it is a regular file whose real location is under
+    `top`: a running workload may swap a file or a directory for a symlink at any moment,
+    so the check is made on the open descriptor (O_NOFOLLOW, then /proc/self/fd). None
+    otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    f = os.fdopen(fd, "rb")
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        inside = real.startswith(os.path.realpath(top) + os.sep)
+        if inside and stat.S_ISREG(os.fstat(fd).st_mode):
+            return f
+    except OSError:
+        pass
+    f.close()
+    return None
 
 
 def _safe_rel(rel: str) -> str:
@@ -85,25 +111,35 @@ class CheckpointStore:
                           retries={"max_attempts": 2, "mode": "standard"},
                           s3={"addressing_style": "path"}))
 
-    def upload(self, src: Path, lease_id: int, container_path: str) -> dict:
-        """Upload `src`; returns {bytes, files, key} (key: the manifest's). CheckpointError
-        "too_large: …" over max_bytes, "none: …" when there is nothing at `src`."""
+    def upload(self, src: Path, lease_id: int, container_path: str,
+               within: Path | None = None) -> dict:
+        """Upload `src`, only files really under `within` (the lease's workspace; default
+        `src`'s directory); returns {bytes, files, key} (key: the manifest's).
+        CheckpointError "too_large: …" over max_bytes, "none: …" when there is nothing."""
+        top = within or (src.parent if src.is_file() else src)
         files = regular_files(src)
         if not files:
             raise CheckpointError(f"none: nothing at {container_path}")
-        entries, total = [], 0
-        for rel, path in files:
-            size = path.lstat().st_size
-            total += size
-            if total > self.max_bytes:
-                raise CheckpointError(f"too_large: {container_path} holds more than the "
-                                      f"bid's max_bytes ({self.max_bytes} bytes)")
-            entries.append({"path": rel, "bytes": size, "sha256": _sha256(path)})
+        total = sum(path.lstat().st_size for _, path in files)
+        if total > self.max_bytes:
+            raise CheckpointError(f"too_large: {container_path} holds more than the bid's "
+                                  f"max_bytes ({self.max_bytes} bytes)")
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         base = f"{self.prefix}{stamp}-lease{int(lease_id)}/"
-        for entry, (_, path) in zip(entries, files, strict=True):
-            with open(path, "rb") as f:
-                self.s3.upload_fileobj(f, self.bucket, f"{base}files/{entry['path']}")
+        entries, total = [], 0
+        for rel, path in files:
+            f = _open_inside(path, top)
+            if f is None:  # swapped for a symlink meanwhile: left out
+                continue
+            with f:
+                size = os.fstat(f.fileno()).st_size
+                total += size
+                if total > self.max_bytes:
+                    raise CheckpointError(f"too_large: {container_path} holds more than the "
+                                          f"bid's max_bytes ({self.max_bytes} bytes)")
+                entry = {"path": rel, "bytes": size, "sha256": _digest(f)}
+                self.s3.upload_fileobj(f, self.bucket, f"{base}files/{rel}")
+            entries.append(entry)
         manifest = {"version": 1, "lease": int(lease_id), "created_at": _now(),
                     "path": container_path, "kind": "file" if src.is_file() else "dir",
                     "bytes": total, "files": entries}
@@ -315,7 +351,8 @@ class CheckpointSync:
         started = time.monotonic()
         try:
             src = self.workspaces.host_path(lease_id, cfg["path"])
-            done = CheckpointStore(cfg).upload(src, lease_id, cfg["path"])
+            done = CheckpointStore(cfg).upload(src, lease_id, cfg["path"],
+                                               within=self.workspaces.path(lease_id))
         except Exception as exc:
             message = self._message(cfg, exc)
             status = next((s for s in ("too_large", "none") if message.startswith(s + ": ")),

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from providers.runner.agent import Agent
-from providers.runner.checkpoint import CheckpointStore
+from providers.runner.checkpoint import CheckpointStore, _open_inside
 from providers.runner.client import MarketplaceClient
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
@@ -189,3 +189,17 @@ def test_a_symlink_the_workload_made_never_leads_the_runner_out_of_its_workspace
     assert spaces.host_path(5, "/workspace/checkpoint") == ws / "checkpoint"
     assert spaces.usage(5) == 0  # a symlinked checkpoint is not followed either
     assert regular_files(ws / "checkpoint") == []
+
+
+def test_an_upload_opens_only_regular_files_really_inside_the_workspace(tmp_path):
+    ws, host = tmp_path / "ws", tmp_path / "host"
+    (ws / "checkpoint").mkdir(parents=True)
+    host.mkdir()
+    (host / "shadow").write_text("host-only\n")
+    (ws / "checkpoint" / "ok").write_text("mine\n")
+    (ws / "checkpoint" / "link").symlink_to(host / "shadow")
+    (ws / "dirlink").symlink_to(host)  # a directory swapped for a symlink
+    with _open_inside(ws / "checkpoint" / "ok", ws) as f:
+        assert f.read() == b"mine\n"
+    assert _open_inside(ws / "checkpoint" / "link", ws) is None
+    assert _open_inside(ws / "dirlink" / "shadow", ws) is None
