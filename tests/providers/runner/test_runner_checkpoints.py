@@ -13,8 +13,9 @@ import random
 import pytest
 
 from providers.runner.agent import Agent
-from providers.runner.checkpoint import CheckpointStore, _open_inside
+from providers.runner.checkpoint import CheckpointStore, CheckpointSync, _open_inside
 from providers.runner.client import MarketplaceClient
+from providers.runner.lease import RunnerLease
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime
 from providers.runner.workspace import Workspaces, regular_files
@@ -203,3 +204,13 @@ def test_an_upload_opens_only_regular_files_really_inside_the_workspace(tmp_path
         assert f.read() == b"mine\n"
     assert _open_inside(ws / "checkpoint" / "link", ws) is None
     assert _open_inside(ws / "dirlink" / "shadow", ws) is None
+
+
+def test_a_runtime_without_workspaces_fails_a_checkpoint_lease_before_it_starts():
+    lines: list[str] = []
+    sync = CheckpointSync(client=None, workspaces=None, log=lines.append)
+    lease = RunnerLease.parse({"id": 9, "checkpoint": {"bucket": "b", "prefix": "9/",
+                                                       "restore": False}})
+    assert sync.restore(lease) == ("checkpoint restore failed: this runner's runtime gives "
+                                   "no workspace (Docker only)")
+    assert sync.restore(RunnerLease.parse({"id": 10})) is None  # no store: nothing to do
