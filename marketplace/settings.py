@@ -380,6 +380,11 @@ if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
+# A bid's checkpoint endpoint_url may be a private or loopback address (tests, an
+# operator's own store): off by default, so the bid-time probe is no SSRF probe
+# (marketplace/checkpoints.py)
+GPUMARKET_CHECKPOINT_ALLOW_PRIVATE = env.bool("GPUMARKET_CHECKPOINT_ALLOW_PRIVATE",
+                                              default=False)
 try:  # an operator's image per template: a registry mirror, or a local image
     GPUMARKET_TEMPLATE_IMAGES = parse_template_images(
         env.str("GPUMARKET_TEMPLATE_IMAGES", default=""))
