@@ -15,11 +15,25 @@ import time
 from pathlib import Path
 
 from django.db import transaction
-from prometheus_client import Counter, Gauge, Histogram, values
 
-if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and values.ValueClass.__name__ == "MutexValue":
-    # prometheus_client was imported before settings set the directory: switch now (the
-    # metrics below are made after this line, so all of them write to the directory)
+
+def _multiproc_dir() -> str:
+    """PROMETHEUS_MULTIPROC_DIR, by default GPUMARKET_VAR_DIR's (var/) prometheus/ (set
+    here, not in settings: marketplace/__init__ imports this module before them)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or str(
+        Path(os.environ.get("GPUMARKET_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
+        / "prometheus")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+_multiproc_dir()
+from prometheus_client import Counter, Gauge, Histogram, values  # noqa: E402
+
+if values.ValueClass.__name__ == "MutexValue":
+    # prometheus_client was imported before the directory was set: switch now (every
+    # metric below is made after this line, so all of them write to the directory)
     values.ValueClass = values.MultiProcessValue()
 
 # latency buckets (seconds): a lock wait or a match is ms; a handoff is seconds

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import secrets
 from pathlib import Path
@@ -464,6 +463,4 @@ except ValueError as _exc:
     raise ImproperlyConfigured(f"GPUMARKET_METRICS_ALLOW: {_exc}") from None
 GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS = env.int("GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS",
                                                    default=30)
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(VAR_DIR / "prometheus")
-Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
+# (PROMETHEUS_MULTIPROC_DIR is set by core/metrics.py, imported before these settings.)
