@@ -65,6 +65,10 @@ Variables (default in brackets):
   (shared by all processes), else each process's memory. GPUMARKET_NUM_PROXIES [0]:
   reverse proxies in front that append to X-Forwarded-For (0: the client address is the
   connection's peer; uvicorn's --proxy-headers may already have set it).
+- Metrics (docs/METRICS.md): GPUMARKET_METRICS_TOKEN [unset] bearer token of GET /metrics;
+  GPUMARKET_METRICS_ALLOW [none] networks that may read it without one (neither: 404);
+  PROMETHEUS_MULTIPROC_DIR [var/prometheus/]; GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS
+  [30]; GPUMARKET_LEDGER_CHECK_SECONDS [300: how often the worker runs ledger_check; 0 off].
 """
 
 from __future__ import annotations
