@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
 import socket
 import subprocess
 import sys
@@ -198,8 +199,7 @@ def test_other_processes_counters_add_up_and_dead_ones_live_gauges_go(client, to
     code = ("import django; django.setup(); from core import metrics; "
             "metrics.LEDGER_FEES.inc(7); metrics.feed_client('market.x', +3)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
-                   env={**__import__("os").environ,
-                        "DJANGO_SETTINGS_MODULE": "marketplace.settings"})
+                   env={**os.environ, "DJANGO_SETTINGS_MODULE": "marketplace.settings"})
     after = scrape(client)
     assert value(after, "gpumarket_ledger_fees_usd_micros_total") - value(
         before, "gpumarket_ledger_fees_usd_micros_total") == 7
