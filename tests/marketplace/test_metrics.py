@@ -16,13 +16,13 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from marketplace import lease_end, leases
+from marketplace import auctions, lease_end, leases
 from marketplace.models import Lease
 from providers import services as provider_services
 from settlement.models import Account
 from settlement.services import InsufficientFunds
 from settlement.tasks import ledger_check
-from tests.factories import H100, ask, bid, funded_buyer, registered_node
+from tests.factories import H100, RTX4090_DUMP, ask, bid, funded_buyer, registered_node
 
 pytestmark = pytest.mark.django_db
 TOKEN = "metrics-token-for-tests-0123456789"
@@ -205,3 +205,22 @@ def test_other_processes_counters_add_up_and_dead_ones_live_gauges_go(client, to
         before, "gpumarket_ledger_fees_usd_micros_total") == 7
     assert value(after, "gpumarket_feed_clients", channel="market") == value(
         before, "gpumarket_feed_clients", channel="market")
+
+
+def test_a_sealed_auction_close_counts_its_fill(client, token, django_capture_on_commit_callbacks):
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    buyer = funded_buyer(100)
+    auction = auctions.open_auction(provider_id=provider.pk, node_id=node.pk, gpus=8,
+                                    reserve_price=1_100_000, duration_seconds=1800,
+                                    closes_at=timezone.now() + timedelta(minutes=5))
+    auctions.place_sealed_bid(bidder_id=buyer.pk, auction_id=auction.pk, price=1_200_000)
+    before = scrape(client)
+    with django_capture_on_commit_callbacks(execute=True):
+        auctions.close_auction(auction_id=auction.pk, now=auction.closes_at)
+    after = scrape(client)
+    market = auction.market.slug
+    assert value(after, "gpumarket_fills_total", market=market, kind="sealed") - value(
+        before, "gpumarket_fills_total", market=market, kind="sealed") == 1
+    assert value(after, "gpumarket_traded_gpu_seconds_total", market=market,
+                 kind="sealed") - value(before, "gpumarket_traded_gpu_seconds_total",
+                                        market=market, kind="sealed") == 8 * 1800
