@@ -116,11 +116,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def order_outcomes(side: str, results) -> None:
-    """Count placed and refused orders: `results` are Placed or the refusing exception."""
+    """Count placed and refused orders: `results` are book.Placed or the refusing
+    exception; None (a slot answered later) and a replay (created False) count nothing."""
     for r in results:
         if isinstance(r, BaseException):
             ORDERS_REFUSED.labels(side, _reason(r)).inc()
-        elif getattr(r, "created", True):  # a replay places nothing
+        elif r is not None and r.created:
             ORDERS_PLACED.labels(side).inc()
 
 
@@ -240,9 +241,8 @@ def connect_celery() -> None:
     signals.task_retry.connect(_retry, weak=False)
 
 
-def multiproc_dir() -> Path | None:
-    value = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    return Path(value) if value else None
+def multiproc_dir() -> Path:
+    return Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR") or _multiproc_dir())
 
 
 def timed_group(write):

@@ -21,7 +21,6 @@ from django.db.models import Count, Max, Min, Sum
 from django.http import Http404, HttpResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    REGISTRY,
     CollectorRegistry,
     generate_latest,
     multiprocess,
@@ -66,22 +65,14 @@ def metrics_view(request):
 
 
 def registry() -> CollectorRegistry:
-    """Every process's metrics (multi-process mode) or this one's, and the market's."""
+    """Every process's metrics (multi-process mode: core/metrics.py always sets the
+    directory) and the market's state."""
     path = metrics.multiproc_dir()
-    if path is None:
-        reg = CollectorRegistry()
-        reg.register(_Process())
-    else:
-        forget_dead_processes(path)
-        reg = CollectorRegistry()
-        multiprocess.MultiProcessCollector(reg, path=str(path))
+    forget_dead_processes(path)
+    reg = CollectorRegistry()
+    multiprocess.MultiProcessCollector(reg, path=str(path))
     reg.register(MarketCollector())
     return reg
-
-
-class _Process:
-    def collect(self):
-        yield from REGISTRY.collect()
 
 
 def forget_dead_processes(path) -> list[int]:

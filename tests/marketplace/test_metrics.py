@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from marketplace import auctions, lease_end, leases
+from marketplace import auctions, book, lease_end, leases
 from marketplace.models import Lease
 from providers import services as provider_services
 from settlement.models import Account
@@ -224,3 +224,17 @@ def test_a_sealed_auction_close_counts_its_fill(client, token, django_capture_on
     assert value(after, "gpumarket_traded_gpu_seconds_total", market=market,
                  kind="sealed") - value(before, "gpumarket_traded_gpu_seconds_total",
                                         market=market, kind="sealed") == 8 * 1800
+
+
+def test_a_replayed_client_order_id_places_nothing_and_counts_nothing(client, token):
+    registered_node()
+    buyer = funded_buyer(100)
+    request = book.BidRequest(buyer_id=buyer.pk, market_slug=H100, price=1_000_000, gpus=1,
+                              duration_seconds=3600, client_order_id="once")
+    before = scrape(client)
+    first, again = book.place_bids([request, request])  # the same id twice in one call
+    assert first.created and not again.created
+    book.place_bid(request)  # and once more alone
+    after = scrape(client)
+    assert value(after, "gpumarket_orders_placed_total", side="bid") - value(
+        before, "gpumarket_orders_placed_total", side="bid") == 1
