@@ -16,6 +16,7 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from core import metrics
 from marketplace import engine, interconnect
 from marketplace.book import (
     MAX_DURATION_SECONDS,
@@ -285,6 +286,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             bid.paid_price = award.price
             bid.set_status(SealedBid.Status.WON, cause=f"auction {auction.pk} won", at=now,
                            update_fields=("awarded_gpus", "paid_price"))
+            metrics.fill(auction.market.slug, "sealed", award.gpus, auction.duration_seconds)
             create_lease(
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,

@@ -19,6 +19,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.signals import post_save
 from django.utils import timezone
 
+from core import metrics
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.checkpoints import Checkpoint
@@ -336,6 +337,7 @@ def place_bids(requests: list[BidRequest], *,
     for market_id, items in groups.items():
         for (i, _, _), result in zip(items, _place_group(market_id, items, now), strict=True):
             results[i] = result
+    metrics.order_outcomes("bid", results)  # (the repeated ones count in the call below)
     if again:
         for i, result in zip(again, place_bids([requests[i] for i in again], now=now),
                              strict=True):
@@ -416,6 +418,7 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
         return [exc]
 
 
+@metrics.timed_group
 def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
                 now: datetime) -> list[Placed | Exception]:
     """Under the market lock: insert the orders (of bids _check_bid passed), hold their
@@ -514,6 +517,7 @@ def _group_flags(market_id: int, now: datetime) -> tuple[bool, bool]:
     return bool(due), bool(preemptible)
 
 
+@metrics.counted_ask
 def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price: int,
               gpus: int, available_until: datetime, client_order_id: str | None = None,
               now: datetime | None = None) -> Placed:

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from core import metrics
 from marketplace import interconnect, ssh_keys
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
@@ -194,6 +195,7 @@ def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None
         lease.endpoints = cleaned or []
         move(lease, "running", cause=f"container {container_id[:12]} running", at=now,
               update_fields=("container_id", "started_at", "ends_at", "endpoints"))
+        metrics.lease_running(lease.market.slug, lease.created_at, now)
     log.info("lease %s: running in container %s", lease.pk, container_id[:12])
     return lease
 

@@ -10,6 +10,7 @@ from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, runner_checkpoints, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
+from marketplace.metrics_view import metrics_view
 from providers import api as providers_api
 from settlement import api as settlement_api
 
@@ -67,6 +68,7 @@ api_v1 = [
 ]
 
 urlpatterns = [
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/METRICS.md)
     path("", include("frontend.urls")),  # also /admin/login/, rate-limited (frontend/login.py)
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
