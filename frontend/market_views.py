@@ -77,7 +77,8 @@ def _offers_context(request, market: GpuClass) -> dict:
     except InvalidInput as exc:
         filters, error = offers.Filters(), {"field": exc.field, "message": exc.message}
         query = {}
-    selected = [offer_view(r) for r in offers.select(rows, filters)]
+    selected = [{**offer_view(r), "bid_link": "?" + urlencode({**query, "node": r["node"]["id"]})
+                 + "#bid-h"} for r in offers.select(rows, filters)]
     columns = []
     for key, title in OFFER_COLUMNS:
         link = None

@@ -60,8 +60,8 @@ def test_bid_for_this_node_fills_in_the_form_and_fills_only_there(client, nodes)
     _, n2 = nodes
     buyer = funded_buyer()
     login(client, buyer)
-    html = client.get(URL, {"node": str(n2.pk)}).content.decode()
-    assert f'href="?node={n2.pk}#bid-h"' in html
+    html = client.get(URL, {"node": str(n2.pk), "min_gpus": "3"}).content.decode()
+    assert f'href="?min_gpus=3&amp;node={n2.pk}#bid-h"' in html  # the filters kept
     assert re.search(rf'name="node"[^>]*value="{n2.pk}"', html)
     assert re.search(r'name="price"[^>]*value="2.00"', html)
     r = client.post(URL, {"gpus": "2", "hours": "1", "price": "3.00", "gang_size": "",

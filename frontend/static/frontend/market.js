@@ -145,7 +145,8 @@
        cell(o.driver + " / " + o.cuda), cell(o.interconnect), cell(o.gpus_free, true),
        cell("$" + o.price, true), cell(o.until)].forEach(function (td) { tr.appendChild(td); });
       var td = document.createElement("td"), a = document.createElement("a");
-      a.className = "bid-node"; a.href = "?node=" + o.node_id + "#bid-h";
+      var q = offerQuery(); q.set("node", o.node_id);  // the filters stay as they are
+      a.className = "bid-node"; a.href = "?" + q.toString() + "#bid-h";
       a.textContent = "Bid for this node"; td.appendChild(a); tr.appendChild(td);
       frag.appendChild(tr);
     });
