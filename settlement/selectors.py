@@ -135,6 +135,15 @@ class WalletHistory:
 
     __len__ = count
 
+    def totals(self) -> tuple[int, int, int]:
+        """(available, held, owed): the sums of these rows' changes, micro-USD. Unfiltered,
+        they are the wallet's balances (the ledger's accounts)."""
+        sql = _sql("SELECT COALESCE(SUM(available), 0), COALESCE(SUM(held), 0), "
+                   "COALESCE(SUM(owed), 0) FROM running {where}", kinds=self.kinds)
+        with connection.cursor() as cur:
+            cur.execute(sql, self._params())
+            return tuple(int(x) for x in cur.fetchone())
+
     def __getitem__(self, item: slice) -> list[HistoryRow]:
         if not isinstance(item, slice) or item.step not in (None, 1):
             raise TypeError("WalletHistory takes slices only")

@@ -2,8 +2,9 @@
 
 `{% load gpumarket %}`, then:
 - `usd`: balances and totals, 2 decimals rounded half up to the cent: "$248.44",
-  "-$1.20"; `usd_exact`: every micro-USD, 2 to 6 decimals: "$0.005678" (a title or a
-  CSV where the cents would hide the rest);
+  "-$1.20" (an amount under one cent, never "$0.00" for something: in full, "$0.005678");
+  `usd_change`: the same with its sign, "+$1.20", "—" for no change;
+  `usd_exact`: every micro-USD, 2 to 6 decimals: "$0.005678" (for a title);
 - `price`: a price per GPU-hour at price precision (up to 6 places, trailing zeros
   trimmed to at least 2): "$2.865 /GPU-h";
 - `gpus`: "1 GPU", "2 GPUs";
@@ -65,13 +66,24 @@ def _sign(micros: int) -> str:
 
 @register.filter
 def usd(value) -> str:
-    """Micro-USD as dollars and cents: 248_444_999 → "$248.44"; 5_000 → "$0.01"."""
+    """Micro-USD as dollars and cents: 248_444_999 → "$248.44"; 5_678 → "$0.005678"."""
     micros = micros_of(value)
     if micros is None:
         return DASH if value in (None, "", DASH) else str(value)
+    if 0 < abs(micros) < 10_000:
+        return _precise(micros)
     cents = (Decimal(abs(micros)) / 10_000).to_integral_value(ROUND_HALF_UP)
     whole, rest = divmod(int(cents), 100)
     return f"{_sign(micros)}${whole}.{rest:02d}"
+
+
+@register.filter
+def usd_change(value) -> str:
+    """A signed change: 1_200_000 → "+$1.20", -5_678 → "-$0.005678", 0 → "—"."""
+    micros = micros_of(value)
+    if micros is None or micros == 0:
+        return DASH if micros == 0 or value in (None, "", DASH) else str(value)
+    return usd(micros) if micros < 0 else f"+{usd(micros)}"
 
 
 def _precise(micros: int) -> str:
