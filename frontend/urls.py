@@ -53,6 +53,8 @@ urlpatterns = [
     path("provider/asks/", portal_views.ask_add, name="ask-add"),
     path("provider/auctions/", portal_views.auction_add, name="auction-add"),
     path("provider/payouts/address/", portal_views.payout_address, name="payout-address"),
+    path("provider/payouts/withdraw/", portal_views.payout_withdraw, name="payout-withdraw"),
+    path("provider/payouts/<int:pk>/retry/", portal_views.payout_retry, name="payout-retry"),
     path("provider/payouts/connect/", portal_views.payout_connect, name="payout-connect"),
     path("provider/earnings/", portal_views.earnings, name="earnings"),
 ]
