@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from django.template import Context, Template
 
-from frontend.templatetags.gpumarket import gpus, price, status_word, usd, usd_exact
+from frontend.templatetags.gpumarket import gpus, price, status_word, usd, usd_change, usd_exact
 
 
 @pytest.mark.parametrize(("value", "shown"), [
     (248_440_000, "$248.44"), (248_444_999, "$248.44"), (248_445_000, "$248.45"),
-    (0, "$0.00"), (5_000, "$0.01"), (4_999, "$0.00"), (-1_200_000, "-$1.20"),
+    (0, "$0.00"), (10_000, "$0.01"), (14_999, "$0.01"), (15_000, "$0.02"),
+    (5_678, "$0.005678"), (-1, "-$0.000001"), (-1_200_000, "-$1.20"),
     ("2.49", "$2.49"), ("$2.490000", "$2.49"), ("12.345678", "$12.35"),
     (None, "—"), ("—", "—"), ("", "—"),
 ])
@@ -31,6 +32,11 @@ def test_usd_exact_keeps_every_micro():
     assert usd_exact(12_345_678) == "$12.345678"
     assert usd_exact(5_678) == "$0.005678"
     assert usd_exact(-10_000) == "-$0.01"
+
+
+def test_usd_change_signed():
+    assert usd_change(1_200_000) == "+$1.20" and usd_change(-5_678) == "-$0.005678"
+    assert usd_change(0) == "—" and usd_change(None) == "—"
 
 
 def test_gpus_and_status_words():
