@@ -37,7 +37,6 @@ from providers.services import ProviderError, node_create, provider_onboard, run
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
 from settlement.models import ChainAddress, ConnectedAccount, Payout
-from settlement.money import MICROS_PER_USD
 
 # ---------------------------------------------------------------- provider portal
 
@@ -368,8 +367,9 @@ def earnings(request):
                      "gpus": x.gpu_count, "status": x.status, "settled_at": at,
                      "cost": usd(cost), "provider_amount": usd(prov), "platform_fee": usd(fee),
                      "share": f"{prov * 100 / cost:.1f} %" if cost else "—"})
-        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"),
-                       "cumulative": total / MICROS_PER_USD, "lease": prov / MICROS_PER_USD})
+        # micro-USD; earnings.js plots them on a time axis (ms since the epoch, UTC)
+        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"), "ms": int(at.timestamp() * 1000),
+                       "cumulative": total, "lease": prov})
     w = ledger.wallet(user_id=request.user.pk)
     return _page(request, "frontend/earnings.html", {
         "rows": rows[::-1], "series_json": _rows_json(series),
