@@ -277,7 +277,7 @@ def test_buyer_tops_up_with_a_test_card_in_the_page_and_sees_the_credit(
         for _ in range(2):
             page.get_by_role("button", name="Complete authentication").click()
     page.wait_for_url(re.compile(r"/wallet/$"))
-    expect(page.get_by_text("Stripe confirmed your payment: 25.00 USD added.")).to_be_visible()
+    expect(page.get_by_text("Stripe confirmed your payment: $25.00 added.")).to_be_visible()
     expect(page.locator("#wallet-available")).to_have_text("$25.00")
     browser.shot(f"browser-stripe-topup-credited-{card[-4:]}")
     topup = TopUp.objects.get()
