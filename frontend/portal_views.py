@@ -268,14 +268,20 @@ def payout_address(request):
 
 
 def _payout_context(user) -> dict:
-    """The portal's payouts card: Stripe Connect status, what "withdraw" pays now (whole
+    """The portal's payouts card: Stripe Connect status (Stripe's word on the account),
+    what "withdraw" pays now (whole
     cents, micro-USD) and what stays (the sub-cent rest), the latest payouts."""
+    from settlement import stripe_payouts
     from settlement.stripe_payments import micros_to_whole_cents
 
     earned = ledger.wallet(user_id=user.pk).earned
     cents, rest = micros_to_whole_cents(max(0, earned))
+    connected = ConnectedAccount.objects.filter(user=user).exists()
     return {
-        "connected": ConnectedAccount.objects.filter(user=user).exists(),
+        "connected": connected,
+        # Stripe is asked only when there is an account to ask about
+        "status": stripe_payouts.connect_status(user_id=user.pk)
+        if connected and settings.STRIPE_SECRET_KEY else "not set up",
         "earned": earned, "withdrawable": cents * 10_000, "rest": rest,
         "history": list(Payout.objects.filter(provider=user).order_by("-pk")[:20]),
     }

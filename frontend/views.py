@@ -139,7 +139,7 @@ def _redirect_next(request, nxt: str, default: str) -> HttpResponseRedirect:
 
 
 def _usd(micros: int | None) -> str:
-    # the home page keeps all 6 places (tests/marketplace/api/test_sealed_secrecy.py reads them)
+    # all 6 places, "$2.490000": the template's `price` filter shows it ("$2.49 /GPU-h")
     return "—" if micros is None else f"${format_usd(micros)}"
 
 

@@ -58,6 +58,27 @@ def connect_onboard(*, user_id: int, return_url: str, refresh_url: str) -> str:
     return link.url
 
 
+def connect_status(*, user_id: int) -> str:
+    """The provider's Connect account as Stripe reports it (Stripe docs, "The Account
+    object": details_submitted, payouts_enabled): "not set up" (no account), "onboarding
+    not finished", "payouts enabled", "payouts not enabled yet" (details submitted, Stripe
+    still verifying), or "Stripe did not answer" (an error: the page still works).
+    Raises StripeDisabled."""
+    stripe_client = client()
+    connected = ConnectedAccount.objects.filter(user_id=user_id).first()
+    if connected is None:
+        return "not set up"
+    try:
+        acct = stripe_client.v1.accounts.retrieve(connected.stripe_account_id)
+    except stripe.StripeError as exc:
+        log.warning("connect status of user %s: %s", user_id, exc.__class__.__name__)
+        return "Stripe did not answer"
+    if not getattr(acct, "details_submitted", False):
+        return "onboarding not finished"
+    return "payouts enabled" if getattr(acct, "payouts_enabled", False) \
+        else "payouts not enabled yet"
+
+
 def payout_create(*, provider_id: int) -> Payout:
     """Pay out the provider's earned balance in whole cents. Raises PayoutRefused (nothing
     written) when there is no connected account or less than one cent; StripeDisabled."""

@@ -50,7 +50,12 @@ def test_connect_withdraw_and_history(client, standin):  # noqa: F811
     r = client.post(reverse("payout-connect"))
     assert r.status_code == 302 and r["Location"].startswith("https://connect.stripe.com/")
     html = client.get(reverse("portal")).content.decode()
-    assert _text(html, "connect-status") == "Stripe payouts: connected"
+    assert _text(html, "connect-status") == "Stripe payouts: onboarding not finished"
+    assert "Finish Stripe onboarding" in html
+    [acct] = standin.accounts.values()  # the provider finishes Stripe's hosted onboarding
+    acct.update(details_submitted=True, payouts_enabled=True)
+    html = client.get(reverse("portal")).content.decode()
+    assert _text(html, "connect-status") == "Stripe payouts: payouts enabled"
     assert _text(html, "withdraw-preview") == \
         "Withdraw $12.34; $0.005678 stays (payouts are in whole cents)."
 
@@ -95,6 +100,15 @@ def test_failed_and_pending_payouts_show_their_state(client, standin):  # noqa: 
     assert second.status == "paid"
     assert ledger.wallet(user_id=provider.pk).earned == 0
     assert first_violation(LEDGER_CHECKS) is None
+
+
+def test_connect_status_when_stripe_does_not_answer(client, standin):  # noqa: F811
+    provider, _, _ = registered_node()
+    login(client, provider)
+    client.post(reverse("payout-connect"))
+    standin.accounts.clear()  # Stripe answers 404 for the account
+    html = client.get(reverse("portal")).content.decode()
+    assert _text(html, "connect-status") == "Stripe payouts: Stripe did not answer"
 
 
 def test_payout_pages_refuse_others_and_stripe_off(client, settings, standin):  # noqa: F811
