@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 import stripe
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -64,12 +65,17 @@ def connect_status(*, user_id: int) -> str:
     not finished", "payouts enabled", "payouts not enabled yet" (details submitted, Stripe
     still verifying), or "Stripe did not answer" (an error: the page still works).
     Raises StripeDisabled."""
-    stripe_client = client()
+    client()  # refuse early when Stripe is off
     connected = ConnectedAccount.objects.filter(user_id=user_id).first()
     if connected is None:
         return "not set up"
+    # a page waits on this read: a short timeout, no retries (it changes nothing)
+    quick = stripe.StripeClient(settings.STRIPE_SECRET_KEY,
+                                base_addresses={"api": settings.STRIPE_API_BASE},
+                                max_network_retries=0,
+                                http_client=stripe.new_default_http_client(timeout=5))
     try:
-        acct = stripe_client.v1.accounts.retrieve(connected.stripe_account_id)
+        acct = quick.v1.accounts.retrieve(connected.stripe_account_id)
     except stripe.StripeError as exc:
         log.warning("connect status of user %s: %s", user_id, exc.__class__.__name__)
         return "Stripe did not answer"
