@@ -29,8 +29,8 @@ def wallet_history(request):
     except selectors.UnknownKind as exc:
         return _page(request, "frontend/wallet_history.html", {
             "error": f"kind: {exc}", "filters": FILTERS, "kind": ""}, status=400)
+    available, held, owed = history.totals()  # and the count, in one query
     page = Paginator(history, PER_PAGE).get_page(request.GET.get("page"))
-    available, held, owed = history.totals()
     w = ledger.wallet(user_id=request.user.pk)
     return _page(request, "frontend/wallet_history.html", {
         "page": page, "rows": page.object_list, "filters": FILTERS, "kind": group,

@@ -137,12 +137,14 @@ class WalletHistory:
 
     def totals(self) -> tuple[int, int, int]:
         """(available, held, owed): the sums of these rows' changes, micro-USD. Unfiltered,
-        they are the wallet's balances (the ledger's accounts)."""
+        they are the wallet's balances (the ledger's accounts). The same query counts the
+        rows (count() then reads no more)."""
         sql = _sql("SELECT COALESCE(SUM(available), 0), COALESCE(SUM(held), 0), "
-                   "COALESCE(SUM(owed), 0) FROM running {where}", kinds=self.kinds)
+                   "COALESCE(SUM(owed), 0), COUNT(*) FROM running {where}", kinds=self.kinds)
         with connection.cursor() as cur:
             cur.execute(sql, self._params())
-            return tuple(int(x) for x in cur.fetchone())
+            available, held, owed, self._count = (int(x) for x in cur.fetchone())
+            return available, held, owed
 
     def __getitem__(self, item: slice) -> list[HistoryRow]:
         if not isinstance(item, slice) or item.step not in (None, 1):

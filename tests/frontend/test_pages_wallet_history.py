@@ -148,3 +148,20 @@ def test_history_needs_a_login(client):
     r = client.get(reverse("wallet-history-csv"))
     assert r.status_code == 302 and "/login/" in r["Location"]
     assert APIClient().get("/api/v1/wallet/history/").status_code in (401, 403)
+
+
+def test_the_page_reads_a_fixed_number_of_queries(client):
+    """However many entries: session, user, totals with the count, one page, balances."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    buyer = UserFactory()
+    login(client, buyer)
+    counts = []
+    for n in (3, 120):
+        while ledger.wallet(user_id=buyer.pk).available < n * 1_000_000:
+            ledger.dev_credit(user_id=buyer.pk, amount=1_000_000)
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(reverse("wallet-history-page") + "?page=2").status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
