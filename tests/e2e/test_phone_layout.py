@@ -31,7 +31,7 @@ def _scene():
     lease; a buyer with a resting bid, that lease and wallet history."""
     provider, node, _ = registered_node(name=LONG)
     buyer = funded_buyer(100)
-    buyer.username = "buyer-with-a-rather-long-username-indeed@example.org"
+    buyer.username = "buyerwithaverylongusernamethatnobrowsercanbreakanywhere1234567890"
     buyer.save(update_fields=["username"])
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
                    price=2_865_000, gpus=4, available_until=in_a_day())
