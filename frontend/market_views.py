@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 
 from frontend import forms as f
+from frontend.templatetags import gpumarket as money
 from frontend.views import (
     LOGIN,
     _lease_rows,
@@ -49,7 +50,7 @@ def _depth_rows(levels):
 OFFER_COLUMNS = [  # (sort key or "", heading), in the table's order
     ("node", "Node"), ("provider", "Provider"), ("tflops", "BF16 TFLOPS measured / datasheet"),
     ("reliability", "Reliability"), ("cuda", "Driver / CUDA"), ("", "GPUs and interconnect"),
-    ("gpus", "GPUs free"), ("price", "USD/GPU-h"), ("available_until", "Available until"),
+    ("gpus", "GPUs free"), ("price", "Price"), ("available_until", "Available until"),
 ]
 
 
@@ -63,7 +64,8 @@ def offer_view(row: dict) -> dict:
             "reliability": "—" if row["reliability"] is None else str(row["reliability"]),
             "driver": row["driver_version"] or "—", "cuda": row["cuda_version"] or "—",
             "interconnect": row["summary"] or "—", "gpus_free": row["gpus_free"],
-            "price": usd(row["price"]), "until": offers.until_text(row["available_until"])}
+            "price": money.price(row["price"]),  # "$2.865 /GPU-h"
+            "until": offers.until_text(row["available_until"])}
 
 
 def _offers_context(request, market: GpuClass) -> dict:
@@ -180,8 +182,9 @@ def market(request, slug: str):
                 order = placed.order
                 order.refresh_from_db()
                 filled = order.gpus - order.remaining_gpus
-                messages.success(request, f"Bid #{order.pk} placed: {order.status}, "
-                                          f"{filled} of {order.gpus} GPUs filled, "
+                messages.success(request, f"Bid #{order.pk} placed: "
+                                          f"{money.status_word(order.status)}, "
+                                          f"{filled} of {money.gpus(order.gpus)} filled, "
                                           f"{len(placed.leases)} lease(s).")
                 return redirect("market", slug=slug)
         return _page(request, "frontend/market.html",

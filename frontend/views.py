@@ -28,6 +28,7 @@ from django.views.decorators.http import require_POST
 
 from frontend import forms as f
 from frontend.login import signup_limited
+from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
 from marketplace import book, checkpoint_reports, env_templates, selectors
 from marketplace.auth_backends import release_connection
@@ -138,7 +139,7 @@ def _redirect_next(request, nxt: str, default: str) -> HttpResponseRedirect:
 
 
 def _usd(micros: int | None) -> str:
-    # the home page keeps all 6 places (tests/marketplace/api/test_sealed_secrecy.py reads them)
+    # all 6 places, "$2.490000": the template's `price` filter shows it ("$2.49 /GPU-h")
     return "—" if micros is None else f"${format_usd(micros)}"
 
 
@@ -190,7 +191,7 @@ def wallet_dev_credit(request):
     form = f.DevCreditForm(request.POST)
     if form.is_valid():
         ledger.dev_credit(user_id=request.user.pk, amount=form.cleaned_data["amount"])
-        messages.success(request, f"Credited {usd(form.cleaned_data['amount'])} USD.")
+        messages.success(request, f"Credited {money.usd(form.cleaned_data['amount'])}.")
         return redirect("wallet-page")
     return _page(request, "frontend/wallet.html", _wallet_context(request, credit_form=form),
                  status=400)
@@ -378,7 +379,7 @@ def auction_detail(request, pk: int):
                 replaced = (f" It replaces your bid #{bid.replaced_bid_id}, whose hold is "
                             "released." if bid.replaced_bid_id else "")
                 messages.success(request, f"Your sealed bid #{bid.pk} is in: "
-                                          f"{usd(bid.price)} USD per GPU-hour.{replaced}")
+                                          f"{money.price(bid.price)}.{replaced}")
                 return redirect("auction", pk=pk)
         return _page(request, "frontend/auction.html",
                      _auction_context(request, auction, form), status=400)

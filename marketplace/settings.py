@@ -166,6 +166,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.not_found.FriendlyNotFoundMiddleware",  # a 404 is ours with DEBUG on too
 ]
 
 ROOT_URLCONF = "marketplace.urls"

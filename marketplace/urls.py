@@ -60,6 +60,7 @@ api_v1 = [
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
+    path("wallet/history/", settlement_api.WalletHistoryView.as_view(), name="wallet-history"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),
     path("payouts/", settlement_api.PayoutListCreate.as_view(), name="payouts"),

@@ -37,7 +37,7 @@ def test_the_depth_chart_draws_bids_at_or_above_and_asks_at_or_below(asgi_server
     ask(provider, node, price=700_000, gpus=2)
     page = browser.page
     page.goto(f"{asgi_server}/markets/{H100}/")
-    expect(page.locator("#best-bid")).to_have_text("$0.55")
+    expect(page.locator("#best-bid")).to_have_text("$0.55 /GPU-h")
     chart = page.evaluate("GM.depthChart")
     drawn = page.evaluate("(() => { const c = Chart.getChart('depth-chart');"
                           " return c.data.datasets.map(d => ({data: d.data,"

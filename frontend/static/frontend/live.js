@@ -24,6 +24,26 @@
     return parts[0] + "." + frac;
   };
 
+  /* A balance or total as the pages' `usd` filter shows it (frontend/templatetags/
+   * gpumarket.py): "248.444999" → "$248.44" (half up to the cent), "0.005678" stays in
+   * full ("$0.005678"), "-1.2" → "-$1.20"; null → "—". */
+  GM.money = function (s) {
+    if (s === null || s === undefined || s === "") return "—";
+    var text = String(s), sign = text.charAt(0) === "-" ? "-" : "";
+    var parts = text.replace(/^-/, "").split(".");
+    var micros = Number(parts[0]) * 1e6 + Number(((parts[1] || "") + "000000").slice(0, 6));
+    if (micros > 0 && micros < 10000) return sign + "$" + GM.usd(text.replace(/^-/, ""));
+    var cents = Math.floor((micros + 5000) / 10000);
+    return sign + "$" + Math.floor(cents / 100) + "." + String(cents % 100).padStart(2, "0");
+  };
+
+  /* A price per GPU-hour as the `price` filter shows it: "2.865000" → "$2.865 /GPU-h". */
+  GM.price = function (s) {
+    if (s === null || s === undefined || s === "") return "—";
+    var text = String(s), sign = text.charAt(0) === "-" ? "-" : "";
+    return sign + "$" + GM.usd(text.replace(/^-/, "")) + " /GPU-h";
+  };
+
   GM.text = function (id, value) {
     var el = document.getElementById(id);
     if (el && el.textContent !== String(value)) el.textContent = value;
@@ -118,9 +138,9 @@
 
   function showWallet(w) {
     if (!w) return;
-    GM.text("wallet-available", "$" + GM.usd(w.available));
-    GM.text("wallet-held", "$" + GM.usd(w.held));
-    GM.text("wallet-earned", "$" + GM.usd(w.earned));
+    GM.text("wallet-available", GM.money(w.available));
+    GM.text("wallet-held", GM.money(w.held));
+    GM.text("wallet-earned", GM.money(w.earned));
   }
 
   /* The signed-in user's own orders, leases and balances (/ws/me/). */

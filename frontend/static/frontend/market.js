@@ -89,8 +89,8 @@
       td.colSpan = 4; td.className = "empty"; tr0.appendChild(td); frag.appendChild(tr0);
     }
     body.replaceChildren(frag);
-    GM.text("best-bid", depth.bids.length ? "$" + GM.usd(depth.bids[0][0]) : "—");
-    GM.text("best-ask", depth.asks.length ? "$" + GM.usd(depth.asks[0][0]) : "—");
+    GM.text("best-bid", depth.bids.length ? GM.price(depth.bids[0][0]) : "—");
+    GM.text("best-ask", depth.asks.length ? GM.price(depth.asks[0][0]) : "—");
     drawChart();
   }
 
@@ -129,7 +129,7 @@
             measured: decimalText(r.measured_tflops), datasheet: decimalText(r.datasheet_tflops),
             reliability: decimalText(r.reliability), driver: r.driver_version || "—",
             cuda: r.cuda_version || "—", interconnect: r.summary || "—",
-            gpus_free: r.gpus_free, price: GM.usd(r.price),
+            gpus_free: r.gpus_free, price: GM.price(r.price),
             until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC"};
   }
   function drawOffers(rows) {
@@ -143,7 +143,7 @@
       var prov = cell(o.provider); prov.title = o.provider;
       [node, prov, cell(o.measured + " / " + o.datasheet, true), cell(o.reliability),
        cell(o.driver + " / " + o.cuda), cell(o.interconnect), cell(o.gpus_free, true),
-       cell("$" + o.price, true), cell(o.until)].forEach(function (td) { tr.appendChild(td); });
+       cell(o.price, true), cell(o.until)].forEach(function (td) { tr.appendChild(td); });
       var td = document.createElement("td"), a = document.createElement("a");
       var q = offerQuery(); q.set("node", o.node_id);  // the filters stay as they are
       a.className = "bid-node"; a.href = "?" + q.toString() + "#bid-h";
