@@ -50,7 +50,12 @@ def is_local(layer) -> bool:
 
 
 async def group_send_all(layer, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
-    """Send each (group, message) through `layer`, in order."""
+    """Send each (group, message) through `layer`, in order (in one write where the layer
+    can: core/sqlite_layer.py)."""
+    many = getattr(layer, "group_send_many", None)
+    if many is not None:
+        await many(list(messages))
+        return
     for group, message in messages:
         await layer.group_send(group, message)
 

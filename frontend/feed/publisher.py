@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ log = logging.getLogger("gpumarket.feed")
 
 
 #: errors of an unreachable (restarting, loading) Redis: the publisher keeps the batch
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
+#: (or a layer file locked past its busy timeout: core/sqlite_layer.py)
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, sqlite3.OperationalError)
 
 
 class Publisher(AfterCommitThread["Batch"]):
@@ -189,9 +191,10 @@ def flush(timeout: float = 10.0) -> bool:
 
 
 def send_events(events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
-    """Deliver numbered events: through the channel layer (Redis pub/sub: every process's
-    hub that subscribed the group), or, with the in-memory layer, straight to this
-    process's hubs (the embedded default runs web and publisher in one process)."""
+    """Deliver numbered events: through the channel layer (Redis pub/sub or the embedded
+    default's SQLite file: every process's hub that subscribed the group), or, with the
+    in-memory layer, straight to this process's hubs (where web and publisher are one
+    process)."""
     layer = get_channel_layer()
     if layer is None or _is_local(layer):
         for hub in list(_hubs.values()):
