@@ -162,6 +162,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.not_found.NotFoundMiddleware",  # a 404 is JSON or a friendly page, DEBUG or not
 ]
 
 ROOT_URLCONF = "marketplace.urls"

@@ -19,8 +19,8 @@ from core.after_commit import AfterCommitThread, PerProcess, group_send_all, nam
 from core.after_commit import is_local as _is_local
 from frontend.feed.counters import DEPTH_COVERED, DEPTH_WAIT, counter
 from frontend.feed.local import _hubs
-from frontend.feed.payloads import depth_payload
-from frontend.feed.protocol import EVENT_TYPE, _setting, market_group
+from frontend.feed.payloads import depth_payload, market_summary_payload
+from frontend.feed.protocol import EVENT_TYPE, SUMMARY_GROUP, _setting, market_group
 
 if TYPE_CHECKING:
     from frontend.feed.batch import Batch
@@ -152,6 +152,8 @@ class Publisher(AfterCommitThread["Batch"]):
             out.append((market_group(market.slug),
                         {"type": "depth", "_depth_of": market, "_covers": (pk, value)},
                         None, committed_at))
+            out.append((SUMMARY_GROUP, {"type": "market_summary", "_summary_of": market},
+                        None, committed_at))
             self._last_depth[pk] = now
         if out:
             self._send(out)
@@ -164,6 +166,9 @@ class Publisher(AfterCommitThread["Batch"]):
             if depth_of is not None:  # read after its seq was taken (FEED_PROTOCOL.md)
                 covers.append(payload.pop("_covers"))
                 payload.update(depth_payload(depth_of))
+            summary_of = payload.pop("_summary_of", None)
+            if summary_of is not None:  # (likewise)
+                payload.update(market_summary_payload(summary_of))
             ts = time.time()
             payload = {**payload, "seq": seq, "ts": ts}
             if self.delays is not None:
