@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import sqlite3
 import threading
@@ -63,10 +64,13 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._local = threading.local()
+        self._pid = os.getpid()
         self._pruned = 0.0
         self._epoch: str | None = None
 
     def db(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():  # a forked child never uses its parent's connections
+            self._local, self._pid = threading.local(), os.getpid()
         conn = getattr(self._local, "conn", None)
         if conn is None:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
