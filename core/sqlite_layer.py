@@ -205,6 +205,17 @@ class Store:
         return epoch, out
 
 
+async def _blocking(fn, *args):
+    """`fn(*args)` in a thread; in the caller's own thread once the interpreter is shutting
+    down (a short-lived process publishing what it committed at exit gets no new thread)."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return fn(*args)
+
+
 class _Reader:
     """One per event loop: polls the file for the messages of this loop's channels and
     hands them to per-channel queues; renews their group memberships."""
@@ -236,9 +247,9 @@ class _Reader:
             owners = self.owners()
             try:
                 if time.monotonic() - renewed > self.RENEW_EVERY:
-                    await asyncio.to_thread(store.renew, owners, layer.group_expiry)
+                    await _blocking(store.renew, owners, layer.group_expiry)
                     renewed = time.monotonic()
-                found = await asyncio.to_thread(store.take, owners)
+                found = await _blocking(store.take, owners)
             except sqlite3.Error as exc:  # locked past the busy timeout: the next round
                 log.warning("channel layer %s: %s", store.path, exc)
                 found = []
@@ -282,7 +293,7 @@ class SQLiteChannelLayer(BaseChannelLayer):
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         assert self.require_valid_channel_name(channel)
-        ok = await asyncio.to_thread(self.store.send, channel, self._pack(message),
+        ok = await _blocking(self.store.send, channel, self._pack(message),
                                      self.expiry, self.get_capacity(channel))
         if not ok:
             raise ChannelFull(channel)
@@ -300,7 +311,7 @@ class SQLiteChannelLayer(BaseChannelLayer):
                     del reader.queues[channel]
                 raise
         while True:
-            found = await asyncio.to_thread(self.store.take, [channel], 1)
+            found = await _blocking(self.store.take, [channel], 1)
             if found:
                 return msgpack.unpackb(found[0][1], raw=False)
             await asyncio.sleep(self.poll_interval)
@@ -314,10 +325,10 @@ class SQLiteChannelLayer(BaseChannelLayer):
     async def group_add(self, group: str, channel: str) -> None:
         assert self.require_valid_group_name(group)
         assert self.require_valid_channel_name(channel)
-        await asyncio.to_thread(self.store.group_add, group, channel, self.group_expiry)
+        await _blocking(self.store.group_add, group, channel, self.group_expiry)
 
     async def group_discard(self, group: str, channel: str) -> None:
-        await asyncio.to_thread(self.store.group_discard, group, channel)
+        await _blocking(self.store.group_discard, group, channel)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         await self.group_send_many([(group, message)])
@@ -328,7 +339,7 @@ class SQLiteChannelLayer(BaseChannelLayer):
             assert self.require_valid_group_name(group)
         items = [(group, self._pack(message)) for group, message in messages]
         capacity = self.capacity
-        await asyncio.to_thread(self.store.group_send_many, items, self.expiry, capacity)
+        await _blocking(self.store.group_send_many, items, self.expiry, capacity)
         self._wake_local()
 
     def _wake_local(self) -> None:
@@ -339,4 +350,4 @@ class SQLiteChannelLayer(BaseChannelLayer):
                     loop.call_soon_threadsafe(reader.wake.set)
 
     async def flush(self) -> None:
-        await asyncio.to_thread(self.store.flush)
+        await _blocking(self.store.flush)

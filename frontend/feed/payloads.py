@@ -83,11 +83,15 @@ def auction_payload(auction) -> dict[str, Any]:
 
 
 def market_summary_payload(market) -> dict[str, Any]:
-    """A market's line on the home page: best bid and ask, GPUs offered."""
-    bids, asks = book.depth(market, levels=DEPTH_LEVELS)
-    return {"market": market.slug, "best_bid": _usd(bids[0][0]) if bids else None,
-            "best_ask": _usd(asks[0][0]) if asks else None,
-            "gpus_offered": sum(gpus for _, gpus in asks)}
+    """A market's line on the home page: best bid and ask, GPUs offered (in the depth's
+    levels)."""
+    return summary_of_depth(depth_payload(market))
+
+
+def summary_of_depth(depth: dict[str, Any]) -> dict[str, Any]:
+    return {"market": depth["market"], "best_bid": depth["best_bid"],
+            "best_ask": depth["best_ask"],
+            "gpus_offered": sum(gpus for _, gpus in depth["asks"])}
 
 
 def auction_summary_payload(auction) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from core.after_commit import AfterCommitThread, PerProcess, group_send_all, nam
 from core.after_commit import is_local as _is_local
 from frontend.feed.counters import DEPTH_COVERED, DEPTH_WAIT, counter
 from frontend.feed.local import _hubs
-from frontend.feed.payloads import depth_payload, market_summary_payload
+from frontend.feed.payloads import depth_payload, summary_of_depth
 from frontend.feed.protocol import EVENT_TYPE, SUMMARY_GROUP, _setting, market_group
 
 if TYPE_CHECKING:
@@ -161,14 +161,16 @@ class Publisher(AfterCommitThread["Batch"]):
     def _send(self, messages: list[tuple[str, dict[str, Any], int | None, float]]) -> None:
         epoch, seqs = counter().next_many([group for group, *_ in messages])
         events, covers, ns = [], [], namespace()
+        depths: dict[int, dict[str, Any]] = {}  # market pk → the depth just read
         for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
             depth_of = payload.pop("_depth_of", None)
             if depth_of is not None:  # read after its seq was taken (FEED_PROTOCOL.md)
                 covers.append(payload.pop("_covers"))
-                payload.update(depth_payload(depth_of))
+                depths[depth_of.pk] = depth_payload(depth_of)
+                payload.update(depths[depth_of.pk])
             summary_of = payload.pop("_summary_of", None)
-            if summary_of is not None:  # (likewise)
-                payload.update(market_summary_payload(summary_of))
+            if summary_of is not None:  # from the depth read just before it (its seq - 1)
+                payload.update(summary_of_depth(depths[summary_of.pk]))
             ts = time.time()
             payload = {**payload, "seq": seq, "ts": ts}
             if self.delays is not None:

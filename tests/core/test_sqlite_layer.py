@@ -36,6 +36,16 @@ CHILD = textwrap.dedent("""
             for _ in range(2):
                 print((await asyncio.wait_for(layer.receive(channel), 30))["n"], flush=True)
         asyncio.run(main())
+    elif what == "at-exit":  # as a short-lived process's publisher thread sends at exit
+        import atexit, queue, threading
+        go, sent = queue.Queue(), threading.Event()
+        def publisher():
+            loop = asyncio.new_event_loop()
+            go.get()
+            loop.run_until_complete(layer.group_send("market.h100", {"type": "x", "n": 7}))
+            sent.set()
+        threading.Thread(target=publisher, daemon=True).start()
+        atexit.register(lambda: (go.put(1), sent.wait(10)))
     elif what == "numbers":
         store = Store(path)
         for _ in range(200):
@@ -72,6 +82,23 @@ def test_a_group_send_from_another_process_reaches_every_member_in_order(tmp_pat
             "SELECT COUNT(*) FROM messages WHERE channel = ?", (gone,)).fetchone() == (0,)
 
     asyncio.run(scenario())
+
+
+def test_a_process_that_sends_while_it_exits_is_heard(tmp_path):
+    """A management command or a task run publishes what it committed at exit, when the
+    interpreter no longer starts threads: the send still goes out."""
+    path = tmp_path / "channels.sqlite3"
+    layer = SQLiteChannelLayer(path=str(path))
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add("market.h100", channel)
+        child = _child(path, "at-exit", stderr=subprocess.PIPE)
+        _, err = await asyncio.to_thread(child.communicate, timeout=30)
+        assert child.returncode == 0 and "Traceback" not in err, err
+        return await asyncio.wait_for(layer.receive(channel), 5)
+
+    assert asyncio.run(scenario())["n"] == 7
 
 
 def test_a_full_channel_refuses_a_send_and_is_skipped_by_a_group_send(tmp_path):
