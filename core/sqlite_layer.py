@@ -250,13 +250,16 @@ class _Reader:
                     await _blocking(store.renew, owners, layer.group_expiry)
                     renewed = time.monotonic()
                 found = await _blocking(store.take, owners)
-            except sqlite3.Error as exc:  # locked past the busy timeout: the next round
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # e.g. locked past the busy timeout: the next round
                 log.warning("channel layer %s: %s", store.path, exc)
                 found = []
             for channel, body in found:
                 queue = self.queues.get(channel)
-                if queue is not None and not queue.full():
-                    queue.put_nowait(msgpack.unpackb(body, raw=False))
+                if queue is not None and not queue.full():  # (full: as a full channel)
+                    with contextlib.suppress(ValueError):  # not msgpack: not ours
+                        queue.put_nowait(msgpack.unpackb(body, raw=False))
             if not found:
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -293,8 +296,8 @@ class SQLiteChannelLayer(BaseChannelLayer):
 
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         assert self.require_valid_channel_name(channel)
-        ok = await _blocking(self.store.send, channel, self._pack(message),
-                                     self.expiry, self.get_capacity(channel))
+        ok = await _blocking(self.store.send, channel, self._pack(message), self.expiry,
+                             self.get_capacity(channel))
         if not ok:
             raise ChannelFull(channel)
         self._wake_local()
