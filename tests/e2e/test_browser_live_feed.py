@@ -117,6 +117,10 @@ def test_the_workers_auction_close_reaches_the_open_pages(embedded_default, brow
         has=listing.locator(f'a[href="/auctions/{lot.pk}/"]'))
     expect(row.locator("td").nth(6)).to_have_text("open")
     expect(row.locator("td").nth(7)).to_have_text("1")
+    left = row.locator(".seconds-left")
+    first = left.inner_text()
+    listing.wait_for_timeout(1300)
+    assert re.fullmatch(r"\d+ s", left.inner_text()) and left.inner_text() != first  # ticks
     marks = [p.evaluate("window.__noReload = Math.random()") for p in (page, listing)]
 
     # a bid from this process: the list counts it
@@ -133,6 +137,7 @@ def test_the_workers_auction_close_reaches_the_open_pages(embedded_default, brow
     expect(page.get_by_role("button", name="Withdraw my bid")).to_have_count(0)
     expect(page.get_by_text("Replace my bid")).to_have_count(0)
     expect(row.locator("td").nth(6)).to_have_text("closed")
+    expect(row.locator(".seconds-left")).to_have_count(0)
     expect(row.locator("td").nth(9)).to_contain_text("2.5")
     assert [p.evaluate("window.__noReload") for p in (page, listing)] == marks
     browser.shot("browser-embedded-auction-closed-by-worker")

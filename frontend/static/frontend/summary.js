@@ -17,6 +17,25 @@
       GM.refreshFragments(ids).catch(function () {});  // shown in #live-status
     }, 250);
   }
+  // "N s" left of each open auction, counted down here between two renderings: each cell
+  // carries the whole seconds left (floored) when the server rendered it, just before it
+  // is seen; so its end is at or after now + that, and the latest such bound is the best
+  var ends = {};
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll("[data-seconds-left]").forEach(function (el) {
+      var id = el.dataset.auction;
+      if (!el.gmSeen) {
+        el.gmSeen = true;
+        ends[id] = Math.max(ends[id] || 0, now + Number(el.dataset.secondsLeft) * 1000);
+      }
+      var left = Math.max(0, Math.ceil((ends[id] - now) / 1000));
+      var text = left > 0 ? left + " s" : "closing…";
+      if (el.textContent !== text) el.textContent = text;
+    });
+  }
+  setInterval(tick, 500);
+  tick();
   function line(m) { return [m.best_bid, m.best_ask, m.gpus_offered].join("|"); }
   GM.feed("/ws/summary/", {
     pollMs: 3000,
