@@ -221,3 +221,34 @@ def test_a_form_error_keeps_the_page_live_and_the_dot_truthful(asgi_server, brow
     assert [e for e in browser.errors
             if "status of 503" not in e and "status of 400" not in e] == []
     assert not any("405" in e for e in browser.errors)
+
+
+def test_the_dot_follows_the_server_going_away_and_back(settings, transactional_db,
+                                                        browser):  # noqa: F811
+    from playwright.sync_api import expect
+
+    settings.ALLOWED_HOSTS = HOSTS
+    server = AsgiServer().start()
+    try:
+        page = browser.page
+        browser.signup(server.url, "dotwatcher")
+        page.goto(f"{server.url}/orders/")
+        status = page.locator("#live-status")
+        expect(status).to_have_text("live")
+        server.stop()  # the websocket closes; the page polls, and every poll fails
+        expect(status).to_have_text("reconnecting…")
+        expect(status).not_to_have_class(re.compile(r"\bon\b"))
+        expect(status).to_have_text("offline", timeout=30_000)  # three failures in a row
+        expect(status).to_have_class(re.compile(r"\boff\b"))
+        server.start()  # the same port: the websocket reconnects
+        expect(status).to_have_text("live", timeout=90_000)
+        expect(status).to_have_class(re.compile(r"\bon\b"))
+    finally:
+        page.goto("about:blank")
+        server.stop()
+        from django.db import connections
+
+        connections.close_all()
+    # what the browser logged while the server was away: failed loads and socket errors
+    assert not [e for e in browser.errors if "ERR_CONNECTION_REFUSED" not in e
+                and "WebSocket" not in e and "Failed to load resource" not in e]
