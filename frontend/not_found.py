@@ -1,30 +1,28 @@
-"""A 404 is the site's own answer with DEBUG on too (the demo): a friendly HTML page, or
-JSON under /api/ (marketplace/api/errors.page_not_found), never Django's technical
-"yellow" 404 page, which lists every URL pattern. With DEBUG off Django already calls
-that handler; this middleware does the same under DEBUG, for a view's Http404 and for a
-path that matches no URL."""
+"""Not found, the same answer with DEBUG on or off (marketplace/api/errors.not_found: JSON
+under /api/, the friendly page frontend/templates/404.html elsewhere), never Django's debug
+page: Django only uses handler404 with DEBUG off, so this middleware answers first, for a
+path no URL pattern matches and for Http404 raised by a view."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.http import Http404
+from django.urls import Resolver404, get_resolver
 
-from marketplace.api import errors
+from marketplace.api.errors import not_found
 
 
-class FriendlyNotFoundMiddleware:
+class NotFoundMiddleware:
     def __init__(self, get_response) -> None:
         self.get_response = get_response
 
     def __call__(self, request):
-        response = self.get_response(request)
-        if (settings.DEBUG and response.status_code == 404
-                and getattr(request, "resolver_match", None) is None
-                and response.get("Content-Type", "").startswith("text/html")):
-            return errors.page_not_found(request, None)  # no URL matched
-        return response
+        try:
+            get_resolver(getattr(request, "urlconf", None)).resolve(request.path_info)
+        except Resolver404:
+            return not_found(request)  # (CommonMiddleware may still add the slash)
+        return self.get_response(request)
 
     def process_exception(self, request, exception):
-        if settings.DEBUG and isinstance(exception, Http404):
-            return errors.page_not_found(request, exception)
+        if isinstance(exception, Http404):
+            return not_found(request)
         return None

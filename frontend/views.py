@@ -58,11 +58,19 @@ def usd(micros: int | None) -> str:
     return f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
+#: the GET URL of a page that POST-only form paths render again with the form's errors
+_PAGE_URLS = {"frontend/portal.html": "portal", "frontend/wallet.html": "wallet-page"}
+
+
 def _page(request, template: str, context: dict, status: int = 200):
     """Render with what every page needs: whether this server speaks websockets (only
     the ASGI application routes /ws/), so the page's script knows to use the live feed
-    or to refresh through the REST API."""
+    or to refresh through the REST API; after a POST, `page_url`, the page's own GET URL
+    (live.js puts it in the address bar: the form's values and errors stay, and a reload
+    or a live refresh asks that URL, not the POST-only path)."""
     context.setdefault("live_ws", isinstance(request, ASGIRequest))
+    if request.method == "POST" and template in _PAGE_URLS:
+        context.setdefault("page_url", reverse(_PAGE_URLS[template]))
     return render(request, template, context, status=status)
 
 

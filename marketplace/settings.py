@@ -11,8 +11,8 @@ Variables (default in brackets):
   Jupyter tokens at rest, comma-separated: the first seals, every one opens
   (MultiFernet rotation; docs/SECRETS.md).
 - DATABASE_URL [sqlite:///var/gpumarket.sqlite3]: PostgreSQL in production and tests.
-- REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
-  CELERY_BROKER_URL is set.
+- REDIS_URL [unset: a channel layer on the file var/channels.sqlite3]: channel layer;
+  Celery broker too unless CELERY_BROKER_URL is set.
 - CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
 - GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
 - GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
@@ -166,7 +166,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "frontend.not_found.FriendlyNotFoundMiddleware",  # a 404 is ours with DEBUG on too
+    "frontend.not_found.NotFoundMiddleware",  # a 404 is JSON or a friendly page, DEBUG or not
 ]
 
 ROOT_URLCONF = "marketplace.urls"
@@ -212,7 +212,12 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # No server: a layer on a local SQLite file, shared by the web process, the Celery
+    # worker and beat of the embedded default (core/sqlite_layer.py).
+    CHANNEL_LAYERS = {"default": {
+        "BACKEND": "core.sqlite_layer.SQLiteChannelLayer",
+        "CONFIG": {"path": str(VAR_DIR / "channels.sqlite3")},
+    }}
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
