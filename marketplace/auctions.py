@@ -124,8 +124,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      template: str = "", min_cuda: str = "",
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
-                     interconnect: str = Interconnect.ANY,
-                     now: datetime | None = None) -> SealedBid:
+                     interconnect: str = Interconnect.ANY, failover: bool = True,
+                     min_reliability=None, now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
@@ -196,7 +196,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
                         template=template, min_cuda=min_cuda, port_roles=port_roles,
                         ssh=ssh, env=env, secrets_sealed=seal(secrets),
-                        interconnect=interconnect, hold_id=0)
+                        interconnect=interconnect, failover=failover,
+                        min_reliability=min_reliability, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -287,6 +288,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
+                failover=bid.failover, min_reliability=bid.min_reliability,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )

@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -246,6 +247,8 @@ class BidRequest:
     env: dict[str, str] | None = None
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
+    failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
+    min_reliability: Decimal | None = None
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -262,7 +265,10 @@ class BidRequest:
                 "interruptible": bool(self.interruptible), "ports": ports,
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
-                "interconnect": self.interconnect}
+                "interconnect": self.interconnect,
+                "failover": (not self.interruptible) if self.failover is None
+                else bool(self.failover),
+                "min_reliability": self.min_reliability}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,

@@ -25,6 +25,9 @@ def holds_match_open_bids_and_leases() -> str | None:
     for pk, hold in LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \
             .values_list("lease_id", "hold_id"):
         owners[hold].append(f"lease {pk} (extension)")
+    for pk, hold in Lease.objects.filter(failover_state="pending") \
+            .values_list("pk", "carry_hold_id"):  # carried to a continuation (failover.py)
+        owners[hold].append(f"lease {pk} (failover carry)")
     active = set(Hold.objects.filter(status=Hold.Status.ACTIVE).values_list("pk", flat=True))
     for hold_id, things in sorted(owners.items()):
         if hold_id not in active:
@@ -40,9 +43,9 @@ def provider_earnings_match_settled_leases() -> str | None:
     share of what its leases were charged (settled leases, and the metered part of
     running ones), by the take-rate split."""
     expected: dict[int, int] = defaultdict(int)
-    for provider, amount in Lease.objects.filter(settled_at__isnull=False) \
-            .values_list("provider_id", "provider_amount"):
-        expected[provider] += amount
+    for provider, amount, credit in Lease.objects.filter(settled_at__isnull=False) \
+            .values_list("provider_id", "provider_amount", "fault_credit"):
+        expected[provider] += amount - credit  # a fault credit went back to the buyer
     running = list(Lease.objects.filter(status__in=Lease.ACTIVE)
                    .values_list("provider_id", "hold_id"))
     running += LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \

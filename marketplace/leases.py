@@ -91,7 +91,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
-                 nvlink_gang: int = 0) -> Lease:
+                 nvlink_gang: int = 0, failover: bool = False,
+                 min_reliability=None) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
@@ -126,6 +127,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
         jupyter_token_sealed=new_jupyter_token(port_roles),
+        failover=failover, min_reliability=min_reliability,
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
@@ -135,7 +137,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
 
 
 def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
-    return create_lease(
+    lease = create_lease(
         market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
@@ -144,7 +146,13 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
+        failover=bid.failover, min_reliability=bid.min_reliability,
     )
+    if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
+        from marketplace.failover import chain_bid_filled
+
+        chain_bid_filled(lease)
+    return lease
 
 
 def hold_ids(lease: Lease) -> list[int]:

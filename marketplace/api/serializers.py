@@ -4,6 +4,7 @@ GPU-hour (UsdField); durations are whole hours in, seconds inside."""
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
@@ -269,14 +270,27 @@ class TemplateFields(serializers.Serializer):
         return attrs
 
 
+class FailoverFields(serializers.Serializer):
+    """A bid's failover terms (issue 15, docs/FAULTS.md): `failover` (a lease failed by a
+    provider-side cause continues on another node; absent: true unless interruptible),
+    `min_reliability` (decimal string "0.95", 0–1: only nodes at least this reliable over
+    30 days, marketplace/reliability.py; absent or null: any)."""
+
+    failover = StrictBooleanField(required=False, allow_null=True, default=None)
+    min_reliability = serializers.DecimalField(
+        max_digits=4, decimal_places=3, min_value=Decimal("0"), max_value=Decimal("1"),
+        required=False, allow_null=True, default=None)
+
+
+FAILOVER_TERMS = ("failover", "min_reliability")
 TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect")
+            "secrets", "interconnect", *FAILOVER_TERMS)
 ASK_ONLY = ("node", "available_until")
 
 
-class OrderInSerializer(TemplateFields, StrictInputSerializer):
+class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
@@ -348,7 +362,9 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
-            interconnect=v["interconnect"], **{name: v[name] for name in TEMPLATE_TERMS})
+            interconnect=v["interconnect"], failover=v.get("failover"),
+            min_reliability=v.get("min_reliability"),
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:
@@ -374,7 +390,7 @@ class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  "secret_names", "match_note"]
+                  *FAILOVER_TERMS, "secret_names", "match_note"]
 
     match_note = serializers.SerializerMethodField()
 
@@ -564,7 +580,7 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
+class SealedBidInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
     ports, and TemplateFields)."""
 
@@ -606,7 +622,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
-                  "secret_names", "interconnect", "created_at", "replaced"]
+                  "secret_names", "interconnect", *FAILOVER_TERMS, "created_at", "replaced"]
 
 
 _templates = threading.local()
