@@ -80,6 +80,8 @@ def runner_lease(lease: Lease) -> dict:
         # a buyer's stop ends the lease at once (it leaves this list), so a listed lease
         # is never stop_requested today; a runner stops a workload whose lease says true
         "stop_requested": False,
+        # the lease chain (issue 15): the first lease's id, this lease's own when first
+        "chain_id": lease.chain,
     }
 
 
@@ -101,6 +103,7 @@ class RunnerLeaseOut(serializers.Serializer):
     port_roles = serializers.DictField(child=serializers.CharField())
     ssh_authorized_keys = serializers.ListField(child=serializers.CharField())
     stop_requested = serializers.BooleanField()
+    chain_id = serializers.IntegerField()
 
 
 class RunnerLeasesOut(serializers.Serializer):

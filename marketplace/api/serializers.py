@@ -21,6 +21,7 @@ from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
 from marketplace import env_templates, interconnect, selectors
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
+from marketplace.chains import chain_body
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
@@ -460,6 +461,8 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     events = LeaseEventSerializer(many=True, read_only=True)
     endpoints = serializers.SerializerMethodField()
     connect = serializers.SerializerMethodField()
+    fault_credit = UsdField(positive=False, read_only=True)
+    chain = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -467,7 +470,20 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
+                  "buyer", "provider", "interruptible", "preempt_at", *FAILOVER_TERMS,
+                  "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
+                  "continues", "chain", "events", "created_at"]
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "id": {"type": "integer"},
+        "leases": {"type": "array", "items": {"type": "object"}},
+        "story": {"type": "array", "items": {"type": "string"}}}})
+    def get_chain(self, lease) -> dict | None:
+        """The lease's chain (chains.chain_body): null for a lease alone that did not
+        fail; else {"id", "leases": [{id, node, status, fault, failure_code}], "story":
+        ["lease 41 failed on node A (GPU 3: XID 79, …) at 12:03:10; continued as lease 42
+        on node B at 12:03:14"]}."""
+        return chain_body(lease)
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]

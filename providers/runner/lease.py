@@ -24,7 +24,8 @@ class RunnerLease:
     secrets: str → str, the buyer's secrets in clear (into the workload's environment
     only, and redacted from the log tail: never logged, never in repr); stop_requested:
     the buyer stopped it (its workload is stopped and removed, as for a lease no longer
-    listed)."""
+    listed); chain_id: the id of the lease chain it belongs to (its own id when first;
+    None if absent), the checkpoint prefix of a chain (issue 15)."""
 
     id: int
     status: str | None = None
@@ -41,6 +42,7 @@ class RunnerLease:
     ssh_authorized_keys: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     stop_requested: bool = False
+    chain_id: int | None = None
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -62,6 +64,7 @@ class RunnerLease:
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
             stop_requested=item.get("stop_requested") is True,
+            chain_id=int(item["chain_id"]) if item.get("chain_id") is not None else None,
         )
 
     @classmethod
