@@ -249,6 +249,7 @@ class BidRequest:
     interconnect: str = "any"
     failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
     min_reliability: Decimal | None = None
+    avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -268,7 +269,7 @@ class BidRequest:
                 "interconnect": self.interconnect,
                 "failover": (not self.interruptible) if self.failover is None
                 else bool(self.failover),
-                "min_reliability": self.min_reliability}
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,

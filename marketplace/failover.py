@@ -30,6 +30,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from marketplace import locking, reliability
+from marketplace.chains import short_cause
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
 from marketplace.leases import create_lease
@@ -50,7 +51,8 @@ def _clock(at: datetime) -> str:
 
 def remaining_seconds(lease: Lease) -> int:
     """The leased seconds a failed lease did not charge (its `failed` event's seconds)."""
-    ended = lease.events.filter(to_status="failed").order_by("-at", "-id").first()
+    ended = (lease.events.filter(to_status="failed").exclude(from_status="failed")
+             .order_by("-at", "-id").first())  # the transition, not a later note
     charged = int((ended.detail or {}).get("seconds", 0)) if ended else 0
     return max(lease.duration_seconds - charged, 0)
 
@@ -106,8 +108,9 @@ def continue_lease(*, lease_id: int, now: datetime | None = None) -> str:
                 continue
             _settle_state(failed, CONTINUED, now,
                           f"lease {failed.pk} failed on node {failed.node.name} "
-                          f"({failed.cause[:120]}) at {_clock(failed.ended_at)}; continued "
-                          f"as lease {made.pk} on node {ask.node.name} at {_clock(now)}",
+                          f"({short_cause(failed)[:80]}) at {_clock(failed.ended_at)}; "
+                          f"continued as lease {made.pk} on node {ask.node.name} at "
+                          f"{_clock(now)}",
                           {"continuation": made.pk, "node": ask.node_id})
             return CONTINUED
         bid = original_bid(failed)
@@ -173,7 +176,7 @@ def _rest(failed: Lease, bid: Order, carry: Hold, seconds: int, now: datetime) -
                 port_roles=failed.port_roles, ssh=failed.ssh, env=failed.env,
                 secrets=unseal(failed.secrets_sealed), interconnect=bid.interconnect,
                 failover=failed.failover, min_reliability=failed.min_reliability,
-                now=now)
+                avoid_node_id=failed.node_id, now=now)
     except Exception as exc:  # InsufficientFunds, InvalidInput: fall back to a release
         log.warning("lease %s: resting bid not placed: %s", failed.pk, exc)
         return None

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from marketplace import faults, locking, matching, preemption
+from marketplace import faults, locking, matching, preemption, reliability
 from marketplace.errors import Conflict
 from marketplace.leases import hold_ids as lease_hold_ids
 from marketplace.leases import move
@@ -98,6 +98,7 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
         lease_id = lease.pk
         transaction.on_commit(lambda: queue_failover(lease_id))
     lease.lease_gpus.update(active=False)
+    reliability.refresh_node(lease.node_id)  # before the ask is re-matched with it
     if lease.ask_id:
         matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
     return lease, seconds, settled.released

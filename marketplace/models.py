@@ -158,6 +158,10 @@ class Order(StateMachine):
         max_digits=4, decimal_places=3, null=True, blank=True,
         help_text="bid: fills only on nodes whose 30-day reliability is at least this "
                   "(0–1, marketplace/reliability.py); empty: any")
+    avoid_node_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="bid: never fills on this node (a bid resting for a lease that failed "
+                  "there)")
     continues_lease_id = models.BigIntegerField(
         null=True, blank=True,
         help_text="bid: resting for the remaining time of this failed lease (failover); "

@@ -19,6 +19,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from marketplace.models import Lease
+from providers.models import Node
 
 WINDOWS_DAYS = (7, 30)
 #: the window `min_reliability` is compared with
@@ -102,3 +103,9 @@ def meets(node_id: int, minimum: Decimal | None, now: datetime | None = None) ->
         return True
     have = node_reliability(node_id, now)
     return have is None or have >= minimum
+
+
+def refresh_node(node_id: int, now: datetime | None = None) -> None:
+    """Store the node's 30-day reliability on it (Node.reliability: what the book and the
+    offers table read)."""
+    Node.objects.filter(pk=node_id).update(reliability=node_reliability(node_id, now))
