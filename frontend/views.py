@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, env_templates, interconnect, selectors
+from marketplace import book, chains, env_templates, interconnect, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -353,6 +353,10 @@ def _lease_rows(leases, *, role: str):
             "jupyter": jupyter_link(x) if role == "buyer" and x.status in Lease.ACTIVE
             else None,
             "secret_names": sealed_names(x.secrets_sealed),
+            # issue 15: the chain's story (failover) and the provider's fault credit
+            "chain": (chains.story(chains.chain_of(x))
+                      if x.chain_id or x.status == "failed" else []),
+            "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
         })
     return rows
 

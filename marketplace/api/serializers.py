@@ -164,6 +164,9 @@ class OfferSerializer(serializers.Serializer):
     node_gpus = serializers.IntegerField()
     interconnect = serializers.CharField()
     summary = serializers.CharField()
+    reliability = serializers.CharField(
+        allow_null=True, help_text='the node\'s 30-day reliability, "0.950" (docs/FAULTS.md); '
+                                   "null: no record yet")
 
 
 class GpuClassDetailSerializer(GpuClassSerializer):
