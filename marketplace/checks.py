@@ -70,16 +70,19 @@ def provider_earnings_match_settled_leases() -> str | None:
 
 def chains_are_sound() -> str | None:
     """Every continuation (failover.py) continues a lease of its buyer and chain that
-    failed by a provider-side cause, on another node, at no higher price; a failed lease
-    that is no longer pending holds no carry hold."""
-    for lease in Lease.objects.filter(continues__isnull=False).select_related("continues"):
+    failed by a provider-side cause, on another node, at no higher price (one from a
+    resting failover bid: at no more than that bid's limit); a failed lease that is no
+    longer pending holds no carry hold."""
+    for lease in Lease.objects.filter(continues__isnull=False).select_related(
+            "continues", "fill__bid"):
         old = lease.continues
         if old.status != "failed" or old.fault != "provider":
             return f"lease {lease.pk} continues lease {old.pk}, which did not fail by the " \
                    "provider's fault"
         if (lease.buyer_id, lease.chain_id) != (old.buyer_id, old.chain):
             return f"lease {lease.pk} continues lease {old.pk} of another buyer or chain"
-        if lease.node_id == old.node_id or lease.price > old.price:
+        limit = lease.fill.bid.price if lease.fill_id else old.price
+        if lease.node_id == old.node_id or lease.price > limit:
             return f"lease {lease.pk} continues lease {old.pk} on its node or above its price"
     stray = (Lease.objects.exclude(failover_state="pending")
              .filter(carry_hold_id__isnull=False).values_list("pk", flat=True).first())

@@ -41,7 +41,8 @@ def test_record_counts_completed_and_provider_caused_failures_only():
                 ("failed", "container exited with status 3"),  # the buyer's: not counted
                 ("cancelled", "stopped by the buyer")]
     for status, cause in outcomes:
-        lease = _lease_on(node, provider, buyer, failover=False)
+        lease = mark_running(lease=_lease_on(node, provider, buyer, failover=False),
+                             container_id="c" * 64)
         end_lease(lease_id=lease.pk, status=status, cause=cause)
     [week, month] = reliability.records(node_id=node.pk)
     assert (week["days"], week["completed"], week["failed"], week["reliability"]) == (
