@@ -161,6 +161,11 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise Conflict(f"auction {auction.pk}'s node reports CUDA "
                            f"{auction.node.cuda_version or 'unknown'}, below the {min_cuda} "
                            "this bid needs", field="min_cuda")
+        have = auction.node.reliability
+        if min_reliability is not None and have is not None and have < min_reliability:
+            raise Conflict(f"auction {auction.pk}'s node is {have} reliable over 30 days, "
+                           f"below the {min_reliability} this bid needs",
+                           field="min_reliability")
         if auction.provider_id == bidder_id:
             raise PermissionDenied("you cannot bid on your own auction", field="auction")
         if auction.status != Auction.Status.OPEN or now >= auction.closes_at:

@@ -121,3 +121,36 @@ def test_the_engine_honours_min_rel_and_avoid_node():
     r = ob.submit_bid(Bid(id=5, owner=1, price=300, gpus=1, gang=1, duration_s=60, seq=5,
                           tif="IOC", avoid_node=9), 0)
     assert [f.ask_id for f in r.fills] == [1]
+
+
+def test_a_sealed_bid_below_its_min_reliability_is_refused_naming_it():
+    from marketplace import auctions
+    from marketplace.errors import Conflict
+
+    provider, node, _ = registered_node(name="s1", own_uuids=True)
+    Node.objects.filter(pk=node.pk).update(reliability=Decimal("0.700"))
+    auction = auctions.open_auction(
+        provider_id=provider.pk, node_id=node.pk, gpus=1, reserve_price=1_000_000,
+        duration_seconds=3600, closes_at=timezone.now() + timedelta(hours=1))
+    buyer = funded_buyer(100)
+    with pytest.raises(Conflict) as refused:
+        auctions.place_sealed_bid(bidder_id=buyer.pk, auction_id=auction.pk,
+                                  price=2_000_000, min_reliability=Decimal("0.9"))
+    assert refused.value.field == "min_reliability"
+    bid = auctions.place_sealed_bid(bidder_id=buyer.pk, auction_id=auction.pk,
+                                    price=2_000_000, min_reliability=Decimal("0.5"))
+    assert bid.min_reliability == Decimal("0.5") and bid.failover is True
+
+
+def test_the_sweep_finds_failovers_a_lost_task_left_pending():
+    prov_a, node_a, _ = registered_node(name="a", own_uuids=True)
+    buyer = funded_buyer(100)
+    lease = _lease_on(node_a, prov_a, buyer)
+    failed = end_lease(lease_id=lease.pk, status="failed",
+                       cause="the lease's container is gone (removed outside the runner)")
+    assert failed.failover_state == "pending"
+    assert failover.pending_ids(failed.ended_at) == []  # not yet 10 s old
+    later = failed.ended_at + timedelta(seconds=11)
+    assert failover.pending_ids(later) == [failed.pk]
+    assert failover.continue_lease(lease_id=failed.pk) == "rested"  # (no other node; GTC)
+    assert failover.pending_ids(later) == []
