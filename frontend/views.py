@@ -275,7 +275,8 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    interconnect=v["interconnect"] or "any", **container_terms(v))
+                    interconnect=v["interconnect"] or "any",
+                    min_reliability=v.get("min_reliability"), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
