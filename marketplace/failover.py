@@ -127,6 +127,16 @@ def continue_lease(*, lease_id: int, now: datetime | None = None) -> str:
         return RELEASED
 
 
+#: Lease/Order terms of issue 15's other parts (notice: stop terms; ckpt: the checkpoint
+#: store), copied to a continuation / resting bid where the models have them
+LATER_TERMS = ("notice_signal", "stop_grace_seconds", "checkpoint", "checkpoint_sealed")
+
+
+def _later_terms(row, model) -> dict:
+    names = {f.name for f in model._meta.get_fields()}
+    return {name: getattr(row, name) for name in LATER_TERMS if name in names}
+
+
 def _continue_on(failed: Lease, ask: Order, carry: Hold, seconds: int,
                  now: datetime) -> Lease:
     """The continuation on `ask`'s node (Conflict when it cannot be made: nothing kept)."""
@@ -143,7 +153,8 @@ def _continue_on(failed: Lease, ask: Order, carry: Hold, seconds: int,
         hold_id=carry.pk, interruptible=failed.interruptible, ports=failed.ports,
         template=failed.template, min_cuda=failed.min_cuda, port_roles=failed.port_roles,
         ssh=failed.ssh, env=failed.env, secrets_sealed=failed.secrets_sealed,
-        nvlink_gang=gang, failover=failed.failover, min_reliability=failed.min_reliability)
+        nvlink_gang=gang, failover=failed.failover, min_reliability=failed.min_reliability,
+        **_later_terms(failed, Lease))
     if cost < carry.amount:
         ledger.hold_reduce(hold_id=carry.pk, to_amount=cost,
                            cause=f"lease {made.pk} continues lease {failed.pk}")
@@ -181,8 +192,11 @@ def _rest(failed: Lease, bid: Order, carry: Hold, seconds: int, now: datetime) -
         log.warning("lease %s: resting bid not placed: %s", failed.pk, exc)
         return None
     order = placed.order
-    Order.objects.filter(pk=order.pk).update(continues_lease_id=failed.pk)
+    later = _later_terms(failed, Order)  # the failed lease's stop terms and checkpoint store
+    Order.objects.filter(pk=order.pk).update(continues_lease_id=failed.pk, **later)
     for made in placed.leases:  # it filled at once (an ask the continuation passed over)
+        if _later_terms(failed, Lease):
+            Lease.objects.filter(pk=made.pk).update(**_later_terms(failed, Lease))
         _chain(made, failed)
     _settle_state(failed, RESTED, now,
                   f"lease {failed.pk} failed on node {failed.node.name} at "
