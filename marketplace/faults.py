@@ -50,6 +50,10 @@ FAULT_TABLE: dict[str, Rule] = {
     "process_left": Rule(BUYER, False, "a workload's process stayed on the GPU"),
     "image_invalid": Rule(BUYER, False, "the image the buyer named does not exist or "
                                         "cannot be pulled by anyone"),
+    "checkpoint_restore_failed": Rule(BUYER, False, "the buyer's checkpoint store could not "
+                                                    "be read (credentials, bucket)"),
+    "checkpoint_over_bound": Rule(BUYER, False, "the workspace grew over the bid's "
+                                                "checkpoint max_bytes"),
     "unknown": Rule(UNKNOWN, False, "the evidence names no cause"),
 }
 
@@ -71,6 +75,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^the lease names no image"), "image_invalid"),
     (re.compile(r"^Docker (refused|failed) to start "), "runtime_failed"),
     (re.compile(r"^the process runtime needs a command"), "runtime_failed"),
+    # the checkpoint runner (providers/runner/checkpoint.py, issue 15's ckpt)
+    (re.compile(r"^checkpoint restore failed: "), "checkpoint_restore_failed"),
+    (re.compile(r"^the workspace holds \d+ bytes, over the bid's checkpoint max_bytes"),
+     "checkpoint_over_bound"),
 )
 
 

@@ -48,6 +48,10 @@ CASES = [
      "repository does not exist", "image_invalid"),
     ("Docker refused to start x:1: No such image: x:1", "image_invalid"),
     ("the lease names no image", "image_invalid"),
+    ("checkpoint restore failed: AccessDenied: the access key is not valid",
+     "checkpoint_restore_failed"),
+    ("the workspace holds 20480 bytes, over the bid's checkpoint max_bytes (10240)",
+     "checkpoint_over_bound"),
     ("the runner reported a failure", "unknown"),
     ("", "unknown"),
     (Finding(GPU, "pcie_link", "fatal", "made up").cause, "unknown"),  # no fatal pcie rule
@@ -67,7 +71,8 @@ def test_the_table_puts_hardware_and_node_faults_on_the_provider_and_the_workloa
     provider = {c for c, r in FAULT_TABLE.items() if r.side == PROVIDER}
     buyer = {c for c, r in FAULT_TABLE.items() if r.side == BUYER}
     assert {"gpu_xid", "gpu_lost", "node_silent", "container_lost", "runtime_failed"} <= provider
-    assert buyer == {"workload_exit", "process_left", "image_invalid"}
+    assert buyer == {"workload_exit", "process_left", "image_invalid",
+                     "checkpoint_restore_failed", "checkpoint_over_bound"}
     assert FAULT_TABLE["unknown"].side == UNKNOWN
     # the provider pays for every fault of its own, never for another
     assert all(r.credit == (r.side == PROVIDER) for r in FAULT_TABLE.values())
