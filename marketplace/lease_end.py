@@ -98,7 +98,7 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
         lease_id = lease.pk
         transaction.on_commit(lambda: queue_failover(lease_id))
     lease.lease_gpus.update(active=False)
-    reliability.refresh_node(lease.node_id)  # before the ask is re-matched with it
+    reliability.refresh_node(lease.node_id, lease.market_id)  # before the ask re-matches
     if lease.ask_id:
         matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
     return lease, seconds, settled.released

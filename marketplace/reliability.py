@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
 from statistics import median
 
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from marketplace.models import Lease
+from marketplace.models import GpuClass, Lease
 from providers.models import Node
 
 WINDOWS_DAYS = (7, 30)
@@ -105,7 +105,12 @@ def meets(node_id: int, minimum: Decimal | None, now: datetime | None = None) ->
     return have is None or have >= minimum
 
 
-def refresh_node(node_id: int, now: datetime | None = None) -> None:
+def refresh_node(node_id: int, market_id: int, now: datetime | None = None) -> None:
     """Store the node's 30-day reliability on it (Node.reliability: what the book and the
-    offers table read)."""
-    Node.objects.filter(pk=node_id).update(reliability=node_reliability(node_id, now))
+    offers table read). The caller holds market `market_id`'s lock: when the figure
+    changed, that market's cached books are marked stale (its asks of the node carry it;
+    docs/MATCHING.md "The book cache"); another market's books see it at their next
+    rebuild."""
+    new = node_reliability(node_id, now)
+    if Node.objects.filter(pk=node_id).exclude(reliability=new).update(reliability=new):
+        GpuClass.objects.filter(pk=market_id).update(book_rebuild_version=F("book_version") + 1)

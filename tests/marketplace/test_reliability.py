@@ -154,3 +154,24 @@ def test_the_sweep_finds_failovers_a_lost_task_left_pending():
     assert failover.pending_ids(later) == [failed.pk]
     assert failover.continue_lease(lease_id=failed.pk) == "rested"  # (no other node; GTC)
     assert failover.pending_ids(later) == []
+
+
+@pytest.mark.django_db(transaction=True)  # commits: the book cache is filled on commit
+def test_a_cached_book_learns_a_node_s_new_reliability():
+    """Node A's two asks are in the process's book cache; a provider-caused failure of a
+    lease from one of them drops A's reliability: the other ask must not fill a bid whose
+    floor A no longer meets (the failure's transaction marks the cached book stale)."""
+    prov_a, node_a, _ = registered_node(name="a", own_uuids=True)
+    buyer = funded_buyer(100)
+    book.place_ask(provider_id=prov_a.pk, node_id=node_a.pk, market_slug=None, price=PRICE,
+                   gpus=1, available_until=in_a_day())
+    [lease] = book.place_bid(buyer_id=buyer.pk, market_slug=H100, price=PRICE, gpus=1,
+                             duration_seconds=3600, failover=False).leases
+    book.place_ask(provider_id=prov_a.pk, node_id=node_a.pk, market_slug=None, price=PRICE,
+                   gpus=7, available_until=in_a_day())
+    end_lease(lease_id=lease.pk, status="failed",
+              cause="the lease's container is gone (removed outside the runner)")
+    assert Node.objects.get(pk=node_a.pk).reliability == Decimal("0.000")
+    placed = book.place_bid(buyer_id=buyer.pk, market_slug=H100, price=PRICE, gpus=1,
+                            duration_seconds=3600, min_reliability=Decimal("0.5"))
+    assert placed.leases == [] and placed.order.status == "open"
