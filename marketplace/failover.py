@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from marketplace import locking, reliability
+from marketplace import book, locking, reliability
 from marketplace.chains import short_cause
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
@@ -173,8 +173,6 @@ def _continue_on(failed: Lease, ask: Order, carry: Hold, seconds: int,
 def _rest(failed: Lease, bid: Order, carry: Hold, seconds: int, now: datetime) -> Order | None:
     """The remaining time as a resting GTC bid at the original limit (book.place_bid), the
     carry hold given back first; None (nothing kept) when the bid cannot be placed."""
-    from marketplace import book  # book imports matching, which imports this module's users
-
     try:
         with transaction.atomic():
             ledger.hold_release(hold_id=carry.pk, cause=f"lease {failed.pk}: resting bid")
@@ -210,21 +208,6 @@ def _chain(made: Lease, failed: Lease) -> None:
     made.chain_id = failed.chain
     made.continues = failed
     made.save(update_fields=["chain_id", "continues"])
-
-
-def chain_bid_filled(lease: Lease) -> None:
-    """A lease from a bid resting for a failed lease (Order.continues_lease_id) joins
-    that lease's chain, once (the first lease the bid makes)."""
-    bid = lease.fill.bid if lease.fill_id else None
-    if bid is None or not bid.continues_lease_id:
-        return
-    failed = Lease.objects.filter(pk=bid.continues_lease_id).first()
-    if failed is None or Lease.objects.filter(continues=failed).exists():
-        return
-    _chain(lease, failed)
-    failed.note(cause=f"continued as lease {lease.pk} on node {lease.node.name} at "
-                      f"{_clock(lease.created_at or timezone.now())} (resting bid {bid.pk})",
-                detail={"continuation": lease.pk})
 
 
 def _settle_state(failed: Lease, state: str, now: datetime, cause: str, detail: dict) -> None:

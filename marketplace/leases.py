@@ -149,10 +149,21 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         failover=bid.failover, min_reliability=bid.min_reliability,
     )
     if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
-        from marketplace.failover import chain_bid_filled
-
-        chain_bid_filled(lease)
+        _join_chain(lease, bid, now)
     return lease
+
+
+def _join_chain(lease: Lease, bid: Order, now: datetime) -> None:
+    """The first lease of a bid resting for failed lease `bid.continues_lease_id`
+    (marketplace/failover.py) continues that lease's chain; the failed lease says so."""
+    failed = Lease.objects.filter(pk=bid.continues_lease_id).first()
+    if failed is None or Lease.objects.filter(continues=failed).exists():
+        return
+    lease.chain_id, lease.continues = failed.chain, failed
+    lease.save(update_fields=["chain_id", "continues"])
+    failed.note(cause=f"continued as lease {lease.pk} on node {lease.node.name} at "
+                      f"{now.strftime('%H:%M:%S')} (resting bid {bid.pk})",
+                detail={"continuation": lease.pk}, at=now)
 
 
 def hold_ids(lease: Lease) -> list[int]:
