@@ -355,8 +355,8 @@ def _lease_rows(leases, *, role: str):
             else None,
             "secret_names": sealed_names(x.secrets_sealed),
             # issue 15: the chain's story (failover) and the provider's fault credit
-            "chain": (chains.story(chains.chain_of(x))
-                      if x.chain_id or x.status == "failed" else []),
+            "chain": (chains.story(chains.chain_of(x))  # the buyer's: other nodes' names
+                      if role == "buyer" and (x.chain_id or x.status == "failed") else []),
             "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
         })
     return rows

@@ -482,10 +482,14 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
         "leases": {"type": "array", "items": {"type": "object"}},
         "story": {"type": "array", "items": {"type": "string"}}}})
     def get_chain(self, lease) -> dict | None:
-        """The lease's chain (chains.chain_body): null for a lease alone that did not
-        fail; else {"id", "leases": [{id, node, status, fault, failure_code}], "story":
-        ["lease 41 failed on node A (GPU 3: XID 79, …) at 12:03:10; continued as lease 42
-        on node B at 12:03:14"]}."""
+        """The lease's chain (chains.chain_body), for its buyer only (a provider never
+        reads another provider's node names): null for a lease alone that did not fail,
+        or for anyone else; else {"id", "leases": [{id, node, status, fault,
+        failure_code}], "story": ["lease 41 failed on node A (GPU 3: XID 79, …) at
+        12:03:10; continued as lease 42 on node B at 12:03:14"]}."""
+        request = self.context.get("request")
+        if getattr(getattr(request, "user", None), "pk", None) != lease.buyer_id:
+            return None
         return chain_body(lease)
 
     def get_gpu_uuids(self, lease) -> list[str]:

@@ -237,6 +237,9 @@ def test_the_api_shows_the_chain_and_refuses_a_bad_min_reliability():
     assert line.startswith(f"lease {failed.pk} failed on node node-a (GPU ")
     assert "XID 79, GPU has fallen off the bus" in line
     assert f"continued as lease {made.pk} on node node-b" in line
+    seller = APIClient()
+    seller.force_authenticate(prov_b)  # another provider's node names are the buyer's only
+    assert seller.get(f"/api/v1/leases/{made.pk}/").json()["chain"] is None
     old = client.get(f"/api/v1/leases/{failed.pk}/").json()
     assert (old["fault"], old["failure_code"], old["failover_state"]) == (
         "provider", "gpu_xid", "continued")
