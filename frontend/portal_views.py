@@ -28,7 +28,7 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, selectors
+from marketplace import book, interconnect, reliability, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
@@ -198,6 +198,7 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "rotate_form": rotate_form or f.RotateTokenForm(),
+        "reliability": reliability.records(node_id=node.pk),
     }, status=status)
 
 

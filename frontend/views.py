@@ -29,7 +29,7 @@ from frontend import forms as f
 from frontend.login import signup_limited
 from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
-from marketplace import book, checkpoint_reports, env_templates, interconnect, selectors
+from marketplace import book, chains, checkpoint_reports, env_templates, interconnect, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -284,7 +284,8 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    interconnect=v["interconnect"] or "any", **container_terms(v))
+                    interconnect=v["interconnect"] or "any",
+                    min_reliability=v.get("min_reliability"), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
@@ -367,6 +368,10 @@ def _lease_rows(leases, *, role: str):
             # the bucket (never its credentials) and the runner's last reports
             "checkpoint_url": (x.checkpoint or {}).get("url", ""),
             "checkpoints": saved.get(x.pk, []),
+            # issue 15: the chain's story (failover) and the provider's fault credit
+            "chain": (chains.story(chains.chain_of(x))  # the buyer's: other nodes' names
+                      if role == "buyer" and (x.chain_id or x.status == "failed") else []),
+            "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
         })
     return rows
 

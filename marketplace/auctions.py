@@ -127,8 +127,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      interconnect: str = Interconnect.ANY,
-                     checkpoint: Checkpoint | None = None,
-                     now: datetime | None = None) -> SealedBid:
+                     checkpoint: Checkpoint | None = None, failover: bool = True,
+                     min_reliability=None, now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
@@ -166,6 +166,11 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise Conflict(f"auction {auction.pk}'s node reports CUDA "
                            f"{auction.node.cuda_version or 'unknown'}, below the {min_cuda} "
                            "this bid needs", field="min_cuda")
+        have = auction.node.reliability
+        if min_reliability is not None and have is not None and have < min_reliability:
+            raise Conflict(f"auction {auction.pk}'s node is {have} reliable over 30 days, "
+                           f"below the {min_reliability} this bid needs",
+                           field="min_reliability")
         if auction.provider_id == bidder_id:
             raise PermissionDenied("you cannot bid on your own auction", field="auction")
         if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
@@ -203,7 +208,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         ssh=ssh, env=env, secrets_sealed=seal(secrets),
                         checkpoint=dict(checkpoint.terms) if checkpoint else {},
                         checkpoint_sealed=checkpoint.sealed() if checkpoint else "",
-                        interconnect=interconnect, hold_id=0)
+                        interconnect=interconnect, failover=failover,
+                        min_reliability=min_reliability, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -296,6 +302,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
                 checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
+                failover=bid.failover, min_reliability=bid.min_reliability,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )

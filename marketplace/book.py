@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -251,6 +252,9 @@ class BidRequest:
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
     checkpoint: Checkpoint | None = field(default=None, repr=False)
+    failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
+    min_reliability: Decimal | None = None
+    avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -268,7 +272,10 @@ class BidRequest:
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
                 "interconnect": self.interconnect,
-                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {}}
+                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
+                "failover": (not self.interruptible) if self.failover is None
+                else bool(self.failover),
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,

@@ -93,7 +93,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
                  nvlink_gang: int = 0, checkpoint: dict | None = None,
-                 checkpoint_sealed: str = "") -> Lease:
+                 checkpoint_sealed: str = "", failover: bool = False,
+                 min_reliability=None) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
@@ -130,6 +131,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         env=dict(env or {}), secrets_sealed=secrets_sealed,
         checkpoint=dict(checkpoint or {}), checkpoint_sealed=checkpoint_sealed,
         jupyter_token_sealed=new_jupyter_token(port_roles),
+        failover=failover, min_reliability=min_reliability,
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
@@ -139,7 +141,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
 
 
 def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
-    return create_lease(
+    lease = create_lease(
         market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
@@ -149,7 +151,24 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         secrets_sealed=bid.secrets_sealed,
         checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
+        failover=bid.failover, min_reliability=bid.min_reliability,
     )
+    if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
+        _join_chain(lease, bid, now)
+    return lease
+
+
+def _join_chain(lease: Lease, bid: Order, now: datetime) -> None:
+    """The first lease of a bid resting for failed lease `bid.continues_lease_id`
+    (marketplace/failover.py) continues that lease's chain; the failed lease says so."""
+    failed = Lease.objects.filter(pk=bid.continues_lease_id).first()
+    if failed is None or Lease.objects.filter(continues=failed).exists():
+        return
+    lease.chain_id, lease.continues = failed.chain, failed
+    lease.save(update_fields=["chain_id", "continues"])
+    failed.note(cause=f"continued as lease {lease.pk} on node {lease.node.name} at "
+                      f"{now.strftime('%H:%M:%S')} (resting bid {bid.pk})",
+                detail={"continuation": lease.pk}, at=now)
 
 
 def hold_ids(lease: Lease) -> list[int]:

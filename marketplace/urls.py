@@ -7,7 +7,16 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, runner, runner_checkpoints, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import (  # noqa: F401
+    accounts,
+    errors,
+    reliability,
+    runner,
+    runner_checkpoints,
+    schema,
+    ssh_keys,
+    tokens,
+)
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
@@ -44,6 +53,8 @@ api_v1 = [
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("nodes/<int:pk>/reliability/", reliability.NodeReliability.as_view(),
+         name="node-reliability"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
