@@ -29,7 +29,7 @@ from marketplace.api.ssh_keys import SshKeyIn
 from marketplace.book import NVLINK_GANG_OF_ONE
 from marketplace.env_templates import CUSTOM, TEMPLATES
 from marketplace.models import Auction, Interconnect, Order
-from providers.api import NodeCreateIn, ProviderIn
+from providers.api import NodeCreateIn, NodePatchIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
 
 _USD_INPUT = {"inputmode": "decimal", "autocomplete": "off", "maxlength": "24",
@@ -211,6 +211,20 @@ class PayoutAddressForm(forms.Form):
 
 class NodeForm(forms.Form):
     name = ApiField(NodeCreateIn, "name", label="Node name")
+
+
+class RenameNodeForm(forms.Form):
+    name = ApiField(NodePatchIn, "name", label="New name")
+
+
+class RetireNodeForm(forms.Form):
+    """The node page's "Retire node": the box is the confirmation."""
+
+    confirm = forms.BooleanField(
+        label="I understand: its asks are cancelled, its runner token stops working, and "
+              "it is listed nowhere any more (its leases and earnings stay)",
+        error_messages={"required": "tick the box to confirm: a retired node cannot be "
+                                    "brought back"})
 
 
 class RotateTokenForm(forms.Form):

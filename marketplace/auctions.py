@@ -60,6 +60,8 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise NotFound(f"no node {node_id}", field="node")
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
+    if node.retired_at is not None:
+        raise Conflict(f"node {node.name} is retired: it takes no auctions", field="node")
     market = node_market(node, market_slug)
     if rule not in Auction.Rule.values:
         raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
@@ -79,6 +81,8 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise InvalidInput("must be in the future and after opens_at", field="closes_at")
     with transaction.atomic():
         market = lock_market(market.pk)
+        if Node.objects.filter(pk=node.pk, retired_at__isnull=False).exists():
+            raise Conflict(f"node {node.name} is retired: it takes no auctions", field="node")
         free = free_gpu_count(node, market)
         if gpus > free:
             raise InvalidInput(f"only {free} GPUs of node {node.name} are free"

@@ -533,6 +533,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
         raise NotFound(f"no node {node_id}", field="node") from None
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
+    if node.retired_at is not None:
+        raise Conflict(f"node {node.name} is retired: it takes no asks", field="node")
     market = node_market(node, market_slug)
     _check_common(price=price, gpus=gpus)
     if available_until <= now:
@@ -541,6 +543,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
         with locking.tracked(market.pk), transaction.atomic():
             market = locking.lock_market(market.pk)
             matching.expire_due(market, now)
+            if Node.objects.filter(pk=node.pk, retired_at__isnull=False).exists():
+                raise Conflict(f"node {node.name} is retired: it takes no asks", field="node")
             free = free_gpu_count(node, market)
             if gpus > free:
                 raise InvalidInput(f"only {free} GPUs of node {node.name} are free to offer",

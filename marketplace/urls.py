@@ -7,7 +7,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import accounts, errors, nodes, runner, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -43,6 +43,8 @@ api_v1 = [
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("nodes/<int:pk>/", providers_api.NodeDetail.as_view(), name="node-detail"),
+    path("nodes/<int:pk>/retire/", nodes.NodeRetire.as_view(), name="node-retire"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),

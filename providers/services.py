@@ -3,10 +3,12 @@ inventory and heartbeats. Called by the API views and the demo."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -61,9 +63,7 @@ class NewNode:
 
 def node_create(*, provider: Provider, name: str) -> NewNode:
     """Create a node and its runner token. Raises ProviderError for a duplicate name."""
-    name = name.strip()
-    if not name or len(name) > 100:
-        raise ProviderError("must be 1 to 100 characters", field="name")
+    name = _name(name)
     if Node.objects.filter(provider=provider, name=name).exists():
         raise ProviderError(f"you already have a node named '{name}'", field="name")
     token = new_token()
@@ -88,6 +88,9 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
                 .filter(pk=node_id, provider__user_id=user_id).first())
         if node is None:
             raise NodeNotFound(f"no node {node_id} of yours", field="node")
+        if node.retired_at is not None:
+            raise ProviderConflict("this node is retired: it has no runner token",
+                                   field="node")
         token = new_token()
         node.token_hash = hash_token(token)
         node.token_rotated_at = timezone.now()
@@ -97,8 +100,58 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
     return NewNode(node=node, runner_token=token)
 
 
+def _name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise ProviderError("must be 1 to 100 characters", field="name")
+    return name
+
+
+def node_rename(*, user_id: int, node_id: int, name: str) -> Node:
+    """Rename the node `node_id` of the provider `user_id` (names are unique per provider,
+    retired nodes included). Raises NodeNotFound (404) for a node not the user's,
+    ProviderError naming `name` for an empty, too long (over 100) or taken name, and
+    ProviderConflict for a retired node. The same name again changes nothing."""
+    name = _name(name)
+    with transaction.atomic():
+        node = (Node.objects.select_for_update(of=("self",)).select_related("provider")
+                .filter(pk=node_id, provider__user_id=user_id).first())
+        if node is None:
+            raise NodeNotFound(f"no node {node_id} of yours", field="node")
+        if node.retired_at is not None:
+            raise ProviderConflict("this node is retired: it cannot be renamed", field="node")
+        if node.name == name:
+            return node
+        if Node.objects.filter(provider=node.provider, name=name).exists():
+            raise ProviderError(f"you already have a node named '{name}'", field="name")
+        old, node.name = node.name, name
+        try:
+            with transaction.atomic():
+                node.save(update_fields=["name"])
+        except IntegrityError:  # the same name taken meanwhile
+            raise ProviderError(f"you already have a node named '{name}'",
+                                field="name") from None
+    log.info("node %s renamed by user %s (%r → %r)", node.pk, user_id, old, name)
+    return node
+
+
+def node_retire_mark(node: Node, *, now=None) -> Node:
+    """Inside the caller's transaction, with the node's row locked and its asks already
+    withdrawn (marketplace/node_retire.py does both, under the market locks): mark `node`
+    retired and replace its runner token by one nobody knows, so that the runner's HTTP
+    calls get 401 and its `/ws/runner/` closes with 4401 after commit (as after a
+    rotation). Its GPUs, leases, logs and earnings stay."""
+    node.retired_at = now or timezone.now()
+    node.token_hash = hash_token(new_token())  # never shown: the old token is dead
+    node.save(update_fields=["retired_at", "token_hash"])
+    push.token_rotated(node.pk)
+    return node
+
+
 def node_for_token(token: str) -> Node | None:
-    return Node.objects.select_related("provider").filter(token_hash=hash_token(token)).first()
+    """The node in service whose current runner token this is (a retired node's: None)."""
+    return (Node.objects.select_related("provider")
+            .filter(token_hash=hash_token(token), retired_at__isnull=True).first())
 
 
 def _gpu_class_model():
@@ -364,3 +417,53 @@ def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:
         defaults={"node": node, "tail": data.decode("utf-8"), "updated_at": timezone.now()},
     )
     return log
+
+
+# ------------------------------------------------------------- recorded hosts (--simulate)
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
+# the README's suggestions first, then the other whole recordings by name
+PREFERRED_DUMPS = ("a10-x1.driver-535.129.03.txt", "titan-v-x1.driver-560.35.03.txt")
+_UUID = re.compile(r"\bGPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+_ZEROED = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+@functools.lru_cache(maxsize=64)
+def _dump_uuids(path: Path, mtime_ns: int) -> frozenset[str]:
+    return frozenset(u.upper() for u in _UUID.findall(path.read_text(errors="replace")))
+
+
+def recorded_dumps(folder: Path = RECORDINGS) -> list[tuple[Path, frozenset[str]]]:
+    """The recorded hosts of data/nvidia-smi/ a runner's `--simulate` can register as they
+    are: `nvidia-smi -q` text or `-q -x` XML naming GPU UUIDs, none of them zeroed (such a
+    recording gets UUIDs of the runner's making) and not a cut-down copy; preferred first."""
+    if not folder.is_dir():
+        return []
+    files = sorted(p for p in folder.iterdir()
+                   if p.suffix in (".txt", ".xml") and not p.name.endswith(".L.txt")
+                   and "truncated" not in p.name)
+    files.sort(key=lambda p: (p.name not in PREFERRED_DUMPS,
+                              PREFERRED_DUMPS.index(p.name) if p.name in PREFERRED_DUMPS
+                              else 0, p.name))
+    found = []
+    for path in files:
+        uuids = _dump_uuids(path, path.stat().st_mtime_ns)
+        if uuids and _ZEROED not in uuids:
+            found.append((path, uuids))
+    return found
+
+
+def unregistered_dump(folder: Path = RECORDINGS) -> str | None:
+    """"data/nvidia-smi/<file>": the first recorded host (recorded_dumps) whose GPU UUIDs
+    no node has registered yet (retired nodes' included: a GPU stays its node's), for the
+    token page's `--simulate` hint; None when every one is taken or none is here."""
+    dumps = recorded_dumps(folder)
+    if not dumps:
+        return None
+    every = set().union(*(uuids for _, uuids in dumps))
+    taken = {u.upper() for u in Gpu.every.filter(uuid__in=every | {u.lower() for u in every})
+             .values_list("uuid", flat=True)}
+    for path, uuids in dumps:
+        if not uuids & taken:
+            return f"data/nvidia-smi/{path.name}"
+    return None
