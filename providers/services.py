@@ -430,7 +430,7 @@ _ZEROED = "GPU-00000000-0000-0000-0000-000000000000"
 
 @functools.lru_cache(maxsize=64)
 def _dump_uuids(path: Path, mtime_ns: int) -> frozenset[str]:
-    return frozenset(u.upper() for u in _UUID.findall(path.read_text(errors="replace")))
+    return frozenset(_UUID.findall(path.read_text(errors="replace")))  # as the runner sends
 
 
 def recorded_dumps(folder: Path = RECORDINGS) -> list[tuple[Path, frozenset[str]]]:
@@ -448,7 +448,7 @@ def recorded_dumps(folder: Path = RECORDINGS) -> list[tuple[Path, frozenset[str]
     found = []
     for path in files:
         uuids = _dump_uuids(path, path.stat().st_mtime_ns)
-        if uuids and _ZEROED not in uuids:
+        if uuids and _ZEROED not in {u.upper() for u in uuids}:
             found.append((path, uuids))
     return found
 
@@ -461,8 +461,7 @@ def unregistered_dump(folder: Path = RECORDINGS) -> str | None:
     if not dumps:
         return None
     every = set().union(*(uuids for _, uuids in dumps))
-    taken = {u.upper() for u in Gpu.every.filter(uuid__in=every | {u.lower() for u in every})
-             .values_list("uuid", flat=True)}
+    taken = set(Gpu.every.filter(uuid__in=every).values_list("uuid", flat=True))
     for path, uuids in dumps:
         if not uuids & taken:
             return f"data/nvidia-smi/{path.name}"
