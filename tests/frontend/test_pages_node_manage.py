@@ -49,7 +49,7 @@ def test_rename_redirects_to_the_node_page_with_the_new_name(client, provider):
     assert Node.objects.get(pk=node.pk).name == "rack-7"
 
 
-@pytest.mark.parametrize("name, says", [("", "required"), ("y" * 101, "100"),
+@pytest.mark.parametrize(("name", "says"), [("", "required"), ("y" * 101, "100"),
                                         ("taken", "already have a node named")])
 def test_a_bad_name_is_shown_next_to_the_field(client, provider, name, says):
     user, node, _ = provider

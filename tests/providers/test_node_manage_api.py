@@ -43,7 +43,7 @@ def test_rename_answers_the_node_with_its_new_name(mine):
     assert api.get(f"/api/v1/nodes/{node.pk}/").json()["name"] == "rack-7"
 
 
-@pytest.mark.parametrize("body, contains", [
+@pytest.mark.parametrize(("body", "contains"), [
     ({"name": ""}, "blank"),
     ({"name": "   "}, "blank"),
     ({"name": "x" * 101}, "100"),
