@@ -189,17 +189,17 @@ def node_rename_page(request, pk: int):
 @require_POST
 def node_retire_page(request, pk: int):
     """The node page's "Retire node" (the box ticked): PRG to the portal, saying which asks
-    were cancelled; refused (active leases, open auctions) or unticked: the node page
-    again with the reason (400 / 409). Not your node: 404."""
+    were cancelled; refused (active leases, open auctions): PRG to the node page, saying
+    why; the box unticked: the node page again (400). Not your node: 404."""
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     form = f.RetireNodeForm(request.POST)
     if form.is_valid():
         try:
             retired = node_retire.retire_node(user_id=request.user.pk, node_id=node.pk)
-        except MarketError as exc:
-            form.add_error(None, exc.message)
-            return node_detail(request, pk, retire_form=form, status=exc.status)
+        except MarketError as exc:  # (active leases, open auctions): PRG, the reason shown
+            messages.error(request, f"Node “{node.name}” was not retired: {exc.message}.")
+            return redirect("node", pk=node.pk)
         asks = retired.cancelled_asks
         messages.success(request, f"Node “{node.name}” retired"
                          + (f"; ask{'s' if len(asks) > 1 else ''} "

@@ -69,8 +69,9 @@ def test_retire_is_refused_with_the_reason_while_a_lease_is_active(client, provi
 
     r = client.post(reverse("node-retire-page", args=[node.pk]), {"confirm": "on"})
 
-    assert r.status_code == 409
-    assert f"1 active lease (#{lease.pk})" in r.content.decode()
+    assert r.status_code == 302 and r["Location"] == reverse("node", args=[node.pk])
+    assert (f"Node “node-1” was not retired: node node-1 has 1 active lease (#{lease.pk})"
+            in client.get(r["Location"]).content.decode())
     assert Node.objects.get(pk=node.pk).retired_at is None
     assert runner_client(token).get("/api/v1/runner/leases/").status_code == 200
 
