@@ -20,7 +20,7 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core.bulk import execute_arrays, insert_all
-from marketplace import locking, matching, preemption
+from marketplace import locking, matching, preemption, runtimes
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.models import GpuClass, Interconnect, Lease, Order
@@ -303,6 +303,7 @@ def place_bids(requests: list[BidRequest], *,
     results: list[Placed | Exception | None] = [None] * len(requests)
     markets: dict[str, GpuClass] = {}
     largest: dict[int, int] = {}  # market id → the most units one node has in it
+    images: dict[int, bool] = {}  # market id → whether a node of it runs images
     groups: dict[int, list[tuple[int, BidRequest, int]]] = {}
     seen_ids: set[tuple[int, str]] = set()
     again: list[int] = []  # a client_order_id repeated within this call
@@ -324,6 +325,12 @@ def place_bids(requests: list[BidRequest], *,
             if market.pk not in largest:
                 largest[market.pk] = largest_node(market)
             _check_fits_a_node(r, market, largest[market.pk])
+            if not r.command:  # the image's own command: a node must run images
+                if market.pk not in images:
+                    images[market.pk] = runtimes.market_runs_images(market.pk)
+                if not images[market.pk]:
+                    raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
+                                       field="command")
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue

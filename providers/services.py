@@ -18,7 +18,12 @@ from django.utils import timezone
 
 from providers import cuda_driver, mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
-from providers.signals import gpu_health_changed, node_cuda_changed, units_changed
+from providers.signals import (
+    gpu_health_changed,
+    node_cuda_changed,
+    node_runtime_changed,
+    units_changed,
+)
 
 MAX_GPUS_PER_NODE = 64
 MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
@@ -372,8 +377,11 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     unhealthy, recovered = [], []
     with transaction.atomic():
         node.last_heartbeat_at = now
-        node.runtime = runtime[:16]
+        old_runtime, node.runtime = node.runtime, runtime[:16]
         node.save(update_fields=["last_heartbeat_at", "runtime"])
+        if old_runtime != node.runtime:
+            transaction.on_commit(lambda: node_runtime_changed.send(
+                sender=Node, node=node, old=old_runtime, new=node.runtime))
         locked = units.select_for_update(of=("self",)).select_related("parent").order_by("pk")
         for gpu in locked:
             # a MIG slice carries its parent GPU's findings: a fatal one takes it out too

@@ -35,6 +35,8 @@ class Bid:
             (12.4 → 12004); 0: none. It fills only against asks with ``cuda >= min_cuda``.
         nvlink: each gang must be NVLink-connected (every pair of its GPUs linked); the
             book asks its ``links`` how many such gangs a node can give.
+        image_only: it gives no command (its image's own command runs), so it fills only
+            against asks whose node runs container images (``Ask.runs_images``).
     """
 
     id: int
@@ -47,6 +49,7 @@ class Bid:
     tif: str = "GTC"
     min_cuda: int = 0
     nvlink: bool = False
+    image_only: bool = False
 
 
 @dataclass(slots=True)
@@ -64,6 +67,9 @@ class Ask:
         seq: arrival sequence (time priority); smaller = earlier.
         cuda: the node's CUDA version, major * 1000 + minor; 0: unknown (then it fills
             only bids with no ``min_cuda``).
+        runs_images: the node's runner runs container images (Docker); False: only local
+            processes (``--runtime process``), which need the bid's command, so it fills no
+            ``image_only`` bid.
     """
 
     id: int
@@ -74,6 +80,7 @@ class Ask:
     available_until: int
     seq: int
     cuda: int = 0
+    runs_images: bool = True
 
 
 @dataclass(frozen=True, slots=True)
