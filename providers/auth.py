@@ -3,8 +3,8 @@
 The token is looked up by its SHA-256 (only the hash is stored). On success
 request.user is the node's provider and request.auth the Node. Any token that is not a
 node's current one — never issued, replaced when the provider rotated it, or its node
-retired — gets the
-same 401 (INVALID_TOKEN): the answer never tells which tokens exist or existed.
+retired — gets the same 401 (INVALID_TOKEN): the answer never tells which tokens exist or
+existed.
 """
 
 from __future__ import annotations
