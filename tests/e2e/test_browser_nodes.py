@@ -61,9 +61,11 @@ def test_copy_rename_refused_retire_then_retire(live_server, browser):  # noqa: 
     assert Node.objects.get(pk=node.pk).retired_at is None
     browser.shot("node-retire-refused")
 
-    # the lease ends: now it retires, and the portal no longer lists it
+    expect(page.locator("#retire-refusal")).to_contain_text(f"#{lease.pk}")
+    # the lease ends: the page stops saying why not (no reload), the node retires, and
+    # the portal no longer lists it
     stop_lease(buyer_id=buyer.pk, lease_id=lease.pk)
-    page.goto(f"{live_server.url}/provider/nodes/{node.pk}/")
+    expect(page.locator("#retire-refusal")).to_have_count(0, timeout=15_000)
     page.get_by_label(re.compile("I understand: its asks are cancelled")).check()
     page.get_by_role("button", name="Retire node").click()
     page.wait_for_url(re.compile(r"/provider/$"))
