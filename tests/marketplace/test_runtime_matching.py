@@ -156,6 +156,19 @@ def test_a_node_that_switches_to_docker_fills_the_bids_that_waited_for_it(
     assert Lease.objects.get(fill__bid=resting).node_id == proc.pk
 
 
+@pytest.mark.django_db
+def test_a_crossed_book_says_a_bid_without_command_waits_for_a_docker_node():
+    user, proc, _ = _process_node(name="proc")
+    registered_node(RTX4090_DUMP, name="dock", user=user, own_uuids=True)
+    ask(user, proc, market="rtx-4090", price=1_000_000)
+    bid(funded_buyer(), market="rtx-4090", gpus=1, price=3_000_000)  # rests over the ask
+    from marketplace.models import GpuClass
+    from marketplace.selectors import crossed_note
+    note = crossed_note(GpuClass.objects.get(slug="rtx-4090").pk, 1_000_000)
+    assert note == ("bids at or above the best ask rest: they need a node with Docker "
+                    "(no command given) that no offer meets")
+
+
 def _lot(user, node, gpus=2):
     return auctions.open_auction(provider_id=user.pk, node_id=node.pk, gpus=gpus,
                                  reserve_price=1_000_000, duration_seconds=3600,
