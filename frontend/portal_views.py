@@ -32,13 +32,13 @@ from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
 from providers.models import Node, Provider
+from providers.recordings import unregistered_dump
 from providers.services import (
     ProviderError,
     node_create,
     node_rename,
     provider_onboard,
     runner_heard,
-    unregistered_dump,
 )
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from marketplace.models import Order
-from providers import services as provider_services
+from providers import recordings
 from providers.models import Node
 from tests.conftest import DATA
 from tests.factories import RTX4090_DUMP, ask, bid, funded_buyer, registered_node
@@ -139,8 +139,8 @@ def test_the_suggested_recording_registers_on_a_new_node(provider):
     user = provider[0]
     for taken in (RTX4090_DUMP, A10_DUMP):
         registered_node(taken, name=taken.stem[:20], user=user)
-    suggested = provider_services.unregistered_dump()
+    suggested = recordings.unregistered_dump()
     assert suggested and "h100" not in suggested and "rtx-4090" not in suggested
     assert "a10-x1" not in suggested
     registered_node(DATA / suggested.removeprefix("data/"), name="new", user=user)
-    assert provider_services.unregistered_dump() != suggested
+    assert recordings.unregistered_dump() != suggested
