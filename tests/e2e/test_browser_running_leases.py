@@ -3,7 +3,8 @@ server, its periodic refresh standing in for the feed): a pending lease shows St
 Extend and "… s once running"; once the runner reports it running, without a reload, its
 time left and cost so far count on by themselves (leases.js: price × GPUs × seconds //
 3600, from started_at and ends_at); an extension made elsewhere (the API, the CLI)
-corrects the time left at the next update, and the cost keeps its per-second rate."""
+corrects the time left at the next update, and the cost keeps its per-second rate; its
+Stop and Extend stay in view (under its status, not past the table's right edge)."""
 
 from __future__ import annotations
 
@@ -76,5 +77,9 @@ def test_time_left_and_cost_count_live_and_follow_an_extension(live_server, brow
     assert _seconds(left.inner_text()) <= 7200 - 30
     assert _micros(cost.inner_text()) >= later  # the cost so far goes on, never back
     assert page.evaluate("window.__noReload") == marker
+    # the running row's buttons are in view, not behind the table's sideways scroll
+    for name in ("Stop…", "Extend…"):
+        box = row.get_by_role("link", name=name).bounding_box()
+        assert box and box["x"] + box["width"] <= page.viewport_size["width"], (name, box)
     browser.shot("lease-running-extended")
     assert browser.errors == []
