@@ -49,6 +49,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from core import metrics
 from frontend import feed
 
 try:
@@ -148,6 +149,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if getattr(settings, "FEED_DIRECT_WRITES", True):
             self._socket = direct_socket(self.base_send)
         await self.hub.join(group, self)
+        metrics.feed_client(group, +1)
         self._put(self._snapshot_item())  # first in the queue: before any event
         self._sender = asyncio.create_task(self._send_loop())
 
@@ -268,6 +270,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                 await self._sender
         if self.group and self.hub is not None:
             await self.hub.leave(self.group, self)
+            metrics.feed_client(self.group, -1)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         try:

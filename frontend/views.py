@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, env_templates, interconnect, runtimes, selectors
+from marketplace import book, checkpoint_reports, env_templates, interconnect, runtimes, selectors
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -319,6 +319,7 @@ def _lease_rows(leases, *, role: str):
     leases = list(leases)
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))
+    saved = checkpoint_reports.by_lease([x.pk for x in leases])  # issue 15
     rows = []
     now = timezone.now()
     for x in leases:
@@ -354,6 +355,9 @@ def _lease_rows(leases, *, role: str):
             "jupyter": jupyter_link(x) if role == "buyer" and x.status in Lease.ACTIVE
             else None,
             "secret_names": sealed_names(x.secrets_sealed),
+            # the bucket (never its credentials) and the runner's last reports
+            "checkpoint_url": (x.checkpoint or {}).get("url", ""),
+            "checkpoints": saved.get(x.pk, []),
         })
     return rows
 

@@ -41,7 +41,7 @@ from settlement.models import Hold
 
 # a bid's or lease's sealed secrets (marketplace/sealing.py): never on an admin page, not
 # even as ciphertext
-SEALED_COLUMNS = ["secrets_sealed"]
+SEALED_COLUMNS = ["secrets_sealed", "checkpoint_sealed"]
 
 
 class OrderEventInline(StrictTabularInline):

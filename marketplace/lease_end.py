@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from core import metrics
 from marketplace import locking, matching, preemption
 from marketplace.errors import Conflict
 from marketplace.leases import hold_ids as lease_hold_ids
@@ -77,6 +78,7 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
     move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
           update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
                          "settled_at"))
+    metrics.lease_ended(status, cause)
     lease.lease_gpus.update(active=False)
     if lease.ask_id:
         matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from core import metrics
 from marketplace import interconnect, ssh_keys
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
@@ -92,13 +93,15 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
-                 nvlink_gang: int = 0) -> Lease:
+                 nvlink_gang: int = 0, checkpoint: dict | None = None,
+                 checkpoint_sealed: str = "") -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
     Conflict (nothing written) when the node cannot give them. The hold is named
     "lease:<id>" (a given one, a sealed bid's, is renamed so). The bid's workload terms
-    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are);
+    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets and its
+    checkpoint store with its sealed credentials, as they are);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
     with one, docs/MATCHING.md), and so is a process-only node without `command`
     (runtimes.py); with `ssh`, the buyer's SSH public keys as they are now
@@ -129,6 +132,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         port_roles=port_roles, ssh=ssh,
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
+        checkpoint=dict(checkpoint or {}), checkpoint_sealed=checkpoint_sealed,
         jupyter_token_sealed=new_jupyter_token(port_roles),
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
@@ -147,6 +151,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
+        checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
     )
 
@@ -194,6 +199,7 @@ def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None
         lease.endpoints = cleaned or []
         move(lease, "running", cause=f"container {container_id[:12]} running", at=now,
               update_fields=("container_id", "started_at", "ends_at", "endpoints"))
+        metrics.lease_running(lease.market.slug, lease.created_at, now)
     log.info("lease %s: running in container %s", lease.pk, container_id[:12])
     return lease
 

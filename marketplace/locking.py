@@ -19,6 +19,7 @@ from django.db import OperationalError, transaction
 from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 
+from core import metrics
 from marketplace import engine, interconnect
 from marketplace.env_templates import cuda_key
 from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
@@ -69,6 +70,7 @@ _LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" 
              'WHERE "id" = %s RETURNING *')
 
 
+@metrics.LOCK_WAIT.time()
 def lock_market(market_id: int) -> GpuClass:
     """Take the order book's single-writer lock for the rest of the transaction (the row
     lock of an UPDATE of the GPU class row, which bumps its book_version).

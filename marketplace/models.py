@@ -88,10 +88,11 @@ class Order(StateMachine):
 
     TRANSITIONS = {
         "open": {"partially_filled", "filled", "cancelled", "expired"},
-        "partially_filled": {"partially_filled", "filled", "cancelled", "expired"},
+        # an ask all of whose GPUs came back from ended leases is "open" again
+        "partially_filled": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask whose GPUs come back from an ended lease stands again; its provider may
         # withdraw it meanwhile (its leases run on; their GPUs then stay off the market)
-        "filled": {"partially_filled", "cancelled"},
+        "filled": {"open", "partially_filled", "cancelled"},
     }
     ACTIVE = ("open", "partially_filled")
 
@@ -146,6 +147,14 @@ class Order(StateMachine):
         blank=True, default="",
         help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
                   "shown, only handed to the runner of its leases")
+    # Checkpoints (issue 15, marketplace/checkpoints.py, docs/CHECKPOINTS.md)
+    checkpoint = models.JSONField(
+        default=dict, blank=True,
+        help_text="bid: its checkpoint store without credentials: {url, endpoint_url, "
+                  "region, path, max_bytes}; {}: none")
+    checkpoint_sealed = models.TextField(
+        blank=True, default="",
+        help_text="bid: Fernet token of the store's credentials (sealing.py); never shown")
     interconnect = models.CharField(
         max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
         help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
@@ -279,6 +288,9 @@ class SealedBid(StateMachine):
     env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
     secrets_sealed = models.TextField(blank=True, default="",
                                       help_text="as Order.secrets_sealed: sealed with the bid")
+    checkpoint = models.JSONField(default=dict, blank=True, help_text="as Order.checkpoint")
+    checkpoint_sealed = models.TextField(blank=True, default="",
+                                         help_text="as Order.checkpoint_sealed")
     interconnect = models.CharField(max_length=8, choices=Interconnect.choices,
                                     default=Interconnect.ANY,
                                     help_text="nvlink: the GPUs won all NVLink-connected")
@@ -374,6 +386,9 @@ class Lease(StateMachine):
                   "lease was created; the runner mounts them read-only as authorized_keys")
     env = models.JSONField(default=dict, blank=True, help_text="from the bid")
     secrets_sealed = models.TextField(blank=True, default="", help_text="from the bid")
+    checkpoint = models.JSONField(default=dict, blank=True,
+                                  help_text="from the bid (as Order.checkpoint)")
+    checkpoint_sealed = models.TextField(blank=True, default="", help_text="from the bid")
     jupyter_token_sealed = models.TextField(
         blank=True, default="",
         help_text="Fernet token of the lease's Jupyter token (a 'jupyter' port role): the "

@@ -7,9 +7,19 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, nodes, runner, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import (  # noqa: F401
+    accounts,
+    errors,
+    nodes,
+    runner,
+    runner_checkpoints,
+    schema,
+    ssh_keys,
+    tokens,
+)
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
+from marketplace.metrics_view import metrics_view
 from providers import api as providers_api
 from settlement import api as settlement_api
 
@@ -64,9 +74,12 @@ api_v1 = [
          name="runner-lease-event"),
     path("runner/leases/<int:pk>/logs/", runner.RunnerLeaseLogs.as_view(),
          name="runner-lease-logs"),
+    path("runner/leases/<int:pk>/checkpoints/", runner_checkpoints.RunnerCheckpointReport
+         .as_view(), name="runner-lease-checkpoints"),
 ]
 
 urlpatterns = [
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/METRICS.md)
     path("", include("frontend.urls")),  # also /admin/login/, rate-limited (frontend/login.py)
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -230,6 +230,9 @@ class ChainAddress(models.Model):
     address = models.CharField(max_length=42, unique=True, help_text="0x… checksummed")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        verbose_name_plural = "chain addresses"
+
     def __str__(self) -> str:
         return self.address
 

@@ -22,6 +22,7 @@ from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.utils import timezone
 
+from core import metrics
 from core.bulk import execute_arrays, insert_all
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
@@ -270,6 +271,7 @@ def holds_place_many(requests: list[tuple[int, int, str]]) -> list[Hold | Insuff
                        [(locked[(Kind.BUYER_AVAILABLE, buyer)][0], -amount),
                         (held[buyer], amount)], reference=reference, hold=hold)
                 for hold, (buyer, amount, reference) in zip(holds, accepted, strict=True)])
+            metrics.ledger_held(sum(amount for _, amount, _ in accepted))
             it = iter(holds)
             results = [next(it) if r is None else r for r in results]
     return results
@@ -383,6 +385,7 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
              f"platform {format_usd(parts.platform_fee)}; released {format_usd(released)}",
         reference=reference, hold=holds[0], idempotency_key=idempotency_key,
     )
+    metrics.ledger_captured(amount, parts.platform_fee)
     for hold, take, fee, rest in shares:
         hold.captured += take
         hold.captured_fee += fee

@@ -14,6 +14,7 @@ from django.db import connections
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from core import metrics
 from core.after_commit import AfterCommitThread, PerProcess, group_send_all, namespace
 from core.after_commit import is_local as _is_local
 from frontend.feed.counters import DEPTH_COVERED, DEPTH_WAIT, counter
@@ -170,6 +171,7 @@ class Publisher(AfterCommitThread["Batch"]):
                            "ns": ns, "epoch": epoch,
                            "text": json.dumps(payload, separators=(",", ":"))})
         send_events(events, self._loop)
+        metrics.feed_messages(events)
         for pk, value in covers:  # only once sent: others may now skip their own depth
             counter().depth_done(pk, value)
 

@@ -17,9 +17,11 @@ from core.fields import (
     StrictIntegerField,
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
-from marketplace import env_templates, interconnect, selectors
+from marketplace import checkpoint_reports, env_templates, interconnect, selectors
+from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
+from marketplace.checkpoint_reports import SCHEMA as CHECKPOINTS_SCHEMA
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
@@ -250,6 +252,7 @@ class TemplateFields(serializers.Serializer):
     ssh = StrictBooleanField(required=False)
     env = WorkloadVarsField()
     secrets = WorkloadVarsField(write_only=True)
+    checkpoint = CheckpointField()  # issue 15: write-only credentials, probed at bid time
 
     def resolve_template(self, attrs: dict) -> dict:
         """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
@@ -275,7 +278,7 @@ COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the
                 "--runtime process needs a command (docs/MATCHING.md, \"Runtimes\")")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect")
+            "secrets", "interconnect", "checkpoint")
 ASK_ONLY = ("node", "available_until")
 
 
@@ -352,7 +355,8 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
-            interconnect=v["interconnect"], **{name: v[name] for name in TEMPLATE_TERMS})
+            interconnect=v["interconnect"], checkpoint=v["checkpoint"],
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:
@@ -366,11 +370,12 @@ class SecretNamesMixin:
         return sealed_names(obj.secrets_sealed)
 
 
-class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class OrderSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     price = UsdField()
     hours = serializers.SerializerMethodField()
     secret_names = secret_names_field()
+    checkpoint = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -378,7 +383,7 @@ class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  "secret_names", "match_note"]
+                  "secret_names", "checkpoint", "match_note"]
 
     match_note = serializers.SerializerMethodField()
 
@@ -433,7 +438,7 @@ class LeaseEventSerializer(serializers.Serializer):
     cause = serializers.CharField()
 
 
-class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     """A lease as its buyer or provider sees it; `connect` (how to reach the workload,
     with the Jupyter token) for its buyer only, null for anyone else."""
 
@@ -448,6 +453,8 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     events = LeaseEventSerializer(many=True, read_only=True)
     endpoints = serializers.SerializerMethodField()
     connect = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
+    checkpoints = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -455,10 +462,16 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
+                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at",
+                  "checkpoint", "checkpoints"]
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
+
+    @extend_schema_field(CHECKPOINTS_SCHEMA)
+    def get_checkpoints(self, lease) -> list[dict]:
+        """The runner's checkpoint reports, oldest first (marketplace/checkpoint_reports.py)."""
+        return checkpoint_reports.listed(lease)
 
     def get_endpoints(self, lease) -> list[dict]:
         """Where the buyer reaches the exposed ports: [{container_port, host, host_port,
@@ -586,7 +599,7 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
         return self.resolve_template(super().validate(attrs))
 
 
-class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class SealedBidSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     """A bidder's own view of its sealed bid (its secrets by name only). `lease`: the id of
     the lease it won, null before or without one; `replaced`: in the answer to placing it,
     the id of your earlier bid on this auction that it replaced (withdrawn, its hold
@@ -597,6 +610,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
     secret_names = secret_names_field()
     replaced = serializers.SerializerMethodField()
     lease = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
 
     def get_replaced(self, obj) -> int | None:
         return getattr(obj, "replaced_bid_id", None)
@@ -611,7 +625,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
-                  "secret_names", "interconnect", "created_at", "replaced"]
+                  "secret_names", "checkpoint", "interconnect", "created_at", "replaced"]
 
 
 _templates = threading.local()

@@ -2,9 +2,10 @@
 
 Once per poll the lease list and the workloads are brought in line (start, report, stop,
 remove); health is evaluated on every heartbeat, a GPU with a fatal finding gets no lease,
-and after a lease's workload is removed no process may still hold its GPUs. The rules:
-docs/RUNNER.md ("Reconciliation", "GPUs free after a lease"); the wire protocol, push and
-polling: docs/RUNNER_PROTOCOL.md.
+and after a lease's workload is removed no process may still hold its GPUs (the lease
+reconciliation itself: reconcile.py, a mixin of Agent). The rules: docs/RUNNER.md
+("Reconciliation", "GPUs free after a lease"); the wire protocol, push and polling:
+docs/RUNNER_PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 from . import __version__, mig
 from .benchmark import post_result, run_in_subprocess, run_slices
-from .client import Conflict, MarketplaceClient, MarketplaceError, Unauthorized
+from .checkpoint import CheckpointSync
+from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_links import topology_fields
 from .gpu_processes import GpuProcess, source_for
@@ -25,28 +27,12 @@ from .health import Finding, evaluate
 from .lease import RunnerLease
 from .logtail import LOG_LINES, lease_tail
 from .nvml import PROTOCOL_KEYS, GpuSource
+from .reconcile import Reconciler, _parse_time
 from .runtime_common import Runtime, RuntimeFailure
-from .switch import stop_previous
 
 MAX_BACKOFF_S = 30.0
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
 UNREACHABLE_REMIND_S = 300.0  # at startup, "still retrying" at least this often
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    """ISO 8601 ('2025-01-01T00:00:00Z' or with an offset) → aware datetime, or None."""
-    if not value:
-        return None
-    parsed = datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _short(handle: str) -> str:
-    return handle if handle.startswith("pid-") else handle[:12]
-
-
-def _gpus(uuids: list[str]) -> str:
-    return ",".join(u[:12] + "…" if len(u) > 12 else u for u in uuids) or "no GPU"
 
 
 def print_line(message: str) -> None:
@@ -54,7 +40,7 @@ def print_line(message: str) -> None:
     print(f"{datetime.now().strftime('%H:%M:%S')} {message}", flush=True)
 
 
-class Agent:
+class Agent(Reconciler):
     """One runner. client: MarketplaceClient; gpus: an nvml.GpuSource (NvmlGpus, DumpGpus);
     runtime: a runtime_common.Runtime (DockerRuntime, ProcessRuntime). Intervals in seconds;
     grace_s: seconds between SIGTERM and SIGKILL when stopping a workload; push:
@@ -97,6 +83,7 @@ class Agent:
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
+        self.last_xid: dict[str, int] = {}  # unit uuid → the last XID code seen (metrics.py)
         # no process may hold a lease's GPUs after its workload (source None: no check)
         self.guard = ReleaseGuard(units, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
@@ -107,6 +94,8 @@ class Agent:
                               else run_in_subprocess)
         # runtimes a previous runner may have left workloads in (switch.py); set by `run`
         self.previous_runtimes: list = []
+        # a lease's checkpoint uploads and restore (checkpoint.py; issue 15)
+        self.checkpoints = CheckpointSync(client, getattr(runtime, "workspaces", None), log)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -150,6 +139,7 @@ class Agent:
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
         xids = mig.scope_xids(self.gpus.xid_events(), self._inventory)
+        self.last_xid.update((e.uuid, e.code) for e in xids if e.uuid)
         note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
@@ -240,16 +230,6 @@ class Agent:
 
     def _now(self) -> datetime:
         return datetime.now(UTC) + self._skew
-
-    def _event(self, lease_id: int, status: str, **fields) -> bool:
-        """Report an event; True if accepted, False on 409 (already known, logged)."""
-        self._stale = True  # the list changes with it (or was out of date): fetch it again
-        try:
-            self.client.post_event(lease_id, status, **fields)
-        except Conflict as exc:
-            self.log(f"lease {lease_id}: marketplace already knows ({status}: {exc.detail})")
-            return False
-        return True
 
     # -- reconciliation ------------------------------------------------------------------
     def notify(self, seq: int | None = None) -> None:
@@ -345,163 +325,6 @@ class Agent:
             if lease_id not in handles:
                 del self._sent_tails[lease_id]
 
-    def _stop(self, lease_id: int) -> None:
-        """Send the final tail, stop and remove the workload, then check that no process
-        still holds its GPUs (check_released)."""
-        uuids = self._lease_gpus.pop(lease_id, None)
-        if uuids is None:  # ended while the runner was down: the container knows its GPUs
-            uuids = next((w["gpus"].split(",") for w in self._describe()
-                          if w["lease"] == lease_id and w.get("gpus")), [])
-        self.send_log(lease_id)
-        self._sent_tails.pop(lease_id, None)
-        self.runtime.stop(lease_id, self.grace_s)
-        self.check_released(lease_id, uuids)
-
-    def _describe(self) -> list[dict]:
-        try:
-            return self.runtime.describe()
-        except RuntimeFailure:
-            return []
-
-    def reconcile(self, leases: list[RunnerLease]) -> None:
-        """Bring the workloads in line with `leases` (the GET /leases/ list)."""
-        self.take_baseline()  # before anything is stopped or started
-        # a lease its buyer stopped is treated as no longer listed: stopped and removed
-        listed = {lease.id: lease for lease in leases if not lease.stop_requested}
-        if self.previous_runtimes:  # first: a lease never runs in two runtimes
-            stop_previous(self, listed)
-        handles = self.runtime.list_leases()
-        for lease_id, lease in listed.items():
-            self._lease_gpus[lease_id] = list(lease.gpu_uuids)
-            self._secret_values[lease_id] = list(lease.secrets.values())
-        for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
-            self._stop(lease_id)
-            self.log(f"lease {lease_id}: no longer listed by the marketplace; "
-                     f"container {_short(handles[lease_id])} stopped and removed")
-        for lease_id in list(self._lease_gpus.keys() - listed.keys()):
-            del self._lease_gpus[lease_id]  # ended without a workload here
-        for lease_id in list(self._secret_values.keys() - listed.keys()):
-            del self._secret_values[lease_id]  # its last tail was sent by _stop
-        for lease_id, lease in listed.items():
-            if self._stopping is not None and self._stopping.is_set():
-                return  # stopping: the next run picks up where this one left off
-            try:
-                self._reconcile_lease(lease, handles.get(lease_id))
-            except RuntimeFailure as exc:
-                self.log(f"lease {lease_id}: {exc}")
-            except MarketplaceError as exc:
-                if exc.transient or isinstance(exc, Unauthorized):
-                    raise
-                self.log(f"lease {lease_id}: {exc}")  # e.g. 400/404 for this lease only
-
-    def _unhealthy(self, lease: RunnerLease) -> Finding | None:
-        """The fatal finding of the first leased GPU that has one (a MIG slice: its own,
-        else its parent GPU's), else None."""
-        for uuid in lease.gpu_uuids:
-            for unit in (uuid, self._parents.get(uuid)):
-                if unit in self.fatal:
-                    return self.fatal[unit]
-        return None
-
-    def _fail_unhealthy(self, lease: RunnerLease, handle: str | None, finding: Finding
-                        ) -> None:
-        """Report the lease `failed` with the finding as cause, then stop its workload."""
-        lease_id, status = lease.id, lease.status
-        usage = self._usage(lease) if status == "running" else None
-        self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
-                    usage_seconds=usage)
-        if handle is not None:
-            self._stop(lease_id)
-        where = f"container {_short(handle)} stopped and removed" if handle else "not started"
-        self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
-
-    def _reconcile_lease(self, lease: RunnerLease, handle: str | None) -> None:
-        lease_id, status = lease.id, lease.status
-        unhealthy = self._unhealthy(lease)
-        if unhealthy is not None and status in ("pending", "starting", "running"):
-            self._fail_unhealthy(lease, handle, unhealthy)
-            return
-        if status in ("pending", "starting"):
-            if handle is None:
-                if status == "pending":
-                    self._event(lease_id, "starting")
-                try:
-                    handle = self.runtime.start(lease)
-                except RuntimeFailure as exc:
-                    self._event(lease_id, "failed", cause=str(exc))
-                    self.log(f"lease {lease_id}: failed to start: {exc}")
-                    return
-                self.log(f"lease {lease_id}: started container {_short(handle)} "
-                         f"on {_gpus(lease.gpu_uuids)}")
-                mismatch = self.runtime.verify_gpus(lease)
-                if mismatch is not None:
-                    cause = f"GPU check failed: {mismatch}"[:300]
-                    self._event(lease_id, "failed", container_id=handle, cause=cause)
-                    self._stop(lease_id)
-                    self.log(f"lease {lease_id}: failed: {cause} (container removed)")
-                    return
-                check = self.runtime.last_check
-                if self.runtime.name == "docker" and " sees " not in check:
-                    self.log(f"lease {lease_id}: GPUs not verified from inside: {check}")
-            else:
-                self.log(f"lease {lease_id}: re-adopted container {_short(handle)}")
-            endpoints = self._endpoints(lease)
-            if self._event(lease_id, "running", container_id=handle, endpoints=endpoints):
-                self.log(f"lease {lease_id}: running")
-            return
-        if status != "running":
-            return
-        if handle is None:
-            cause = "the lease's container is gone (removed outside the runner)"
-            self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
-            self.log(f"lease {lease_id}: failed: {cause}")
-            return
-        ends_at = _parse_time(lease.ends_at)
-        if ends_at is not None and self._now() >= ends_at:
-            usage = self._usage(lease)
-            self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self._stop(lease_id)
-            self.log(f"lease {lease_id}: completed after {usage} s, container removed")
-            return
-        code = self.runtime.exit_status(lease_id)
-        if code is None:
-            return
-        usage = self._usage(lease)
-        if code == 0:
-            self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self.log(f"lease {lease_id}: container exited with status 0; completed after "
-                     f"{usage} s, container removed")
-        else:
-            cause = f"container exited with status {code}"
-            self._event(lease_id, "failed", container_id=handle, cause=cause,
-                        usage_seconds=usage)
-            self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
-        self._stop(lease_id)
-
-    def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
-        """Where the buyer reaches the lease's ports (runtime.endpoints), sent with
-        `running`; None (not sent) when the lease exposes none or the runtime cannot
-        publish. An engine error is logged and leaves the endpoints out."""
-        if not lease.ports:
-            return None
-        try:
-            return self.runtime.endpoints(lease)
-        except Exception as exc:  # a Docker hiccup must not keep the lease from running
-            self.log(f"lease {lease.id}: endpoints not read: {exc.__class__.__name__}")
-            return None
-
-    def _usage(self, lease: RunnerLease) -> int:
-        """Whole seconds from started_at to now (or ends_at, whichever is first); 0 if
-        the lease never started."""
-        started = _parse_time(lease.started_at)
-        if started is None:
-            return 0
-        end = self._now()
-        ends_at = _parse_time(lease.ends_at)
-        if ends_at is not None:
-            end = min(end, ends_at)
-        return max(0, int((end - started).total_seconds()))
-
     # -- the loop --------------------------------------------------------------------------
     def _sleep(self, stop: threading.Event, seconds: float) -> None:
         """Wait up to `seconds`; return at once on a push notice, within 0.2 s on `stop`."""
@@ -531,6 +354,7 @@ class Agent:
         finally:
             if self.push is not None:
                 self.push.stop()
+            self.checkpoints.join(timeout=60)  # a last upload under way finishes
 
     def _announce_until_answered(self, stop: threading.Event) -> bool:
         """Send the inventory until the marketplace takes it (True) or `stop` is set

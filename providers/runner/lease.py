@@ -24,7 +24,10 @@ class RunnerLease:
     secrets: str → str, the buyer's secrets in clear (into the workload's environment
     only, and redacted from the log tail: never logged, never in repr); stop_requested:
     the buyer stopped it (its workload is stopped and removed, as for a lease no longer
-    listed)."""
+    listed); chain_id: the id of the chain's first lease (its own on a first lease);
+    checkpoint: the bid's checkpoint store with its credentials in clear ({endpoint_url,
+    bucket, prefix, region, access_key_id, secret_access_key, path, max_bytes, restore};
+    checkpoint.py), None without one — never in repr."""
 
     id: int
     status: str | None = None
@@ -41,6 +44,8 @@ class RunnerLease:
     ssh_authorized_keys: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     stop_requested: bool = False
+    chain_id: int | None = None
+    checkpoint: dict | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -62,6 +67,9 @@ class RunnerLease:
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
             stop_requested=item.get("stop_requested") is True,
+            chain_id=item.get("chain_id"),
+            checkpoint=dict(item["checkpoint"]) if isinstance(item.get("checkpoint"), Mapping)
+            else None,
         )
 
     @classmethod

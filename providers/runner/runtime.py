@@ -32,6 +32,7 @@ from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
 from .runtime_common import RuntimeFailure, lease_env
+from .workspace import Workspaces
 
 __all__ = ["DockerRuntime", "ProcessRuntime", "RuntimeFailure", "docker_host", "lease_env"]
 
@@ -89,7 +90,8 @@ class DockerRuntime:
     keys_dir: where a lease's authorized_keys file is written (ssh_access.py; the runner
     passes `<state dir>/authorized_keys`); a lease with SSH keys and no keys_dir is
     refused. SSH's port is published like any other: each lease's port 22 gets a host port
-    of its own.
+    of its own. workspaces: where a lease with a checkpoint store gets its /workspace
+    (workspace.Workspaces; the runner passes `<state dir>/workspaces`).
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -101,7 +103,8 @@ class DockerRuntime:
     def __init__(self, node: str | None, *, client=None,
                  network_mode: str | None = lease_network.PER_LEASE,
                  simulate: bool = False, public_host: str | None = None,
-                 advertise_host: str | None = None, keys_dir: str | Path | None = None) -> None:
+                 advertise_host: str | None = None, keys_dir: str | Path | None = None,
+                 workspaces: Workspaces | None = None) -> None:
         import docker
 
         self._docker = docker
@@ -119,6 +122,7 @@ class DockerRuntime:
         self.advertise_host = advertise_host or public_host or None
         self.last_check = "not run"  # what the last verify_gpus saw, for the log
         self.keys_dir = None if keys_dir is None else Path(keys_dir)
+        self.workspaces = workspaces  # a lease's /workspace (workspace.py); None: none
 
     def _containers(self, lease_id: int | None = None) -> list:
         if self.node is None:
@@ -175,7 +179,13 @@ class DockerRuntime:
                 raise RuntimeFailure("the lease has SSH keys but this runtime has no "
                                      "directory for authorized_keys files")
             keys = ssh_access.write_keys(self.keys_dir, lease_id, lease.ssh_authorized_keys)
-            kwargs["volumes"] = ssh_access.volumes(keys)
+            kwargs.setdefault("volumes", []).extend(ssh_access.volumes(keys))
+        if lease.checkpoint:  # issue 15: the workspace at /workspace (workspace.py)
+            if self.workspaces is None:
+                raise RuntimeFailure("the lease has a checkpoint store but this runtime has "
+                                     "no directory for workspaces")
+            self.workspaces.create(lease_id)
+            kwargs.setdefault("volumes", []).extend(self.workspaces.volumes(lease_id))
         network = self.network_mode
         if network == lease_network.PER_LEASE:
             network = self._container_name(lease_id)

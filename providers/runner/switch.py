@@ -28,6 +28,7 @@ from .lease import RunnerLease
 from .logtail import LOG_LINES, lease_tail
 from .runtime import DockerRuntime, ProcessRuntime
 from .runtime_common import RuntimeFailure
+from .workspace import Workspaces
 
 
 def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool,
@@ -57,7 +58,8 @@ def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool
     try:
         return DockerRuntime(node, network_mode=network_mode, simulate=simulate,
                              public_host=public_host, advertise_host=advertise_host,
-                             keys_dir=state_dir / "authorized_keys")
+                             keys_dir=state_dir / "authorized_keys",
+                             workspaces=Workspaces(state_dir / "workspaces"))
     except RuntimeFailure as exc:
         if name == "docker":
             raise
