@@ -36,11 +36,19 @@ def test_copy_rename_refused_retire_then_retire(live_server, browser):  # noqa: 
     page.get_by_label("Node name").fill("box-2")
     page.get_by_role("button", name="Add node and show its runner token").click()
     shown = page.get_by_label("Runner token", exact=True).input_value()
+    page.bring_to_front()  # the clipboard API writes only from a focused document
     page.get_by_role("button", name="Copy token").click()
     expect(page.locator("#copy-status")).to_have_text("Copied to the clipboard.")
     assert page.evaluate("navigator.clipboard.readText()") == shown
     expect(page.locator("#simulate-hint")).to_contain_text("a10-x1.driver-535.129.03.txt")
     browser.shot("node-token-copied")
+    # on a phone the token page and the node page scroll only downwards
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.goto(f"{live_server.url}/provider/nodes/{node.pk}/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    browser.shot("node-page-390")
+    page.set_viewport_size({"width": 1280, "height": 900})
 
     # rename box-1 from its page
     page.goto(f"{live_server.url}/provider/nodes/{node.pk}/")
