@@ -29,7 +29,15 @@ from frontend import forms as f
 from frontend.login import signup_limited
 from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
-from marketplace import book, chains, checkpoint_reports, env_templates, interconnect, selectors
+from marketplace import (
+    book,
+    chains,
+    checkpoint_reports,
+    env_templates,
+    interconnect,
+    runtimes,
+    selectors,
+)
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -273,7 +281,8 @@ def _market_context(request, market: GpuClass, form):
 
 def market(request, slug: str):
     gpu_class = get_object_or_404(GpuClass, slug=slug)
-    form = f.BidForm(request.POST or None)
+    form = f.BidForm(request.POST or None, images=runtimes.market_runs_images(gpu_class.pk),
+                     where=f"every node of {gpu_class.slug}")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")
@@ -455,7 +464,8 @@ def _auction_context(request, auction: Auction, form):
 
 def auction_detail(request, pk: int):
     auction = get_object_or_404(Auction.objects.select_related("market", "node"), pk=pk)
-    form = f.SealedBidForm(request.POST or None)
+    form = f.SealedBidForm(request.POST or None, images=runtimes.runs_images(
+        auction.node.runtime), where="this lot's node")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")

@@ -24,6 +24,7 @@ from marketplace.errors import Conflict
 from marketplace.jupyter import new_jupyter_token
 from marketplace.models import Fill, GpuClass, Lease, LeaseExtension, LeaseGpu, Order
 from marketplace.ports import clean_endpoints
+from marketplace.runtimes import can_run, needs_command
 from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
 from settlement import services as ledger
@@ -103,12 +104,15 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
     are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets and its
     checkpoint store with its sealed credentials, as they are);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
-    with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
+    with one, docs/MATCHING.md), and so is a process-only node without `command`
+    (runtimes.py); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
     token, sealed (jupyter.py)."""
     if not cuda_ok(node.cuda_version, min_cuda):
         raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
                        f"below the {min_cuda} this lease needs", field="min_cuda")
+    if not can_run(node.runtime, command):
+        raise Conflict(f"command {needs_command(f'node {node.name}')}", field="command")
     port_roles = dict(port_roles or {})
     chosen = _locked(node, market, _pick_gpus(node, market, gpus, nvlink_gang))
     lease_id = _next_lease_id()

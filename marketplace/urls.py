@@ -10,6 +10,7 @@ from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import (  # noqa: F401
     accounts,
     errors,
+    nodes,
     reliability,
     runner,
     runner_checkpoints,
@@ -55,6 +56,8 @@ api_v1 = [
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
     path("nodes/<int:pk>/reliability/", reliability.NodeReliability.as_view(),
          name="node-reliability"),
+    path("nodes/<int:pk>/", providers_api.NodeDetail.as_view(), name="node-detail"),
+    path("nodes/<int:pk>/retire/", nodes.NodeRetire.as_view(), name="node-retire"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),

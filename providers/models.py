@@ -56,6 +56,10 @@ class Node(models.Model):
     runtime = models.CharField(max_length=16, blank=True, help_text="docker | process")
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="when the provider retired the node (empty: in service); a retired node "
+                  "has no asks, no runner token and is listed nowhere, its history stays")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

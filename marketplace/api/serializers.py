@@ -291,6 +291,9 @@ class FailoverFields(serializers.Serializer):
 
 FAILOVER_TERMS = ("failover", "min_reliability")
 TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
+COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the image's own "
+                "command, which only a node with Docker runs: a node whose runner uses "
+                "--runtime process needs a command (docs/MATCHING.md, \"Runtimes\")")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
             "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS)
@@ -318,7 +321,8 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     time_in_force = serializers.ChoiceField(choices=Order.TimeInForce.choices, default="GTC")
     image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
-                                    allow_null=True, max_length=64, default=None)
+                                    allow_null=True, max_length=64, default=None,
+                                    help_text=COMMAND_HELP)
     node = StrictIntegerField(min_value=1, required=False)
     available_until = serializers.DateTimeField(required=False)
     expires_at = serializers.DateTimeField(required=False)
@@ -623,7 +627,8 @@ class SealedBidInSerializer(FailoverFields, TemplateFields, StrictInputSerialize
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
-                                    allow_null=True, max_length=64, default=None)
+                                    allow_null=True, max_length=64, default=None,
+                                    help_text=COMMAND_HELP)
     ports = ports_field()
     interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 

@@ -38,6 +38,8 @@ class Bid:
         min_rel: lowest node reliability, per mille (0.95 → 950); 0: none. It fills only
             against asks with ``rel >= min_rel``.
         avoid_node: a node it never fills on (a failed lease's); 0: none.
+        image_only: it gives no command (its image's own command runs), so it fills only
+            against asks whose node runs container images (``Ask.runs_images``).
     """
 
     id: int
@@ -52,6 +54,7 @@ class Bid:
     nvlink: bool = False
     min_rel: int = 0
     avoid_node: int = 0
+    image_only: bool = False
 
 
 @dataclass(slots=True)
@@ -70,6 +73,9 @@ class Ask:
         cuda: the node's CUDA version, major * 1000 + minor; 0: unknown (then it fills
             only bids with no ``min_cuda``).
         rel: the node's reliability, per mille; 1000 when it has no record yet.
+        runs_images: the node's runner runs container images (Docker); False: only local
+            processes (``--runtime process``), which need the bid's command, so it fills no
+            ``image_only`` bid.
     """
 
     id: int
@@ -81,6 +87,7 @@ class Ask:
     seq: int
     cuda: int = 0
     rel: int = 1000
+    runs_images: bool = True
 
 
 @dataclass(frozen=True, slots=True)
