@@ -31,7 +31,8 @@ def _seconds(text: str) -> int:
 
 
 def _micros(text: str) -> int:
-    whole, frac = text.removesuffix(" so far").split(".")
+    text = text.removesuffix(" so far").removeprefix("$")  # "$0.000062 so far"
+    whole, frac = text.split(".") if "." in text else (text, "")
     return int(whole) * 1_000_000 + int(frac.ljust(6, "0"))
 
 
