@@ -22,7 +22,7 @@ from frontend.views import (
     container_terms,
     usd,
 )
-from marketplace import book, env_templates, offers, price_history, selectors
+from marketplace import book, env_templates, offers, price_history, runtimes, selectors
 from marketplace.catalog import slice_label
 from marketplace.errors import InvalidInput, MarketError
 from marketplace.models import Fill, GpuClass, Lease, Order
@@ -49,7 +49,8 @@ def _depth_rows(levels):
 
 OFFER_COLUMNS = [  # (sort key or "", heading), in the table's order
     ("node", "Node"), ("provider", "Provider"), ("tflops", "BF16 TFLOPS measured / datasheet"),
-    ("reliability", "Reliability"), ("cuda", "Driver / CUDA"), ("", "GPUs and interconnect"),
+    ("reliability", "Reliability (30 days)"), ("cuda", "Driver / CUDA"),
+    ("", "GPUs and interconnect"),
     ("gpus", "GPUs free"), ("price", "Price"), ("available_until", "Available until"),
 ]
 
@@ -61,7 +62,8 @@ def offer_view(row: dict) -> dict:
     return {"ask": row["ask"], "node_id": row["node"]["id"], "node": row["node"]["name"],
             "provider": row["provider"], "measured": tflops(row["measured_tflops"]),
             "datasheet": tflops(row["datasheet_tflops"]),
-            "reliability": "—" if row["reliability"] is None else str(row["reliability"]),
+            # the node's 30-day record (marketplace/reliability.py); "new": none yet
+            "reliability": "new" if row["reliability"] is None else str(row["reliability"]),
             "driver": row["driver_version"] or "—", "cuda": row["cuda_version"] or "—",
             "interconnect": row["summary"] or "—", "gpus_free": row["gpus_free"],
             "price": money.price(row["price"]),  # "$2.865 /GPU-h"
@@ -163,7 +165,9 @@ def _market_context(request, market: GpuClass, form):
 
 def market(request, slug: str):
     gpu_class = get_object_or_404(GpuClass, slug=slug)
-    form = f.BidForm(request.POST or None, initial=_bid_initial(request, gpu_class))
+    form = f.BidForm(request.POST or None, initial=_bid_initial(request, gpu_class),
+                     images=runtimes.market_runs_images(gpu_class.pk),
+                     where=f"every node of {gpu_class.slug}")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")
@@ -175,7 +179,7 @@ def market(request, slug: str):
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
                     interconnect=v["interconnect"] or "any", node=v.get("node"),
-                    **container_terms(v))
+                    min_reliability=v.get("min_reliability"), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

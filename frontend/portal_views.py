@@ -28,12 +28,19 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, selectors
+from marketplace import book, interconnect, node_retire, reliability, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
 from providers.models import Node, Provider
-from providers.services import ProviderError, node_create, provider_onboard, runner_heard
+from providers.recordings import unregistered_dump
+from providers.services import (
+    ProviderError,
+    node_create,
+    node_rename,
+    provider_onboard,
+    runner_heard,
+)
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
 from settlement.models import ChainAddress, ConnectedAccount, Payout
@@ -41,7 +48,8 @@ from settlement.models import ChainAddress, ConnectedAccount, Payout
 # ---------------------------------------------------------------- provider portal
 
 def _portal_context(request, provider, **forms):
-    nodes = list(provider.nodes.order_by("pk")) if provider else []
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk")) \
+        if provider else []
     node_rows = []
     for n in nodes:
         gpus = list(n.gpus.all())
@@ -58,6 +66,8 @@ def _portal_context(request, provider, **forms):
     lots = Auction.objects.filter(provider=user).select_related("market").order_by("-pk")[:50]
     return {
         "provider": provider, "nodes": node_rows,
+        "retired_nodes": list(provider.nodes.filter(retired_at__isnull=False)
+                              .order_by("pk")) if provider else [],
         "provider_form": forms.get("provider_form") or f.ProviderForm(),
         "node_form": forms.get("node_form") or f.NodeForm(),
         "ask_form": forms.get("ask_form") or f.AskForm(nodes=nodes),
@@ -131,7 +141,8 @@ def _token_page(request, node, token: str, *, rotated: bool, status: int):
     """The page that shows a runner token, once: only its hash is stored; not cached."""
     site = request.build_absolute_uri("/").rstrip("/")
     response = _page(request, "frontend/node_token.html", {
-        "node": node, "token": token, "site": site, "rotated": rotated}, status=status)
+        "node": node, "token": token, "site": site, "rotated": rotated,
+        "dump": unregistered_dump()}, status=status)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -156,7 +167,51 @@ def node_rotate_token(request, pk: int):
 
 
 @member
-def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
+@require_POST
+def node_rename_page(request, pk: int):
+    """The node page's "Rename": PRG to the node page; a bad or taken name, the node page
+    again with the error next to the field (400). Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.RenameNodeForm(request.POST)
+    if form.is_valid():
+        try:
+            node = node_rename(user_id=request.user.pk, node_id=node.pk,
+                               name=form.cleaned_data["name"])
+        except ProviderError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, f"Node renamed to “{node.name}”.")
+            return redirect("node", pk=node.pk)
+    return node_detail(request, pk, rename_form=form, status=400)
+
+
+@member
+@require_POST
+def node_retire_page(request, pk: int):
+    """The node page's "Retire node" (the box ticked): PRG to the portal, saying which asks
+    were cancelled; refused (active leases, open auctions): PRG to the node page, saying
+    why; the box unticked: the node page again (400). Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.RetireNodeForm(request.POST)
+    if form.is_valid():
+        try:
+            retired = node_retire.retire_node(user_id=request.user.pk, node_id=node.pk)
+        except MarketError as exc:  # (active leases, open auctions): PRG, the reason shown
+            messages.error(request, f"Node “{node.name}” was not retired: {exc.message}.")
+            return redirect("node", pk=node.pk)
+        asks = retired.cancelled_asks
+        messages.success(request, f"Node “{node.name}” retired"
+                         + (f"; ask{'s' if len(asks) > 1 else ''} "
+                            f"{', '.join(f'#{a}' for a in asks)} cancelled." if asks else "."))
+        return redirect("portal")
+    return node_detail(request, pk, retire_form=form, status=400)
+
+
+@member
+def node_detail(request, pk: int, *, rotate_form=None, rename_form=None, retire_form=None,
+                status: int = 200):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
@@ -198,6 +253,10 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "rotate_form": rotate_form or f.RotateTokenForm(),
+        "reliability": reliability.records(node_id=node.pk),
+        "rename_form": rename_form or f.RenameNodeForm(initial={"name": node.name}),
+        "retire_form": retire_form or f.RetireNodeForm(),
+        "retire_refusal": None if node.retired_at else node_retire.refusal(node),
     }, status=status)
 
 
@@ -205,7 +264,7 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
 @require_POST
 def ask_add(request):
     provider = _require_provider(request)
-    nodes = list(provider.nodes.order_by("pk"))
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk"))
     form = f.AskForm(request.POST, nodes=nodes)
     if form.is_valid():
         v = form.cleaned_data
@@ -228,7 +287,7 @@ def ask_add(request):
 @require_POST
 def auction_add(request):
     provider = _require_provider(request)
-    nodes = list(provider.nodes.order_by("pk"))
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk"))
     form = f.AuctionForm(request.POST, nodes=nodes)
     if form.is_valid():
         v = form.cleaned_data

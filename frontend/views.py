@@ -30,7 +30,14 @@ from frontend import forms as f
 from frontend.login import signup_limited
 from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
-from marketplace import book, checkpoint_reports, env_templates, selectors
+from marketplace import (
+    book,
+    chains,
+    checkpoint_reports,
+    env_templates,
+    runtimes,
+    selectors,
+)
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -287,6 +294,10 @@ def _lease_rows(leases, *, role: str):
             # the bucket (never its credentials) and the runner's last reports
             "checkpoint_url": (x.checkpoint or {}).get("url", ""),
             "checkpoints": saved.get(x.pk, []),
+            # issue 15: the chain's story (failover) and the provider's fault credit
+            "chain": (chains.story(chains.chain_of(x))  # the buyer's: other nodes' names
+                      if role == "buyer" and (x.chain_id or x.status == "failed") else []),
+            "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
         })
     return rows
 
@@ -370,7 +381,8 @@ def _auction_context(request, auction: Auction, form):
 
 def auction_detail(request, pk: int):
     auction = get_object_or_404(Auction.objects.select_related("market", "node"), pk=pk)
-    form = f.SealedBidForm(request.POST or None)
+    form = f.SealedBidForm(request.POST or None, images=runtimes.runs_images(
+        auction.node.runtime), where="this lot's node")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")

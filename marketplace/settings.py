@@ -32,6 +32,8 @@ Variables (default in brackets):
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
+- GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
+  buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_API_TOKEN_TTL_DAYS [30]: how long an API token is valid (marketplace/api_tokens.py);
@@ -249,6 +251,7 @@ CELERY_BEAT_SCHEDULE = {
     # exports gpumarket_ledger_check_ok (docs/METRICS.md); 0: not scheduled
     "ledger-check": {"task": "settlement.tasks.ledger_check",
                      "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
+    "resume-failovers": {"task": "marketplace.tasks.resume_failovers", "schedule": 10.0},
 }
 if not CELERY_BEAT_SCHEDULE["ledger-check"]["schedule"]:
     del CELERY_BEAT_SCHEDULE["ledger-check"]
@@ -385,6 +388,7 @@ GPUMARKET_MARKET_LOCK_TIMEOUT_MS = env.int("GPUMARKET_MARKET_LOCK_TIMEOUT_MS", d
 if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_FAULT_CREDIT_MINUTES = env.int("GPUMARKET_FAULT_CREDIT_MINUTES", default=30)
 GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
 if GPUMARKET_API_TOKEN_TTL_DAYS < 1:
     raise ImproperlyConfigured("GPUMARKET_API_TOKEN_TTL_DAYS must be at least 1")

@@ -12,8 +12,10 @@ engine brief):
 * A resting order the incoming one cannot use is skipped and stays in the book: the
   lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
   the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
-  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and be the
-  bid's node when it names one (``bid.node``).
+  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and its
+  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, be the
+  bid's ``node`` when it names one, and run the bid's workload (an ``image_only`` bid needs
+  an ask whose node ``runs_images``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
@@ -249,6 +251,9 @@ class OrderBook:
         bid_id = bid.id
         end = now + bid.duration_s
         need = bid.min_cuda
+        mrel = bid.min_rel
+        avoid = bid.avoid_node
+        image = bid.image_only
         left = bid.gpus
         nv = bid.nvlink
         only = bid.node
@@ -279,7 +284,8 @@ class OrderBook:
                     tot -= ag
                     stc.append(a.id)
                 elif (ag < gang or end > a.available_until or (need and a.cuda < need)
-                      or (only and a.node != only)):
+                      or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
+                      or (image and not a.runs_images) or (only and a.node != only)):
                     j += 1
                     continue
                 else:
@@ -341,6 +347,8 @@ class OrderBook:
         node = ask.node
         window = ask.available_until - now
         cuda = ask.cuda
+        rel = ask.rel
+        processes = not ask.runs_images
         left = ask.gpus
         nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
         dead = 0
@@ -372,7 +380,8 @@ class OrderBook:
                 else:
                     gang = b.gang
                     if (gang > left or b.duration_s > window or b.min_cuda > cuda
-                            or (b.node and b.node != node)):
+                            or b.min_rel > rel or b.avoid_node == node
+                            or (processes and b.image_only) or (b.node and b.node != node)):
                         j += 1
                         continue
                     k = left // gang
@@ -428,6 +437,7 @@ class OrderBook:
         owner = bid.owner
         end = now + bid.duration_s
         need = bid.min_cuda
+        image = bid.image_only
         only = bid.node
         got = 0
         seen: list[Fill] = []
@@ -439,7 +449,8 @@ class OrderBook:
                 a = cell[0]
                 if (a is None or a.owner == owner or a.gpus < gang
                         or end > a.available_until or (need and a.cuda < need)
-                        or (only and a.node != only)):
+                        or a.rel < bid.min_rel or a.node == bid.avoid_node
+                        or (image and not a.runs_images) or (only and a.node != only)):
                     continue
                 k = a.gpus // gang
                 if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs

@@ -127,11 +127,13 @@
   function offerView(r) {
     return {ask: r.ask, node_id: r.node.id, node: r.node.name, provider: r.provider,
             measured: decimalText(r.measured_tflops), datasheet: decimalText(r.datasheet_tflops),
-            reliability: decimalText(r.reliability), driver: r.driver_version || "—",
+            reliability: r.reliability === null ? "new" : String(r.reliability),
+            driver: r.driver_version || "—",
             cuda: r.cuda_version || "—", interconnect: r.summary || "—",
             gpus_free: r.gpus_free, price: GM.price(r.price),
             until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC"};
   }
+  function rel(text) { var td = cell(text, true); td.className = "num offer-reliability"; return td; }
   function drawOffers(rows) {
     var body = document.getElementById("offer-rows");
     if (!body) return;
@@ -141,7 +143,7 @@
       tr.dataset.node = o.node_id; tr.dataset.ask = o.ask;
       var node = cell(o.node); node.className = "offer-node"; node.title = o.node;
       var prov = cell(o.provider); prov.title = o.provider;
-      [node, prov, cell(o.measured + " / " + o.datasheet, true), cell(o.reliability),
+      [node, prov, cell(o.measured + " / " + o.datasheet, true), rel(o.reliability),
        cell(o.driver + " / " + o.cuda), cell(o.interconnect), cell(o.gpus_free, true),
        cell(o.price, true), cell(o.until)].forEach(function (td) { tr.appendChild(td); });
       var td = document.createElement("td"), a = document.createElement("a");
