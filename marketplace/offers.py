@@ -105,7 +105,8 @@ def offer_rows(market: GpuClass) -> list[dict]:
     "cuda_key", "interconnect" (topology words; "" for a lone GPU), "summary" ("8 × H100
     SXM 80GB, NVLink full mesh": interconnect.describe_gpus), "node_gpus",
     "measured_tflops" (Decimal or None), "datasheet_tflops" (Decimal or None),
-    "reliability" (the node's, when the model has it; else None)}."""
+    "reliability" (Node.reliability, 30 days, marketplace/reliability.py; None: no record
+    yet)}."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
                 .select_related("node__provider").order_by("price", "pk")[:LIMIT])
@@ -134,7 +135,7 @@ def offer_rows(market: GpuClass) -> list[dict]:
             "node_gpus": len(by_node.get(node.pk, [])),
             "measured_tflops": _median(measured.get(node.pk, [])),
             "datasheet_tflops": market.bf16_dense_tflops,
-            "reliability": getattr(node, "reliability", None),
+            "reliability": node.reliability,
             "provider_key": node.provider.display_name.casefold(),
             "node_key": node.name.casefold(),
         })

@@ -31,7 +31,8 @@ class OfferRowSerializer(serializers.Serializer):
     mesh", "PCIe only", "" for a lone GPU), `summary` ("8 × H100 SXM 80GB, NVLink full
     mesh"), `node_gpus`, `measured_tflops` (BF16 dense,
     the node's median of its healthy GPUs' latest passed benchmarks; null: not
-    benchmarked), `datasheet_tflops`, `reliability` (null until nodes carry one)."""
+    benchmarked), `datasheet_tflops`, `reliability` (the node's 30-day record, "0.975";
+    null: none yet, docs/FAULTS.md)."""
 
     ask = serializers.IntegerField()
     node = NodeRefSerializer()

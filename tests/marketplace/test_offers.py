@@ -147,7 +147,7 @@ def test_offer_rows_say_what_tells_the_asks_apart(two_nodes):
     assert rows[0]["datasheet_tflops"] == market.bf16_dense_tflops
     assert rows[1]["cuda_version"] == "12.4" and rows[0]["driver_version"]
     assert rows[0]["interconnect"]  # the recorded H100 host's NVLink words
-    assert rows[0]["reliability"] is None  # until nodes carry one
+    assert rows[0]["reliability"] is None  # no record yet
 
 
 @pytest.mark.django_db
