@@ -87,7 +87,8 @@ class Order(StateMachine):
         FOK = "FOK"
 
     TRANSITIONS = {
-        "open": {"partially_filled", "filled", "cancelled", "expired"},
+        # open → open: GPUs back on an ask that had been sold out and freed again
+        "open": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask all of whose GPUs came back from ended leases is "open" again
         "partially_filled": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask whose GPUs come back from an ended lease stands again; its provider may
