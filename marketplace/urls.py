@@ -12,6 +12,7 @@ from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
 from settlement import api as settlement_api
+from webhooks import api as webhooks_api
 
 api_v1 = [
     path("signup/", accounts.Signup.as_view(), name="signup"),
@@ -53,6 +54,11 @@ api_v1 = [
     path("chain/address/", settlement_api.ChainAddressView.as_view(), name="chain-address"),
     path("stripe/webhook/", settlement_api.StripeWebhook.as_view(), name="stripe-webhook"),
     path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
+    path("webhooks/", webhooks_api.EndpointList.as_view(), name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks_api.EndpointDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<int:pk>/deliveries/", webhooks_api.EndpointDeliveries.as_view(),
+         name="webhook-deliveries"),
+    path("webhooks/<int:pk>/test/", webhooks_api.EndpointTest.as_view(), name="webhook-test"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
     path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),
