@@ -71,6 +71,6 @@ def _enqueue(endpoint_ids: list[int]) -> None:
     for pk in endpoint_ids:
         try:
             current_app.send_task(TASK, args=[pk])
-        except Exception as exc:  # noqa: BLE001 (any broker error: the sweep delivers)
+        except Exception as exc:  # any broker error: the sweep delivers
             log.warning("webhook endpoint %s: delivery not queued (%s); the sweep will",
                         pk, type(exc).__name__)
