@@ -81,6 +81,8 @@ def attempt(delivery: WebhookDelivery) -> bool:
             error = f"answered HTTP {status}"
     except targets.TargetRefused as exc:
         error = f"url refused: {exc}"
+    except urllib3.exceptions.NewConnectionError:  # before TimeoutError: its subclass
+        error = "connection failed (refused or unreachable)"
     except urllib3.exceptions.TimeoutError:
         error = "timed out"
     except (urllib3.exceptions.HTTPError, OSError) as exc:
