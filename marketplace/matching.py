@@ -20,6 +20,7 @@ from marketplace.models import Fill, GpuClass, Lease, Order
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import format_usd, lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.market")
 
@@ -92,6 +93,10 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
             order.set_status(status, cause=f"fill {fill.pk}: {f.gpus} GPUs at "
                              f"{format_usd(f.price)} USD/GPU-hour",
                              at=now, update_fields=("remaining_gpus", *locking.touch(order)))
+            webhooks.emit(order.owner_id, "order.filled", {
+                "order": order.pk, "side": order.side, "status": status, "fill": fill.pk,
+                "lease": leases[-1].pk, "gpus": f.gpus, "price_usd_micros": f.price,
+                "remaining_gpus": order.remaining_gpus})
         if bid.remaining_gpus == 0:
             ledger.hold_release(hold_id=bid.hold_id, cause=f"order {bid.pk} filled")
         log.info("fill %s: bid %s × ask %s, %s GPUs at %s", fill.pk, bid.pk, ask.pk,
