@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import lease_views, login, portal_views, ssh_views, stripe_views, views
+from frontend import lease_views, login, portal_views, ssh_views, stripe_views, views, webhook_views
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 
 urlpatterns = [
@@ -24,6 +24,10 @@ urlpatterns = [
     path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
     path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,
          name="wallet-topup-return"),
+    path("webhooks/", webhook_views.webhooks_page, name="webhooks-page"),
+    path("webhooks/add/", webhook_views.webhook_add, name="webhook-add-page"),
+    path("webhooks/<int:pk>/test/", webhook_views.webhook_test, name="webhook-test-page"),
+    path("webhooks/<int:pk>/delete/", webhook_views.webhook_delete, name="webhook-delete-page"),
     path("markets/<gpuclass:slug>/", views.market, name="market"),
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),
