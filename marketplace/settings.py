@@ -44,6 +44,8 @@ Variables (default in brackets):
   after GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS [10] doubling up to …_RETRY_MAX_SECONDS
   [3600], for …_RETRY_WINDOW_SECONDS [86400] after the event; GPUMARKET_WEBHOOK_SWEEP_SECONDS
   [2]: how often the beat queues due retries; GPUMARKET_WEBHOOK_MAX_ENDPOINTS [20] per user.
+  Alert rules: GPUMARKET_ALERT_EVALUATE_SECONDS [15]: how often the worker evaluates them;
+  GPUMARKET_ALERT_MAX_RULES [50] per user.
 - LOG_LEVEL [INFO]: gpumarket's own loggers; DJANGO_LOG_LEVEL [ERROR]: Django's.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
@@ -156,6 +158,7 @@ INSTALLED_APPS = [
     "providers",
     "marketplace",
     "webhooks",
+    "alerts",
     "frontend",
 ]
 
@@ -246,6 +249,9 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-due-webhooks": {"task": "webhooks.tasks.deliver_due_webhooks",
                              "schedule": env.float("GPUMARKET_WEBHOOK_SWEEP_SECONDS",
                                                    default=2.0)},
+    "evaluate-alert-rules": {"task": "alerts.tasks.evaluate_alert_rules",
+                             "schedule": env.float("GPUMARKET_ALERT_EVALUATE_SECONDS",
+                                                   default=15.0)},
 }
 # Webhooks (docs/WEBHOOKS.md; variables in this module's docstring)
 GPUMARKET_WEBHOOK_ALLOW_PRIVATE = env.bool("GPUMARKET_WEBHOOK_ALLOW_PRIVATE", default=False)
@@ -260,6 +266,7 @@ GPUMARKET_WEBHOOK_RETRY_MAX_SECONDS = env.float("GPUMARKET_WEBHOOK_RETRY_MAX_SEC
 GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS = env.int("GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS",
                                                  default=86400)
 GPUMARKET_WEBHOOK_MAX_ENDPOINTS = env.int("GPUMARKET_WEBHOOK_MAX_ENDPOINTS", default=20)
+GPUMARKET_ALERT_MAX_RULES = env.int("GPUMARKET_ALERT_MAX_RULES", default=50)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from alerts import api as alerts_api
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, runner_checkpoints, schema, ssh_keys, tokens  # noqa: F401
 from marketplace.api import views as market
@@ -59,6 +60,8 @@ api_v1 = [
     path("webhooks/<int:pk>/deliveries/", webhooks_api.EndpointDeliveries.as_view(),
          name="webhook-deliveries"),
     path("webhooks/<int:pk>/test/", webhooks_api.EndpointTest.as_view(), name="webhook-test"),
+    path("alert-rules/", alerts_api.AlertRuleList.as_view(), name="alert-rules"),
+    path("alert-rules/<int:pk>/", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
     path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),

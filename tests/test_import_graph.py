@@ -14,7 +14,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "marketplace", "settlement", "providers", "webhooks", "frontend", "buyer_cli")
+PACKAGES = ("core", "marketplace", "settlement", "providers", "webhooks", "alerts", "frontend",
+            "buyer_cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -107,7 +108,9 @@ FORBIDDEN = [
     # what the market's and settlement's services call (webhooks.emit): this app alone
     ("webhooks.events", ("core", "marketplace", "settlement", "providers", "frontend")),
     ("webhooks.models", ("core", "marketplace", "settlement", "providers", "frontend")),
-    ("webhooks", ("frontend", "settlement", "providers")),
+    ("webhooks", ("frontend", "settlement", "providers", "alerts")),
+    ("alerts.rules", ("core", "marketplace", "settlement", "providers", "frontend",
+                      "webhooks")),  # the parser: plain Python
 ]
 NO_DJANGO = ("providers.runner", "buyer_cli")  # programs on other machines: HTTP only
 

@@ -28,6 +28,8 @@ EVENT_TYPES = {
     "health.finding": "a GPU of your lease or node turned unhealthy or recovered",
     "payout.paid": "a payout of yours was paid",
     "topup.credited": "a top-up reached your wallet",
+    "alert.fired": "an alert rule of yours fired on a lease or node",
+    "alert.resolved": "an alert rule of yours stopped firing",
     "webhook.test": "the test event of an endpoint's 'send test event'",
 }
 TASK = "webhooks.tasks.deliver_endpoint"
