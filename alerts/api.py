@@ -22,13 +22,13 @@ from core.fields import StrictCharField, StrictInputSerializer
 from marketplace.errors import InvalidInput, NotFound
 
 
-class IncidentOut(serializers.ModelSerializer):
+class AlertIncidentOut(serializers.ModelSerializer):
     class Meta:
         model = AlertIncident
         fields = ["subject", "values", "fired_at", "resolved_at"]
 
 
-class RuleOut(serializers.ModelSerializer):
+class AlertRuleOut(serializers.ModelSerializer):
     incidents = serializers.SerializerMethodField()
 
     class Meta:
@@ -37,14 +37,14 @@ class RuleOut(serializers.ModelSerializer):
                   "incidents"]
 
     def get_incidents(self, rule) -> list[dict]:
-        return IncidentOut(rule.incidents.all()[:20], many=True).data
+        return AlertIncidentOut(rule.incidents.all()[:20], many=True).data
 
 
-class RulesOut(serializers.Serializer):
-    results = RuleOut(many=True)
+class AlertRulesOut(serializers.Serializer):
+    results = AlertRuleOut(many=True)
 
 
-class RuleIn(StrictInputSerializer):
+class AlertRuleIn(StrictInputSerializer):
     expression = StrictCharField(max_length=rules.MAX_CHARS, help_text=(
         "conditions joined by AND: METRIC OP NUMBER [UNIT] [FOR 30m], e.g. "
         "`gpu_utilization < 5% FOR 30m AND lease_cost > 50 USD`; metrics: "
@@ -62,14 +62,14 @@ def _rule(user_id: int, pk: int) -> AlertRule:
 class AlertRuleList(APIView):
     """List or add your alert rules."""
 
-    @extend_schema(responses=RulesOut)
+    @extend_schema(responses=AlertRulesOut, operation_id="alert_rules_list")
     def get(self, request):
         found = AlertRule.objects.filter(user=request.user)
-        return Response({"results": RuleOut(found, many=True).data})
+        return Response({"results": AlertRuleOut(found, many=True).data})
 
-    @extend_schema(request=RuleIn, responses={201: RuleOut})
+    @extend_schema(request=AlertRuleIn, responses={201: AlertRuleOut})
     def post(self, request):
-        data = RuleIn(data=request.data)
+        data = AlertRuleIn(data=request.data)
         data.is_valid(raise_exception=True)
         expression = data.validated_data["expression"]
         try:
@@ -84,15 +84,15 @@ class AlertRuleList(APIView):
             rule = AlertRule.objects.create(
                 user=request.user, name=data.validated_data.get("name", ""),
                 expression=expression, conditions=[c.as_json() for c in conditions])
-        return Response(RuleOut(rule).data, status=201)
+        return Response(AlertRuleOut(rule).data, status=201)
 
 
 class AlertRuleDetail(APIView):
     """One of your alert rules, with its latest incidents; or delete it."""
 
-    @extend_schema(responses=RuleOut)
+    @extend_schema(responses=AlertRuleOut)
     def get(self, request, pk: int):
-        return Response(RuleOut(_rule(request.user.pk, pk)).data)
+        return Response(AlertRuleOut(_rule(request.user.pk, pk)).data)
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, pk: int):

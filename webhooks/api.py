@@ -21,12 +21,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.fields import StrictBooleanField, StrictCharField, StrictInputSerializer
-from core.pagination import Pagination
+from core.pagination import Pagination, paginated
 from webhooks import services, targets
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
-class EndpointOut(serializers.ModelSerializer):
+class WebhookEndpointOut(serializers.ModelSerializer):
     events = serializers.ListField(child=serializers.CharField())
 
     class Meta:
@@ -34,18 +34,18 @@ class EndpointOut(serializers.ModelSerializer):
         fields = ["id", "url", "events", "enabled", "created_at"]
 
 
-class EndpointCreatedOut(EndpointOut):
+class WebhookEndpointCreatedOut(WebhookEndpointOut):
     secret = serializers.CharField(help_text="the signing secret: shown this once")
 
-    class Meta(EndpointOut.Meta):
-        fields = [*EndpointOut.Meta.fields, "secret"]
+    class Meta(WebhookEndpointOut.Meta):
+        fields = [*WebhookEndpointOut.Meta.fields, "secret"]
 
 
-class EndpointsOut(serializers.Serializer):
-    results = EndpointOut(many=True)
+class WebhookEndpointsOut(serializers.Serializer):
+    results = WebhookEndpointOut(many=True)
 
 
-class EventsField(serializers.ListField):
+class WebhookEventsField(serializers.ListField):
     child = StrictCharField(max_length=64)
     max_length = 64
 
@@ -55,20 +55,20 @@ class EventsField(serializers.ListField):
         return super().to_internal_value(data)
 
 
-class EndpointIn(StrictInputSerializer):
+class WebhookEndpointIn(StrictInputSerializer):
     url = StrictCharField(max_length=targets.MAX_URL_CHARS, trim_whitespace=False,
                           help_text="an http(s) URL whose host resolves to a public address")
-    events = EventsField(help_text=f"event types: {', '.join(services.SUBSCRIBABLE)}")
+    events = WebhookEventsField(help_text=f"event types: {', '.join(services.SUBSCRIBABLE)}")
 
 
-class EndpointPatch(StrictInputSerializer):
+class WebhookEndpointPatch(StrictInputSerializer):
     url = StrictCharField(required=False, max_length=targets.MAX_URL_CHARS,
                           trim_whitespace=False)
-    events = EventsField(required=False)
+    events = WebhookEventsField(required=False)
     enabled = StrictBooleanField(required=False)
 
 
-class DeliveryOut(serializers.ModelSerializer):
+class WebhookDeliveryOut(serializers.ModelSerializer):
     event_id = serializers.CharField()
     type = serializers.CharField(source="event.type")
 
@@ -79,43 +79,43 @@ class DeliveryOut(serializers.ModelSerializer):
                   "created_at"]
 
 
-class TestOut(serializers.Serializer):
+class WebhookTestOut(serializers.Serializer):
     event_id = serializers.CharField()
 
 
 class EndpointList(APIView):
     """List or register your webhook endpoints."""
 
-    @extend_schema(responses=EndpointsOut)
+    @extend_schema(responses=WebhookEndpointsOut, operation_id="webhooks_list")
     def get(self, request):
         endpoints = WebhookEndpoint.objects.filter(user=request.user)
-        return Response({"results": EndpointOut(endpoints, many=True).data})
+        return Response({"results": WebhookEndpointOut(endpoints, many=True).data})
 
-    @extend_schema(request=EndpointIn, responses={201: EndpointCreatedOut})
+    @extend_schema(request=WebhookEndpointIn, responses={201: WebhookEndpointCreatedOut})
     def post(self, request):
-        data = EndpointIn(data=request.data)
+        data = WebhookEndpointIn(data=request.data)
         data.is_valid(raise_exception=True)
         endpoint, secret = services.create_endpoint(user_id=request.user.pk,
                                                     **data.validated_data)
         endpoint.secret = secret
-        return Response(EndpointCreatedOut(endpoint).data, status=201)
+        return Response(WebhookEndpointCreatedOut(endpoint).data, status=201)
 
 
 class EndpointDetail(APIView):
     """One of your webhook endpoints: read, change or delete it."""
 
-    @extend_schema(responses=EndpointOut)
+    @extend_schema(responses=WebhookEndpointOut)
     def get(self, request, pk: int):
         endpoint = services.endpoint_of(user_id=request.user.pk, endpoint_id=pk)
-        return Response(EndpointOut(endpoint).data)
+        return Response(WebhookEndpointOut(endpoint).data)
 
-    @extend_schema(request=EndpointPatch, responses=EndpointOut)
+    @extend_schema(request=WebhookEndpointPatch, responses=WebhookEndpointOut)
     def patch(self, request, pk: int):
-        data = EndpointPatch(data=request.data)
+        data = WebhookEndpointPatch(data=request.data)
         data.is_valid(raise_exception=True)
         endpoint = services.update_endpoint(user_id=request.user.pk, endpoint_id=pk,
                                             **data.validated_data)
-        return Response(EndpointOut(endpoint).data)
+        return Response(WebhookEndpointOut(endpoint).data)
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, pk: int):
@@ -126,19 +126,19 @@ class EndpointDetail(APIView):
 class EndpointDeliveries(APIView):
     """The delivery log of one of your endpoints, newest first."""
 
-    @extend_schema(responses=DeliveryOut(many=True))
+    pagination_class = Pagination
+
+    @extend_schema(responses=WebhookDeliveryOut(many=True))
     def get(self, request, pk: int):
         endpoint = services.endpoint_of(user_id=request.user.pk, endpoint_id=pk)
-        paginator = Pagination()
-        page = paginator.paginate_queryset(endpoint.deliveries.select_related("event"),
-                                           request, view=self)
-        return paginator.get_paginated_response(DeliveryOut(page, many=True).data)
+        return paginated(self, request, endpoint.deliveries.select_related("event"),
+                         WebhookDeliveryOut)
 
 
 class EndpointTest(APIView):
     """Send a `webhook.test` event to one of your endpoints."""
 
-    @extend_schema(request=None, responses={202: TestOut})
+    @extend_schema(request=None, responses={202: WebhookTestOut})
     def post(self, request, pk: int):
         event = services.send_test(user_id=request.user.pk, endpoint_id=pk)
         return Response({"event_id": event.id}, status=202)

@@ -122,6 +122,18 @@ def test_the_test_button_queues_one_event_for_that_endpoint_and_the_log_shows_it
         event_id, "webhook.test", "pending", 0)
 
 
+@pytest.mark.parametrize(("params", "field"), [({"limit": "0"}, "limit"),
+                                               ({"offset": "x"}, "offset")])
+def test_the_delivery_log_pages_like_every_list(params, field, allow_private):
+    client = client_for(UserFactory())
+    pk = _create(client).json()["id"]
+    for _ in range(3):
+        client.post(f"/api/v1/webhooks/{pk}/test/")
+    body = client.get(f"/api/v1/webhooks/{pk}/deliveries/", {"limit": 2}).json()
+    assert body["count"] == 3 and len(body["results"]) == 2 and body["next"]
+    assert_refused(client.get(f"/api/v1/webhooks/{pk}/deliveries/", params), field)
+
+
 def test_deleting_an_endpoint_removes_it_and_its_log(allow_private):
     client = client_for(UserFactory())
     pk = _create(client).json()["id"]
