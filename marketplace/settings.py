@@ -43,7 +43,8 @@ Variables (default in brackets):
   GPUMARKET_WEBHOOK_CONNECT_TIMEOUT_SECONDS [3] and …_READ_TIMEOUT_SECONDS [5]; retries
   after GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS [10] doubling up to …_RETRY_MAX_SECONDS
   [3600], for …_RETRY_WINDOW_SECONDS [86400] after the event; GPUMARKET_WEBHOOK_SWEEP_SECONDS
-  [2]: how often the beat queues due retries; GPUMARKET_WEBHOOK_MAX_ENDPOINTS [20] per user.
+  [2]: how often the beat queues due retries; GPUMARKET_WEBHOOK_MAX_ENDPOINTS [20] per user;
+  GPUMARKET_WEBHOOK_KEEP_DAYS [30]: events (and their log) older than this are deleted.
   Alert rules: GPUMARKET_ALERT_EVALUATE_SECONDS [15]: how often the worker evaluates them;
   GPUMARKET_ALERT_MAX_RULES [50] per user.
 - LOG_LEVEL [INFO]: gpumarket's own loggers; DJANGO_LOG_LEVEL [ERROR]: Django's.
@@ -249,6 +250,8 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-due-webhooks": {"task": "webhooks.tasks.deliver_due_webhooks",
                              "schedule": env.float("GPUMARKET_WEBHOOK_SWEEP_SECONDS",
                                                    default=2.0)},
+    "prune-webhook-events": {"task": "webhooks.tasks.prune_webhook_events",
+                             "schedule": 3600.0},
     "evaluate-alert-rules": {"task": "alerts.tasks.evaluate_alert_rules",
                              "schedule": env.float("GPUMARKET_ALERT_EVALUATE_SECONDS",
                                                    default=15.0)},
@@ -266,6 +269,7 @@ GPUMARKET_WEBHOOK_RETRY_MAX_SECONDS = env.float("GPUMARKET_WEBHOOK_RETRY_MAX_SEC
 GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS = env.int("GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS",
                                                  default=86400)
 GPUMARKET_WEBHOOK_MAX_ENDPOINTS = env.int("GPUMARKET_WEBHOOK_MAX_ENDPOINTS", default=20)
+GPUMARKET_WEBHOOK_KEEP_DAYS = env.int("GPUMARKET_WEBHOOK_KEEP_DAYS", default=30)
 GPUMARKET_ALERT_MAX_RULES = env.int("GPUMARKET_ALERT_MAX_RULES", default=50)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -174,6 +174,17 @@ def _acquire(endpoint_id: int) -> bool:
                 .update(busy_until=now + timedelta(seconds=claim_seconds())))
 
 
+def prune(now: datetime | None = None) -> int:
+    """Delete events older than GPUMARKET_WEBHOOK_KEEP_DAYS with no pending delivery (and
+    their deliveries): the log stays bounded. Returns how many events went."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.GPUMARKET_WEBHOOK_KEEP_DAYS)
+    old = (WebhookEvent.objects.filter(created_at__lt=cutoff)
+           .exclude(deliveries__status=WebhookDelivery.Status.PENDING))
+    _, by_model = old.delete()
+    return by_model.get("webhooks.WebhookEvent", 0)
+
+
 def due_endpoint_ids(now: datetime | None = None, limit: int = 1000) -> list[int]:
     """Endpoints with a pending delivery due by `now` (the beat sweep's work)."""
     now = now or timezone.now()

@@ -39,7 +39,7 @@ class WebhookEvent(models.Model):
                              related_name="webhook_events")
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -18,6 +18,12 @@ def deliver_endpoint(endpoint_id: int) -> int:
     return made
 
 
+@shared_task(name="webhooks.tasks.prune_webhook_events")
+def prune_webhook_events() -> int:
+    """Beat (hourly): drop events past GPUMARKET_WEBHOOK_KEEP_DAYS, delivered or failed."""
+    return delivery.prune()
+
+
 @shared_task(name="webhooks.tasks.deliver_due_webhooks")
 def deliver_due_webhooks() -> list[int]:
     """Beat sweep: a deliver_endpoint task for each endpoint with a due delivery."""

@@ -164,6 +164,21 @@ def test_one_endpoint_is_delivered_by_one_worker_at_a_time(receiver_factory, all
     assert receiver.events == []
 
 
+def test_old_events_are_pruned_unless_a_delivery_is_still_pending(receiver_factory,
+                                                                   allow_private):
+    receiver = receiver_factory()
+    user, endpoint = _endpoint(receiver)
+    done = emit(user.pk, "lease.started", {"lease": 1})
+    delivery.deliver_due(endpoint.pk)
+    waiting = emit(user.pk, "lease.started", {"lease": 2})
+    fresh = emit(user.pk, "lease.started", {"lease": 3})
+    WebhookEvent.objects.filter(pk__in=[done.pk, waiting.pk]).update(
+        created_at=timezone.now() - timedelta(days=31))
+    assert delivery.prune() == 1
+    assert set(WebhookEvent.objects.values_list("pk", flat=True)) == {waiting.pk, fresh.pk}
+    assert not WebhookDelivery.objects.filter(event_id=done.pk).exists()
+
+
 def test_a_disabled_endpoint_gets_nothing(receiver_factory, allow_private):
     receiver = receiver_factory()
     user, endpoint = _endpoint(receiver)
