@@ -24,7 +24,7 @@ def allow_private(settings):
 @pytest.fixture(scope="session")
 def webhook_worker(django_db_setup, tmp_path_factory):
     """A real Celery worker with beat on Redis, allowed to reach 127.0.0.1, retrying
-    after 0.5 s (doubling) and sweeping every 0.5 s."""
+    after 0.5 s (doubling), sweeping and evaluating alert rules every 0.5 s."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("the webhook worker tests need REDIS_URL (make test sets it)")
     logdir = tmp_path_factory.mktemp("webhook-worker")
@@ -32,6 +32,7 @@ def webhook_worker(django_db_setup, tmp_path_factory):
                     GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS="0.5",
                     GPUMARKET_WEBHOOK_RETRY_MAX_SECONDS="2",
                     GPUMARKET_WEBHOOK_SWEEP_SECONDS="0.5",
+                    GPUMARKET_ALERT_EVALUATE_SECONDS="0.5",
                     GPUMARKET_WEBHOOK_READ_TIMEOUT_SECONDS="30")
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                    cwd=ROOT, env=env, check=True, capture_output=True)

@@ -1,6 +1,7 @@
 """Delivery by a real Celery worker (with beat) after commit: a signed event reaches a
-receiver on 127.0.0.1; a receiver down for a while gets every event once it is back,
-each once by id; a hanging receiver does not delay another endpoint."""
+receiver on 127.0.0.1; an alert rule the worker evaluates fires a signed `alert.fired`;
+a receiver down for a while gets every event once it is back, each once by id; a hanging
+receiver does not delay another endpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import threading
 
 import pytest
 
-from tests.factories import UserFactory
+from alerts.models import AlertIncident
+from tests.factories import UserFactory, registered_node
+from tests.support.api import client_for, runner_client
 from tests.support.waiting import wait_until
 from webhooks import services
 from webhooks.events import emit
@@ -71,3 +74,24 @@ def test_a_receiver_that_hangs_does_not_delay_another_endpoint(webhook_worker,
     hanging.hang.set()
     wait_until("the hanging receiver's events once it answers",
                lambda: len(set(hanging.ids())) == 3, timeout=60)
+
+
+def test_an_alert_rule_fires_a_signed_webhook_from_the_worker(webhook_worker,
+                                                              receiver_factory):
+    provider, node, token = registered_node()
+    receiver = receiver_factory()
+    _, receiver.secret = services.create_endpoint(user_id=provider.pk, url=receiver.url,
+                                                  events=["alert.fired"])
+    made = client_for(provider).post("/api/v1/alert-rules/", {
+        "name": "hot", "expression": "gpu_temperature > 85"}, format="json")
+    assert made.status_code == 201, made.content
+    uuid = node.gpus.order_by("pci_bus_id").first().uuid
+    r = runner_client(token).post("/api/v1/runner/heartbeat/", {
+        "runtime": "docker", "gpus": [{"uuid": uuid, "temperature_c": 91}]}, format="json")
+    assert r.status_code == 200, r.content
+    wait_until("the alert's webhook", lambda: receiver.events, timeout=60)
+    assert receiver.bad_signatures == 0
+    [fired] = receiver.events
+    assert fired["type"] == "alert.fired" and fired["data"]["node"] == node.pk
+    assert fired["data"]["values"]["gpu_temperature"] == 91
+    assert AlertIncident.objects.get().subject == f"node:{node.pk}"
