@@ -104,7 +104,25 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
     if incoming.status in Order.ACTIVE and not result.rested:
         close_order(incoming, "cancelled", f"{incoming.time_in_force}: remainder not rested",
                      now)
+    if incoming.side == Order.Side.ASK and result.fills and incoming.remaining_gpus == 0:
+        tell_outbid(market, incoming, {f.bid_id for f in result.fills})
     return leases
+
+
+OUTBID_MAX = 100  # the most resting bids told per ask taken
+
+
+def tell_outbid(market: GpuClass, ask: Order, winners: set[int]) -> None:
+    """`order.outbid` to the resting bids that could pay `ask` but whose GPUs a better bid
+    took (the ask is used up): {order, ask, price_usd_micros (the ask's), remaining_gpus}."""
+    waiting = (Order.objects.filter(market=market, side=Order.Side.BID,
+                                    status__in=Order.ACTIVE, price__gte=ask.price)
+               .exclude(pk__in=winners).exclude(owner_id=ask.owner_id)
+               .order_by("-price", "pk")[:OUTBID_MAX])
+    for bid in waiting:
+        webhooks.emit(bid.owner_id, "order.outbid", {
+            "order": bid.pk, "ask": ask.pk, "price_usd_micros": ask.price,
+            "remaining_gpus": bid.remaining_gpus})
 
 
 def _hold_amount(hold_id: int) -> int:

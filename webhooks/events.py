@@ -19,6 +19,7 @@ log = logging.getLogger("gpumarket.webhooks")
 # type → what it says (docs/WEBHOOKS.md lists the payloads)
 EVENT_TYPES = {
     "order.filled": "a bid or ask of yours filled (partly or whole)",
+    "order.outbid": "a better bid took the GPUs of an ask your resting bid could pay",
     "auction.won": "your sealed bid won an auction",
     "auction.lost": "your sealed bid lost an auction",
     "lease.preemption_notice": "a higher bid preempts your interruptible lease at preempt_at",

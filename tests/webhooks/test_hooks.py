@@ -195,3 +195,22 @@ def test_a_paid_payout_is_told(settings):
     [event] = _events(provider)
     assert event.type == "payout.paid"
     assert event.payload["amount_usd_micros"] == 1_700_000  # 85 % of 2 USD, whole cents
+
+
+def test_a_resting_bid_is_told_when_a_better_bid_takes_the_new_asks_gpus():
+    provider, node, _ = registered_node()
+    better, outbid, cheap = funded_buyer(100), funded_buyer(100), funded_buyer(100)
+    for who in (better, outbid, cheap):
+        _subscribe(who)
+    rest = {}
+    for who, price in ((better, 3_000_000), (outbid, 2_500_000), (cheap, 1_000_000)):
+        rest[who.pk] = book.place_bid(buyer_id=who.pk, market_slug="h100-sxm-80gb",
+                                      price=price, gpus=8, duration_seconds=3600).order
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=2_000_000, gpus=8, available_until=in_a_day()).order
+    assert [e.type for e in _events(better)] == ["order.filled"]
+    [told] = _events(outbid)
+    assert told.type == "order.outbid"
+    assert told.payload == {"order": rest[outbid.pk].pk, "ask": ask.pk,
+                            "price_usd_micros": 2_000_000, "remaining_gpus": 8}
+    assert _events(cheap) == []  # it could not pay that ask: not outbid
