@@ -9,17 +9,14 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from alerts import rules
+from alerts import rules, services
 from alerts.models import AlertIncident, AlertRule
 from core.fields import StrictCharField, StrictInputSerializer
-from marketplace.errors import InvalidInput, NotFound
 
 
 class AlertIncidentOut(serializers.ModelSerializer):
@@ -52,13 +49,6 @@ class AlertRuleIn(StrictInputSerializer):
     name = StrictCharField(required=False, allow_blank=True, max_length=100)
 
 
-def _rule(user_id: int, pk: int) -> AlertRule:
-    rule = AlertRule.objects.filter(user_id=user_id, pk=pk).first()
-    if rule is None:
-        raise NotFound(f"no alert rule {pk}")
-    return rule
-
-
 class AlertRuleList(APIView):
     """List or add your alert rules."""
 
@@ -71,19 +61,7 @@ class AlertRuleList(APIView):
     def post(self, request):
         data = AlertRuleIn(data=request.data)
         data.is_valid(raise_exception=True)
-        expression = data.validated_data["expression"]
-        try:
-            conditions = rules.parse(expression)
-        except rules.RuleError as exc:
-            raise InvalidInput(f"expression {exc}", field="expression") from None
-        with transaction.atomic():
-            mine = AlertRule.objects.select_for_update().filter(user=request.user)
-            if mine.count() >= settings.GPUMARKET_ALERT_MAX_RULES:
-                raise InvalidInput(f"expression: at most {settings.GPUMARKET_ALERT_MAX_RULES}"
-                                   " alert rules per user", field="expression")
-            rule = AlertRule.objects.create(
-                user=request.user, name=data.validated_data.get("name", ""),
-                expression=expression, conditions=[c.as_json() for c in conditions])
+        rule = services.create_rule(user_id=request.user.pk, **data.validated_data)
         return Response(AlertRuleOut(rule).data, status=201)
 
 
@@ -92,9 +70,10 @@ class AlertRuleDetail(APIView):
 
     @extend_schema(responses=AlertRuleOut)
     def get(self, request, pk: int):
-        return Response(AlertRuleOut(_rule(request.user.pk, pk)).data)
+        return Response(AlertRuleOut(services.rule_of(user_id=request.user.pk,
+                                                      rule_id=pk)).data)
 
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, pk: int):
-        _rule(request.user.pk, pk).delete()
+        services.delete_rule(user_id=request.user.pk, rule_id=pk)
         return Response(status=204)

@@ -1,7 +1,8 @@
 """The webhooks page (/webhooks/): your endpoints with their delivery log, a form to add
 one (the answer shows its signing secret once, never again: no redirect carries it), a
-"Send test event" and a Delete button each (POST, then back: PRG). Through
-webhooks/services.py, as the API; a refusal is shown next to the field it names (400)."""
+"Send test event" and a Delete button each (POST, then back: PRG); and your alert rules
+with their latest incidents, a form to add one, Delete. Through webhooks/services.py and
+alerts/services.py, as the API; a refusal is shown next to the field it names (400)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from django.contrib import messages
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
+from alerts import rules
+from alerts import services as alert_services
+from alerts.models import AlertRule
 from frontend.views import _page, _service_error, member
 from marketplace.errors import MarketError
 from webhooks import services, targets
@@ -28,11 +32,23 @@ class WebhookForm(forms.Form):
         choices=[(t, f"{t} — {EVENT_TYPES[t]}") for t in services.SUBSCRIBABLE])
 
 
-def _context(request, form=None, **extra) -> dict:
+class AlertRuleForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100, required=False)
+    expression = forms.CharField(
+        label="Rule", max_length=rules.MAX_CHARS, strip=False,
+        help_text="e.g. gpu_utilization < 5% FOR 30m AND lease_cost > 50 USD; metrics: "
+                  + ", ".join(rules.METRICS))
+
+
+def _context(request, form=None, rule_form=None, **extra) -> dict:
     endpoints = list(WebhookEndpoint.objects.filter(user=request.user))
     for endpoint in endpoints:
         endpoint.log = list(endpoint.deliveries.select_related("event")[:LOG_ROWS])
-    return {"endpoints": endpoints, "form": form or WebhookForm(), **extra}
+    alert_rules = list(AlertRule.objects.filter(user=request.user))
+    for rule in alert_rules:
+        rule.latest = list(rule.incidents.all()[:5])
+    return {"endpoints": endpoints, "form": form or WebhookForm(), "alert_rules": alert_rules,
+            "rule_form": rule_form or AlertRuleForm(), **extra}
 
 
 @member
@@ -78,4 +94,33 @@ def webhook_delete(request, pk: int):
         messages.error(request, exc.message)
     else:
         messages.success(request, "Webhook endpoint deleted.")
+    return redirect("webhooks-page")
+
+
+@member
+@require_POST
+def alert_rule_add(request):
+    form = AlertRuleForm(request.POST)
+    if form.is_valid():
+        try:
+            alert_services.create_rule(user_id=request.user.pk, **form.cleaned_data)
+        except MarketError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, "Alert rule added: the worker evaluates it every few "
+                                      "seconds.")
+            return redirect("webhooks-page")
+    return _page(request, "frontend/webhooks.html", _context(request, rule_form=form),
+                 status=400)
+
+
+@member
+@require_POST
+def alert_rule_delete(request, pk: int):
+    try:
+        alert_services.delete_rule(user_id=request.user.pk, rule_id=pk)
+    except MarketError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Alert rule deleted.")
     return redirect("webhooks-page")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from alerts.models import AlertRule
 from tests.factories import funded_buyer
 from tests.frontend.test_pages_buyer import field_error, login
 from tests.support.webhooks import receiver_factory  # noqa: F401 (a fixture)
@@ -69,3 +70,22 @@ def test_another_users_endpoint_cannot_be_tested_or_deleted(client, settings):
     assert WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
     assert not WebhookDelivery.objects.exists()
     assert endpoint.url not in client.get(reverse("webhooks-page")).content.decode()
+
+
+def test_add_an_alert_rule_a_bad_one_shown_with_its_position_and_delete_it(client):
+    user = login(client, funded_buyer(10))
+    r = client.post(reverse("alert-rule-add-page"),
+                    {"name": "hot", "expression": "gpu_temperature > 85 FOR 2x"})
+    assert r.status_code == 400
+    assert "at position 27: expected s, m, h or d" in field_error(r.content.decode(),
+                                                                   "expression")
+    assert not AlertRule.objects.exists()
+    r = client.post(reverse("alert-rule-add-page"),
+                    {"name": "hot", "expression": "gpu_temperature > 85 FOR 2m"})
+    assert r.status_code == 302
+    rule = AlertRule.objects.get(user=user)
+    assert rule.conditions == [{"metric": "gpu_temperature", "op": ">", "threshold": "85",
+                                "for_seconds": 120}]
+    assert "gpu_temperature &gt; 85 FOR 2m" in client.get(reverse("webhooks-page")).content.decode()
+    client.post(reverse("alert-rule-delete-page", args=[rule.pk]))
+    assert not AlertRule.objects.exists()
