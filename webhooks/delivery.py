@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from marketplace.sealing import unseal_text
+from marketplace.sealing import Unsealable, unseal_text
 from webhooks import signing, targets
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
 
@@ -69,7 +69,12 @@ def claim(endpoint_id: int, now: datetime | None = None) -> WebhookDelivery | No
 def attempt(delivery: WebhookDelivery) -> bool:
     """POST the claimed `delivery` once and record the outcome; True on a 2xx."""
     body = event_body(delivery.event)
-    secret = unseal_text(delivery.endpoint.secret_sealed)
+    try:
+        secret = unseal_text(delivery.endpoint.secret_sealed)
+    except Unsealable:  # a key removed too early: nothing is sent unsigned
+        record(delivery, status=None, latency_ms=0,
+               error="the signing secret cannot be opened (GPUMARKET_SECRETS_KEY)")
+        return False
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
                "Gpumarket-Event-Id": delivery.event.id,
                signing.HEADER: signing.header(secret, body)}

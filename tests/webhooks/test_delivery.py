@@ -179,6 +179,20 @@ def test_old_events_are_pruned_unless_a_delivery_is_still_pending(receiver_facto
     assert not WebhookDelivery.objects.filter(event_id=done.pk).exists()
 
 
+def test_a_secret_no_key_opens_sends_nothing_unsigned(receiver_factory, allow_private,
+                                                       settings):
+    from cryptography.fernet import Fernet
+
+    receiver = receiver_factory()
+    user, endpoint = _endpoint(receiver)
+    emit(user.pk, "lease.started", {"lease": 1})
+    settings.GPUMARKET_SECRETS_KEYS = [Fernet.generate_key().decode()]  # the old key gone
+    delivery.deliver_due(endpoint.pk)
+    assert not receiver.arrived.is_set()
+    row = WebhookDelivery.objects.get()
+    assert row.status == "pending" and "cannot be opened" in row.last_error
+
+
 def test_a_disabled_endpoint_gets_nothing(receiver_factory, allow_private):
     receiver = receiver_factory()
     user, endpoint = _endpoint(receiver)
