@@ -144,3 +144,23 @@ def test_deleting_an_endpoint_removes_it_and_its_log(allow_private):
 
 def test_an_anonymous_client_is_refused():
     assert client_for().get("/api/v1/webhooks/").status_code in (401, 403)
+
+
+def test_secrets_reseal_moves_the_signing_secret_to_the_first_key(settings, allow_private):
+    import io
+
+    from cryptography.fernet import Fernet
+    from django.core.management import call_command
+
+    from marketplace.sealing import unseal_text
+
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.GPUMARKET_SECRETS_KEYS = [old]
+    secret = _create(client_for(UserFactory())).json()["secret"]
+    settings.GPUMARKET_SECRETS_KEYS = [new, old]
+    out = io.StringIO()
+    call_command("secrets_reseal", stdout=out)
+    assert "WebhookEndpoint.secret_sealed: 1 re-sealed" in out.getvalue()
+    assert secret not in out.getvalue()
+    settings.GPUMARKET_SECRETS_KEYS = [new]  # the old key gone: it still opens
+    assert unseal_text(WebhookEndpoint.objects.get().secret_sealed) == secret
