@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core import metrics
 from marketplace import engine, locking, preemption
 from marketplace.leases import lease_from_fill
 from marketplace.models import Fill, GpuClass, Lease, Order
@@ -62,6 +63,7 @@ def close_order(order: Order, status: str, cause: str, now: datetime) -> None:
         ledger.hold_release(hold_id=order.hold_id, cause=f"order {order.pk} {status}")
 
 
+@metrics.timed_match
 def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
            now: datetime) -> list[Lease]:
     """Write the engine's result: fills → leases, order states, holds."""
@@ -79,6 +81,7 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
         ask = touched.get(f.ask_id) or Order.objects.get(pk=f.ask_id)
         touched[bid.pk], touched[ask.pk] = bid, ask
         fill = Fill.objects.create(market=market, bid=bid, ask=ask, gpus=f.gpus, price=f.price)
+        metrics.fill(market.slug, "continuous", f.gpus, bid.duration_seconds)
         # Move the filled part of the bid's hold onto the lease: release it at the bid's
         # limit, then hold the lease's cost at the trade price (never more).
         released = bid_hold_amount(price=bid.price, gpus=f.gpus,
@@ -129,7 +132,15 @@ def _hold_amount(hold_id: int) -> int:
     return Hold.objects.get(pk=hold_id).amount
 
 
-def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
+def on_node_runtime_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
+    """A node's heartbeat announces another runtime (providers.signals.node_runtime_changed,
+    after commit): as for a new CUDA version, every cached book is rebuilt and its asks
+    match again (a node that now runs images may fill bids without a command)."""
+    on_node_cuda_changed(sender, node=node, old=old, new=new, what="runtime")
+
+
+def on_node_cuda_changed(sender, *, node, old: str, new: str, what: str = "CUDA",
+                         **kwargs) -> None:
     """A node now reports another CUDA version (providers.signals.node_cuda_changed, after
     its inventory committed): in each market where it has an active ask, under the lock
     (as a foreign holder, so every process's cached book, whose asks carry the node's old
@@ -157,7 +168,7 @@ def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
                                    for f in result.fills]
                 made += apply_result(market, ask, result, now)
             if made:
-                log.info("node %s: CUDA %r → %r, leases %s", node.pk, old, new,
+                log.info("node %s: %s %r → %r, leases %s", node.pk, what, old, new,
                          [lease.pk for lease in made])
                 preemption.reconsider_preemptions(market.pk, now)
 

@@ -83,6 +83,7 @@ class Agent(Reconciler):
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
+        self.last_xid: dict[str, int] = {}  # unit uuid → the last XID code seen (metrics.py)
         # no process may hold a lease's GPUs after its workload (source None: no check)
         self.guard = ReleaseGuard(units, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
@@ -138,6 +139,7 @@ class Agent(Reconciler):
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
         xids = mig.scope_xids(self.gpus.xid_events(), self._inventory)
+        self.last_xid.update((e.uuid, e.code) for e in xids if e.uuid)
         note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
