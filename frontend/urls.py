@@ -12,6 +12,7 @@ from frontend import (
     stripe_views,
     views,
     wallet_views,
+    webhook_views,
 )
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 
@@ -35,6 +36,13 @@ urlpatterns = [
     path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
     path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,
          name="wallet-topup-return"),
+    path("webhooks/", webhook_views.webhooks_page, name="webhooks-page"),
+    path("webhooks/add/", webhook_views.webhook_add, name="webhook-add-page"),
+    path("webhooks/<int:pk>/test/", webhook_views.webhook_test, name="webhook-test-page"),
+    path("webhooks/<int:pk>/delete/", webhook_views.webhook_delete, name="webhook-delete-page"),
+    path("alerts/add/", webhook_views.alert_rule_add, name="alert-rule-add-page"),
+    path("alerts/<int:pk>/delete/", webhook_views.alert_rule_delete,
+         name="alert-rule-delete-page"),
     path("markets/<gpuclass:slug>/", market_views.market, name="market"),
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),

@@ -39,6 +39,7 @@ from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.auctions")
 
@@ -273,6 +274,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                      f"below the bid's {bid.min_cuda}")
             ledger.hold_release(hold_id=bid.hold_id, cause=cause)
             bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
+            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
         runtime = auction.node.runtime  # so may its runtime (runtimes.py)
         for bid in [b for b in bids if not can_run(runtime, b.command)]:
             bids.remove(bid)
@@ -280,6 +282,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                      "(--runtime process) and the bid gives no command")
             ledger.hold_release(hold_id=bid.hold_id, cause=cause)
             bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
+            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
         clearing = engine.clear(
             auction.rule,
             [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
@@ -300,6 +303,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             if award is None:
                 ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
                 bid.set_status(SealedBid.Status.LOST, cause=f"auction {auction.pk} lost", at=now)
+                webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, "lost"))
                 continue
             cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
             ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
@@ -308,6 +312,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             bid.paid_price = award.price
             bid.set_status(SealedBid.Status.WON, cause=f"auction {auction.pk} won", at=now,
                            update_fields=("awarded_gpus", "paid_price"))
+            webhooks.emit(bid.bidder_id, "auction.won", _bid_event(auction, bid, "won"))
             metrics.fill(auction.market.slug, "sealed", award.gpus, auction.duration_seconds)
             create_lease(
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
@@ -332,6 +337,13 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
     log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
              len(bids), clearing.clearing_price, winners)
     return auction
+
+
+def _bid_event(auction: Auction, bid: SealedBid, cause: str) -> dict:
+    """A sealed bid's webhook payload at close (its own bid only: no other bid's content)."""
+    return {"auction": auction.pk, "sealed_bid": bid.pk, "status": bid.status,
+            "cause": cause[:300], "gpus": bid.awarded_gpus or 0,
+            "price_usd_micros": bid.paid_price}
 
 
 def interconnect_possible(auction: Auction, gpus: int) -> bool:

@@ -29,6 +29,7 @@ from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
 from settlement import services as ledger
 from settlement.money import lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.leases")
 
@@ -230,6 +231,24 @@ def move(lease: Lease, to: str, *, cause: str, at: datetime | None = None,
         lease.set_status(to, cause=cause, at=at, update_fields=update_fields, detail=detail)
     except IllegalTransition as exc:
         raise Conflict(str(exc)) from None
+    if to in LEASE_WEBHOOKS:
+        webhooks.emit(lease.buyer_id, LEASE_WEBHOOKS[to], lease_event(lease, cause))
+
+
+# a lease's move → the webhook event its buyer gets (docs/WEBHOOKS.md)
+LEASE_WEBHOOKS = {"running": "lease.started", "completed": "lease.stopped",
+                  "cancelled": "lease.stopped", "preempted": "lease.stopped",
+                  "failed": "lease.failed"}
+
+
+def lease_event(lease: Lease, cause: str) -> dict:
+    """A lease's webhook payload: ids, status and cause, integer micro-USD, ISO times."""
+    def iso(t):
+        return t.isoformat() if t else None
+    return {"lease": lease.pk, "status": lease.status, "cause": cause[:300],
+            "node": lease.node_id, "gpus": lease.gpu_count, "price_usd_micros": lease.price,
+            "started_at": iso(lease.started_at), "ends_at": iso(lease.ends_at),
+            "ended_at": iso(lease.ended_at), "cost_usd_micros": lease.cost}
 
 
 def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:

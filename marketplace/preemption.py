@@ -16,6 +16,7 @@ from django.db.models import F, Q
 from marketplace.env_templates import cuda_ok
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.runtimes import can_run
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.market")
 
@@ -214,6 +215,9 @@ def _mark_preempted(bid: Order, chosen: list[Lease], now: datetime, deadline: da
         lease.preempted_for = bid
         lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for"),
                    detail={"preempt_at": deadline.isoformat(), "notice_seconds": notice})
+        webhooks.emit(lease.buyer_id, "lease.preemption_notice", {
+            "lease": lease.pk, "preempt_at": deadline.isoformat(), "notice_seconds": notice,
+            "cause": cause})
     log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
              [lease.pk for lease in chosen], deadline.isoformat())
 

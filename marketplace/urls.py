@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from alerts import api as alerts_api
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import (  # noqa: F401
     accounts,
@@ -24,6 +25,7 @@ from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
 from providers import api as providers_api
 from settlement import api as settlement_api
+from webhooks import api as webhooks_api
 
 api_v1 = [
     path("signup/", accounts.Signup.as_view(), name="signup"),
@@ -74,6 +76,13 @@ api_v1 = [
     path("chain/address/", settlement_api.ChainAddressView.as_view(), name="chain-address"),
     path("stripe/webhook/", settlement_api.StripeWebhook.as_view(), name="stripe-webhook"),
     path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
+    path("webhooks/", webhooks_api.EndpointList.as_view(), name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks_api.EndpointDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<int:pk>/deliveries/", webhooks_api.EndpointDeliveries.as_view(),
+         name="webhook-deliveries"),
+    path("webhooks/<int:pk>/test/", webhooks_api.EndpointTest.as_view(), name="webhook-test"),
+    path("alert-rules/", alerts_api.AlertRuleList.as_view(), name="alert-rules"),
+    path("alert-rules/<int:pk>/", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
     path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),
