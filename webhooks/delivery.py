@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core import metrics
 from marketplace.sealing import Unsealable, unseal_text
 from webhooks import signing, targets
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -118,6 +119,7 @@ def record(delivery: WebhookDelivery, *, status: int | None, error: str, latency
         log.info("webhook %s to endpoint %s: attempt %s %s", delivery.event_id,
                  delivery.endpoint_id, attempts, error)
     WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields)
+    metrics.webhook_attempt(not error)
     for name, value in fields.items():
         setattr(delivery, name, value)
 

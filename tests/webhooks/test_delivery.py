@@ -11,6 +11,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from core import metrics
 from tests.factories import UserFactory
 from webhooks import delivery, services, signing
 from webhooks.events import emit
@@ -78,6 +79,8 @@ def test_an_event_of_a_rolled_back_transaction_is_never_delivered(receiver_facto
 def test_a_500_is_retried_with_back_off_and_the_same_id_and_body(receiver_factory,
                                                                   allow_private, settings):
     settings.GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS = 10
+    counted = {o: metrics.WEBHOOK_DELIVERIES.labels(o)._value.get()
+               for o in ("delivered", "failed")}
     receiver = receiver_factory()
     receiver.answer = 500
     user, endpoint = _endpoint(receiver)
@@ -104,6 +107,9 @@ def test_a_500_is_retried_with_back_off_and_the_same_id_and_body(receiver_factor
     assert (row.status, row.attempts) == ("delivered", 4)
     assert receiver.ids() == [event.id] * 4  # every attempt the same event, verified
     assert len({str(e) for e in receiver.events}) == 1
+    # /metrics counts each attempt: 3 failed, 1 delivered (core/metrics.py)
+    assert {o: metrics.WEBHOOK_DELIVERIES.labels(o)._value.get() - n
+            for o, n in counted.items()} == {"delivered": 1, "failed": 3}
 
 
 def test_retries_stop_after_the_window(receiver_factory, allow_private, settings):
