@@ -23,6 +23,7 @@ from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
+from marketplace.lease_notice import check_stop_terms
 from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
@@ -223,7 +224,8 @@ class BidRequest:
     nodes whose CUDA version meets it); port_roles: {"8888": "jupyter"}
     (ports.clean_port_roles); ssh: its leases get the buyer's SSH keys, port 22 (role ssh)
     added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
-    secrets in clear here, sealed when written: never in a log or an answer).
+    secrets in clear here, sealed when written: never in a log or an answer);
+    notice_signal, stop_grace_seconds: its leases' stop terms (lease_notice.py).
     """
 
     buyer_id: int
@@ -246,6 +248,8 @@ class BidRequest:
     env: dict[str, str] | None = None
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
+    notice_signal: str = ""
+    stop_grace_seconds: int = 10
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -262,7 +266,8 @@ class BidRequest:
                 "interruptible": bool(self.interruptible), "ports": ports,
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
-                "interconnect": self.interconnect}
+                "interconnect": self.interconnect, "notice_signal": self.notice_signal,
+                "stop_grace_seconds": self.stop_grace_seconds}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -377,6 +382,7 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
     ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
     ports = clean_ports(ports)
     check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
+    check_stop_terms(r.notice_signal, r.stop_grace_seconds)
     clean_port_roles(roles, ports)
     clean_env_and_secrets(r.env, r.secrets)
     require_key(r.buyer_id, r.ssh)

@@ -91,13 +91,15 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
-                 nvlink_gang: int = 0) -> Lease:
+                 nvlink_gang: int = 0, notice_signal: str = "",
+                 stop_grace_seconds: int = 10) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
     Conflict (nothing written) when the node cannot give them. The hold is named
     "lease:<id>" (a given one, a sealed bid's, is renamed so). The bid's workload terms
-    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are);
+    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are,
+    the stop terms notice_signal and stop_grace_seconds);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
     with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
@@ -125,6 +127,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         port_roles=port_roles, ssh=ssh,
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
+        notice_signal=notice_signal, stop_grace_seconds=stop_grace_seconds,
         jupyter_token_sealed=new_jupyter_token(port_roles),
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
@@ -143,6 +146,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
+        notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
     )
 

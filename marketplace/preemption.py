@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F, Q
 
+from marketplace import lease_notice
 from marketplace.env_templates import cuda_ok
 from marketplace.models import GpuClass, Lease, Order
 
@@ -35,8 +36,9 @@ def call_off_preemptions(bid: Order, now: datetime) -> None:
                            status__in=Lease.ACTIVE))
     for lease in victims:
         lease.preempt_at = None
+        cleared = lease_notice.cleared_fields(lease, lease_notice.PREEMPTION)
         lease.note(cause=f"preemption called off: the bid it was for is {bid.status}", at=now,
-                   update_fields=("preempt_at",))
+                   update_fields=("preempt_at", *cleared))
     if victims:
         log.info("bid %s %s: preemption of leases %s called off", bid.pk, bid.status,
                  [lease.pk for lease in victims])
@@ -209,7 +211,10 @@ def _mark_preempted(bid: Order, chosen: list[Lease], now: datetime, deadline: da
     for lease in chosen:
         lease.preempt_at = deadline
         lease.preempted_for = bid
-        lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for"),
+        # the workload's notice (docs/LEASE_CONTRACT.md), unless it has an earlier one
+        told = lease_notice.set_fields(lease, reason=lease_notice.PREEMPTION,
+                                       deadline=deadline, now=now)
+        lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for", *told),
                    detail={"preempt_at": deadline.isoformat(), "notice_seconds": notice})
     log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
              [lease.pk for lease in chosen], deadline.isoformat())

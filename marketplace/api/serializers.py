@@ -22,6 +22,11 @@ from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Pl
 from marketplace.catalog import slice_of
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
+from marketplace.lease_notice import (
+    DEFAULT_STOP_GRACE_SECONDS,
+    MAX_STOP_GRACE_SECONDS,
+    NOTICE_SIGNALS,
+)
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
@@ -241,7 +246,10 @@ class TemplateFields(serializers.Serializer):
     """A bid's workload terms (bids and sealed bids): `template` (an id of GET
     /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh` (its leases
     get your SSH keys, /api/v1/ssh-keys/, and port 22 published, role ssh; absent: the
-    template's), `env` and write-only `secrets` (WorkloadVarsField). `resolve_template`
+    template's), `env` and write-only `secrets` (WorkloadVarsField); the stop terms
+    (docs/LEASE_CONTRACT.md): `notice_signal` ("" or SIGUSR1, SIGUSR2, SIGINT, SIGHUP,
+    SIGTERM: sent with a notice) and `stop_grace_seconds` (0–300, default 10: SIGTERM to
+    SIGKILL). `resolve_template`
     resolves them with image, command and ports (env_templates.resolve: what was given
     overrides the template)."""
 
@@ -250,6 +258,11 @@ class TemplateFields(serializers.Serializer):
     ssh = StrictBooleanField(required=False)
     env = WorkloadVarsField()
     secrets = WorkloadVarsField(write_only=True)
+    notice_signal = serializers.ChoiceField(choices=["", *NOTICE_SIGNALS], required=False,
+                                            default="")
+    stop_grace_seconds = StrictIntegerField(min_value=0, max_value=MAX_STOP_GRACE_SECONDS,
+                                            required=False,
+                                            default=DEFAULT_STOP_GRACE_SECONDS)
 
     def resolve_template(self, attrs: dict) -> dict:
         """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
@@ -269,10 +282,11 @@ class TemplateFields(serializers.Serializer):
         return attrs
 
 
-TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
+TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env", "notice_signal",
+                  "stop_grace_seconds")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect")
+            "secrets", "interconnect", "notice_signal", "stop_grace_seconds")
 ASK_ONLY = ("node", "available_until")
 
 

@@ -24,7 +24,10 @@ class RunnerLease:
     secrets: str → str, the buyer's secrets in clear (into the workload's environment
     only, and redacted from the log tail: never logged, never in repr); stop_requested:
     the buyer stopped it (its workload is stopped and removed, as for a lease no longer
-    listed)."""
+    listed); notice: None or {"reason", "deadline", "since"} (ISO 8601), a deadline the
+    lease did not have, for its workload (notice.py); notice_signal: "" or the signal
+    its workload gets with a notice ("SIGUSR1", …); stop_grace_seconds: seconds between
+    SIGTERM and SIGKILL at the stop (None: the runner's default; bounded by notice.py)."""
 
     id: int
     status: str | None = None
@@ -41,6 +44,9 @@ class RunnerLease:
     ssh_authorized_keys: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     stop_requested: bool = False
+    notice: dict | None = None
+    notice_signal: str = ""
+    stop_grace_seconds: int | None = None
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -62,6 +68,9 @@ class RunnerLease:
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
             stop_requested=item.get("stop_requested") is True,
+            notice=_notice(item.get("notice")),
+            notice_signal=str(item.get("notice_signal") or ""),
+            stop_grace_seconds=item.get("stop_grace_seconds"),
         )
 
     @classmethod
@@ -69,3 +78,11 @@ class RunnerLease:
         """`lease` itself, or a list item as the marketplace sends it, parsed (callers that
         hold the wire form: tests, the marketplace's own runner_lease)."""
         return lease if isinstance(lease, RunnerLease) else cls.parse(lease)
+
+
+def _notice(value) -> dict | None:
+    """The payload's `notice` as {reason, deadline, since} (strings), None when absent or
+    not an object with a deadline."""
+    if not isinstance(value, Mapping) or not value.get("deadline"):
+        return None
+    return {key: str(value.get(key) or "") for key in ("reason", "deadline", "since")}

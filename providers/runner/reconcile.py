@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from .client import Conflict, MarketplaceError, Unauthorized
 from .health import Finding
 from .lease import RunnerLease
+from .notice import ENDED, HEALTH, STOPPED
 from .runtime_common import RuntimeFailure
 from .switch import stop_previous
 
@@ -47,17 +48,31 @@ class Reconciler:
             return False
         return True
 
-    def _stop(self, lease_id: int) -> None:
-        """Send the final tail, stop and remove the workload, then check that no process
-        still holds its GPUs (check_released)."""
+    def _stop(self, lease_id: int, reason: str = STOPPED) -> None:
+        """The stop sequence (docs/LEASE_CONTRACT.md): a workload still running is told
+        `reason` (notice.NoticeDesk.final), then SIGTERM, SIGKILL after the lease's grace;
+        send the final tail, remove the workload, then check that no process still holds
+        its GPUs (check_released)."""
         uuids = self._lease_gpus.pop(lease_id, None)
         if uuids is None:  # ended while the runner was down: the container knows its GPUs
             uuids = next((w["gpus"].split(",") for w in self._describe()
                           if w["lease"] == lease_id and w.get("gpus")), [])
+        if self._still_running(lease_id):
+            try:
+                self.notices.final(self.runtime, lease_id, reason, self._now())
+            except (OSError, RuntimeFailure) as exc:  # the stop goes on without it
+                self.log(f"lease {lease_id}: notice not written: {exc}")
         self.send_log(lease_id)
         self._sent_tails.pop(lease_id, None)
-        self.runtime.stop(lease_id, self.grace_s)
+        self.runtime.stop(lease_id, self.notices.grace_s(lease_id, self.grace_s))
+        self.notices.forget(lease_id)
         self.check_released(lease_id, uuids)
+
+    def _still_running(self, lease_id: int) -> bool:
+        try:
+            return self.runtime.exit_status(lease_id) is None
+        except RuntimeFailure:
+            return False
 
     def _describe(self) -> list[dict]:
         try:
@@ -76,6 +91,7 @@ class Reconciler:
         for lease_id, lease in listed.items():
             self._lease_gpus[lease_id] = list(lease.gpu_uuids)
             self._secret_values[lease_id] = list(lease.secrets.values())
+            self.notices.remember(lease)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
@@ -113,7 +129,7 @@ class Reconciler:
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
         if handle is not None:
-            self._stop(lease_id)
+            self._stop(lease_id, HEALTH)
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
@@ -162,9 +178,14 @@ class Reconciler:
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self._stop(lease_id)
+            self._stop(lease_id, ENDED)
             self.log(f"lease {lease_id}: completed after {usage} s, container removed")
             return
+        if lease.notice is not None or lease.id in self.notices.told:
+            try:
+                self.notices.deliver(self.runtime, lease)
+            except (OSError, RuntimeFailure) as exc:
+                self.log(f"lease {lease_id}: notice not delivered: {exc}")
         code = self.runtime.exit_status(lease_id)
         if code is None:
             return
