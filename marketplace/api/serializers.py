@@ -26,6 +26,7 @@ from marketplace.lease_notice import (
     DEFAULT_STOP_GRACE_SECONDS,
     MAX_STOP_GRACE_SECONDS,
     NOTICE_SIGNALS,
+    runner_notice,
 )
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
@@ -445,7 +446,9 @@ class LeaseEventSerializer(serializers.Serializer):
 
 class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     """A lease as its buyer or provider sees it; `connect` (how to reach the workload,
-    with the Jupyter token) for its buyer only, null for anyone else."""
+    with the Jupyter token) for its buyer only, null for anyone else; `notice`: the
+    deadline its workload was told of, {reason, deadline, since} or null
+    (docs/LEASE_CONTRACT.md)."""
 
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     secret_names = secret_names_field()
@@ -458,6 +461,7 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     events = LeaseEventSerializer(many=True, read_only=True)
     endpoints = serializers.SerializerMethodField()
     connect = serializers.SerializerMethodField()
+    notice = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -465,7 +469,14 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at"]
+                  "buyer", "provider", "interruptible", "preempt_at", "notice", "events",
+                  "created_at"]
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "reason": {"type": "string"}, "deadline": {"type": "string", "format": "date-time"},
+        "since": {"type": "string", "format": "date-time"}}})
+    def get_notice(self, lease) -> dict | None:
+        return runner_notice(lease)
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
