@@ -130,18 +130,28 @@ def engine_bid(order: Order) -> engine.Bid:
                       nvlink=order.interconnect == "nvlink")
 
 
+def sells_until(available_until: datetime, maintenance_from: datetime | None) -> datetime:
+    """The end of the time an ask sells: its available_until, cut at the start of its
+    node's next maintenance window (Node.maintenance_from; docs/LEASE_CONTRACT.md)."""
+    if maintenance_from is not None and maintenance_from < available_until:
+        return maintenance_from
+    return available_until
+
+
 def engine_ask(order: Order) -> engine.Ask:
-    """The ask with its node's CUDA version (reads the node unless it is loaded)."""
+    """The ask with its node's CUDA version and maintenance cut (reads the node unless it
+    is loaded)."""
     return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, node=order.node_id,
-                      available_until=epoch(order.available_until), seq=order.pk,
-                      cuda=cuda_key(order.node.cuda_version))
+                      available_until=epoch(sells_until(order.available_until,
+                                                        order.node.maintenance_from)),
+                      seq=order.pk, cuda=cuda_key(order.node.cuda_version))
 
 
 # a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility")
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
-        "interconnect")
+        "interconnect", "node__maintenance_from")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
@@ -153,22 +163,23 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
-    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link \
-            in rows:
+    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link, \
+            cut in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
                          nvlink=link == "nvlink"))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or "")))
+                         available_until=epoch(sells_until(until, cut)), seq=pk,
+                         cuda=cuda_key(cuda or "")))
     return book
 
 
 def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
              until: datetime | None, need: str, cuda: str | None,
-             link: str = "any") -> None:
+             link: str = "any", cut: datetime | None = None) -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
@@ -179,7 +190,7 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
                                  min_cuda=cuda_key(need), nvlink=link == "nvlink"))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                                 available_until=epoch(until), seq=pk,
+                                 available_until=epoch(sells_until(until, cut)), seq=pk,
                                  cuda=cuda_key(cuda or "")))
 
 
@@ -247,7 +258,8 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
                 _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
                          o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
                          o.available_until, o.min_cuda,
-                         o.node.cuda_version if o.node_id else None, o.interconnect)
+                         o.node.cuda_version if o.node_id else None, o.interconnect,
+                         o.node.maintenance_from if o.node_id else None)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed

@@ -15,6 +15,7 @@ from django.db.models import F, Q
 
 from marketplace import lease_notice
 from marketplace.env_templates import cuda_ok
+from marketplace.locking import sells_until
 from marketplace.models import GpuClass, Lease, Order
 
 log = logging.getLogger("gpumarket.market")
@@ -160,7 +161,8 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
 
     def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
-                and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
+                and ask.owner_id != bid.owner_id
+                and sells_until(ask.available_until, ask.node.maintenance_from) >= at + hours
                 and cuda_ok(ask.node.cuda_version, bid.min_cuda))
 
     offered: dict[int, int] = {}

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import maintenance as maintenance_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from providers import api as providers_api
@@ -45,6 +46,10 @@ api_v1 = [
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
+    path("nodes/<int:pk>/maintenance/", maintenance_api.NodeMaintenance.as_view(),
+         name="node-maintenance"),
+    path("nodes/<int:pk>/maintenance/<int:window_id>/",
+         maintenance_api.NodeMaintenanceWindow.as_view(), name="node-maintenance-window"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),

@@ -157,17 +157,26 @@ class TemplateSerializer(serializers.Serializer):
 
 class TemplateListSerializer(serializers.Serializer):
     results = TemplateSerializer(many=True)
+class MaintenanceSpanSerializer(serializers.Serializer):
+    """A maintenance window of an offer's node: it sells no time past starts_at."""
+
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
 class OfferSerializer(serializers.Serializer):
     """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
     class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
-    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU), and
-    `summary` ("8 × H100 SXM 80GB, NVLink full mesh")."""
+    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU),
+    `summary` ("8 × H100 SXM 80GB, NVLink full mesh") and `maintenance`: the node's
+    announced windows not yet over."""
 
     price = UsdField()
     gpus = serializers.IntegerField()
     node_gpus = serializers.IntegerField()
     interconnect = serializers.CharField()
     summary = serializers.CharField()
+    maintenance = MaintenanceSpanSerializer(many=True)
 
 
 class GpuClassDetailSerializer(GpuClassSerializer):
