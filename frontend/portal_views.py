@@ -27,7 +27,7 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, selectors
+from marketplace import book, interconnect, maintenance, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
@@ -155,7 +155,48 @@ def node_rotate_token(request, pk: int):
 
 
 @member
-def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
+@require_POST
+def node_maintenance(request, pk: int):
+    """The node page's "Announce maintenance" (POST, CSRF): the window, or the node page
+    again with the refusal on its field, 400. Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.MaintenanceForm(request.POST)
+    if form.is_valid():
+        v = form.cleaned_data
+        try:
+            maintenance.announce(user_id=request.user.pk, node_id=node.pk,
+                                 starts_at=v["starts_at"], ends_at=v["ends_at"],
+                                 reason=v["reason"])
+        except MarketError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, "Maintenance window announced: its time is no longer "
+                                      "sold, and leases that would overlap it get their notice.")
+            return redirect("node", pk=node.pk)
+    return node_detail(request, pk, maintenance_form=form, status=400)
+
+
+@member
+@require_POST
+def node_maintenance_withdraw(request, pk: int, window_id: int):
+    """Withdraw a window (POST, CSRF); its notices are taken back. Not yours: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    try:
+        maintenance.withdraw(user_id=request.user.pk, node_id=node.pk, window_id=window_id)
+    except MarketError as exc:
+        if getattr(exc, "status", 400) == 404:
+            raise Http404(str(exc)) from None
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Maintenance window withdrawn.")
+    return redirect("node", pk=node.pk)
+
+
+@member
+def node_detail(request, pk: int, *, rotate_form=None, maintenance_form=None,
+                status: int = 200):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
@@ -197,6 +238,8 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "rotate_form": rotate_form or f.RotateTokenForm(),
+        "windows": maintenance.upcoming([node.pk]).get(node.pk, []),
+        "maintenance_form": maintenance_form or f.MaintenanceForm(),
     }, status=status)
 
 
