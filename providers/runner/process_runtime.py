@@ -278,13 +278,17 @@ class ProcessRuntime:
         entry = self._load().get(lease_id)
         if entry is None:
             raise RuntimeFailure(f"lease {lease_id} has no process")
-        self._signal(entry, signal.Signals[name])
+        # once to each process: a second one could come after its handler is gone (a
+        # Python workload restores the default disposition while it exits)
+        self._signal(entry, signal.Signals[name], group=entry.get("uid") is None
+                     or os.geteuid() != 0)
 
-    def _signal(self, entry: dict, sig: int) -> None:
-        """`sig` to the wrapper's process group and, as root, to every process of the
-        lease's uid (kill(-1) sent from that uid)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(entry["pid"], sig)
+    def _signal(self, entry: dict, sig: int, group: bool = True) -> None:
+        """`sig` to the wrapper's process group (unless not `group`) and, as root, to
+        every process of the lease's uid (kill(-1) sent from that uid)."""
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry["pid"], sig)
         uid = entry.get("uid")
         if uid is not None and os.geteuid() == 0:
             # the shell's kill(-1): every process that uid may signal, the caller excepted

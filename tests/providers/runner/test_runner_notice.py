@@ -100,7 +100,7 @@ def test_a_warned_docker_workload_finishes_its_checkpoint_before_it_is_stopped(
     assert (ckpt / "ro.txt").read_text().strip() == "read-only"
     assert (ckpt / "env.txt").read_text().strip() == "/run/gpumarket/notice"
 
-    notice = _notice("preemption")
+    notice = _notice("preemption", seconds=1)
     marketplace.leases[41]["notice"] = notice
     agent.tick()  # the notice: the file, then SIGUSR1
     assert any("lease 41: notice (preemption" in line and "SIGUSR1 sent" in line
@@ -110,13 +110,16 @@ def test_a_warned_docker_workload_finishes_its_checkpoint_before_it_is_stopped(
     agent.tick()  # the same notice again: not delivered twice
     assert sum("lease 41: notice (" in line for line in lines) == 1
 
+    deadline = datetime.fromisoformat(notice["deadline"])
+    wait_for(lambda: datetime.now(UTC) > deadline, 5)
     del marketplace.leases[41]  # the deadline came: the marketplace ended the lease
     agent.tick()  # SIGTERM at once; the workload finishes its checkpoint within the grace
     assert runtime.graces == [20]  # the lease's own grace, not the runner's 30 s
     assert runtime.list_leases() == {}
     assert (ckpt / "state.txt").read_text().splitlines() == [f"step {i}" for i in range(5)]
     assert (ckpt / "exit").read_text().strip() == "term-after-ckpt"
-    assert json.loads((ckpt / "notice.json").read_text())["deadline"] == notice["deadline"]
+    # what it read when warned: the notice, not rewritten at the stop (its deadline came)
+    assert json.loads((ckpt / "notice.json").read_text()) == {"lease_id": 41, **notice}
     assert not runtime.notice_dir(41).exists()  # removed with the container
 
 
