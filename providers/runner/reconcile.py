@@ -66,7 +66,17 @@ class Reconciler:
         self._sent_tails.pop(lease_id, None)
         self.runtime.stop(lease_id, self.notices.grace_s(lease_id, self.grace_s))
         self.notices.forget(lease_id)
+        self.after_stop(lease_id, reason)
         self.check_released(lease_id, uuids)
+
+    # -- hooks of the stop sequence (issue 15: checkpoint uploads plug in here) ---------
+    def after_notice(self, lease: RunnerLease) -> None:
+        """Called once a new notice reached `lease`'s workload (file written, signal
+        sent). Nothing by default."""
+
+    def after_stop(self, lease_id: int, reason: str) -> None:
+        """Called once the workload of `lease_id` is stopped and removed (`reason`: a
+        notice.py reason). Nothing by default."""
 
     def _still_running(self, lease_id: int) -> bool:
         try:
@@ -183,7 +193,8 @@ class Reconciler:
             return
         if lease.notice is not None or lease.id in self.notices.told:
             try:
-                self.notices.deliver(self.runtime, lease)
+                if self.notices.deliver(self.runtime, lease) and lease.notice is not None:
+                    self.after_notice(lease)
             except (OSError, RuntimeFailure) as exc:
                 self.log(f"lease {lease_id}: notice not delivered: {exc}")
         code = self.runtime.exit_status(lease_id)

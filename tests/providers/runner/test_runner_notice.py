@@ -19,7 +19,7 @@ from providers.runner.notice import MAX_STOP_GRACE_SECONDS, bounded_grace
 from providers.runner.nvml import DumpGpus
 from providers.runner.runtime import DockerRuntime, ProcessRuntime
 
-from .runner_helpers import A10, H100, TOKEN, FakeMarketplace, iso, wait_for
+from .runner_helpers import A10, H100, ROOT, TOKEN, FakeMarketplace, iso, wait_for
 
 UUIDS = ["GPU-566e6f65-c38e-b12f-4824-6944218668b9"]
 
@@ -247,3 +247,27 @@ def test_the_payload_fields_parse_and_the_grace_is_bounded():
     assert bounded_grace(10_000) == MAX_STOP_GRACE_SECONDS
     assert bounded_grace(-5) == 0
     assert bounded_grace("10") is None and bounded_grace(True) is None
+
+
+@pytest.mark.docker
+def test_a_fatal_gpu_finding_tells_the_workload_before_its_stop(docker_agent, marketplace,
+                                                                 test_image, tmp_path):
+    """The real XID 119 lines of data/dmesg-with-xid-119.log, moved to the leased GPU's
+    bus: the lease fails, and its workload reads reason "health" at SIGTERM."""
+    agent, runtime, ckpt, _lines = docker_agent
+    script = (r"trap 'cp /run/gpumarket/notice /ckpt/at-term.json; exit 0' TERM; "
+              r"echo ready > /ckpt/ready; while :; do sleep 0.1; done")
+    marketplace.add_lease(45, UUIDS, image=test_image, command=["sh", "-c", script])
+    agent.tick()
+    wait_for(lambda: (ckpt / "ready").exists(), 20)
+    log = tmp_path / "kern.log"
+    log.write_text((ROOT / "data" / "dmesg-with-xid-119.log").read_text()
+                   .replace("PCI:0000:9b:00", "PCI:0000:53:00"))  # UUIDS[0] is on bus 53
+    agent.gpus.replay_xid(log)
+    agent.heartbeat_interval = 0.0
+    agent._next_heartbeat = 0.0
+    agent.tick()
+    assert marketplace.events_for(45)[-1]["status"] == "failed"
+    told = json.loads((ckpt / "at-term.json").read_text())
+    assert told["reason"] == "health" and told["lease_id"] == 45
+    assert runtime.list_leases() == {}
