@@ -60,11 +60,14 @@ def give_notice(lease: Lease, *, reason: str, deadline: datetime, now: datetime,
 
 def withdraw_notice(lease: Lease, *, reason: str, now: datetime, cause: str) -> bool:
     """Take back `lease`'s notice if it is of `reason` (the runner removes the workload's
-    notice file). True if withdrawn."""
+    notice file), falling back to its preemption's, if one is scheduled. True if
+    withdrawn."""
     if lease.notice_deadline is None or not cleared_fields(lease, reason):
         return False
+    if lease.preempt_at is not None and reason != PREEMPTION:  # that deadline still holds
+        set_fields(lease, reason=PREEMPTION, deadline=lease.preempt_at, now=now)
     lease.note(cause=cause, at=now, update_fields=NOTICE_FIELDS,
-               detail={"notice": None})
+               detail={"notice": runner_notice(lease)})
     return True
 
 

@@ -196,3 +196,28 @@ def test_buyers_see_the_window_on_the_market_offers():
     page = Client().get(f"/markets/{H100}/")  # the market page, anonymous
     assert page.status_code == 200
     assert start.strftime("%Y-%m-%d %H:%M") in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_earliest_deadline_is_the_notice_and_a_withdrawn_window_gives_the_other_back():
+    from tests.marketplace.preemption_support import full_node
+
+    t0 = timezone.now() - timedelta(minutes=30)
+    provider, node, _token, _ask, _high, (_low, lease) = full_node(t0)
+    t1 = t0 + timedelta(seconds=600)
+    book.place_bid(buyer_id=funded_buyer(100).pk, market_slug=H100, price=3_000_000, gpus=4,
+                   duration_seconds=3600, now=t1)
+    lease.refresh_from_db()
+    preempt_at = lease.preempt_at
+    assert (lease.notice_reason, lease.notice_deadline) == ("preemption", preempt_at)
+    start = preempt_at - timedelta(seconds=10)  # maintenance comes first
+    window = maintenance.announce(user_id=provider.pk, node_id=node.pk, starts_at=start,
+                                  ends_at=start + timedelta(hours=1),
+                                  now=start - timedelta(seconds=NOTICE))
+    assert lease.pk in maintenance.give_due_notices(now=t1 + timedelta(seconds=1))
+    lease.refresh_from_db()
+    assert (lease.notice_reason, lease.notice_deadline) == ("maintenance", start)
+    maintenance.withdraw(user_id=provider.pk, node_id=node.pk, window_id=window.pk,
+                         now=t1 + timedelta(seconds=2))
+    lease.refresh_from_db()
+    assert (lease.notice_reason, lease.notice_deadline) == ("preemption", preempt_at)
