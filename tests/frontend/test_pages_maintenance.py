@@ -61,3 +61,24 @@ def test_another_provider_s_node_is_a_404(client):
                     {"starts_at": _when(3), "ends_at": _when(5)})
     assert r.status_code == 404
     assert not MaintenanceWindow.objects.exists()
+
+
+def test_the_buyer_s_leases_page_shows_the_maintenance_deadline(client, settings):
+    from marketplace import book, maintenance
+    from tests.factories import H100, ask, funded_buyer
+
+    settings.GPUMARKET_PREEMPTION_NOTICE_SECONDS = 120
+    user, node, _token = registered_node()
+    ask(user, node, price=2_000_000, gpus=8)
+    buyer = funded_buyer(100)
+    [lease] = book.place_bid(buyer_id=buyer.pk, market_slug=H100, price=2_000_000, gpus=1,
+                             duration_seconds=3600).leases
+    start = timezone.now() + timedelta(seconds=600)
+    # announced before the lease (the bid above would not have filled into it)
+    maintenance.announce(user_id=user.pk, node_id=node.pk, starts_at=start,
+                         ends_at=start + timedelta(hours=1), now=timezone.now())
+    assert maintenance.give_due_notices(now=start - timedelta(seconds=120)) == [lease.pk]
+    login(client, buyer)
+    html = client.get(reverse("leases-page")).content.decode()
+    assert (f"ends at {start.strftime('%Y-%m-%d %H:%M:%S')} UTC: the node's maintenance"
+            in html)
