@@ -30,17 +30,26 @@ class MaintenanceWindowOut(serializers.ModelSerializer):
         fields = ["id", "node", "starts_at", "ends_at", "reason", "created_at"]
 
 
-class NodeMaintenance(APIView):
-    """Your node's maintenance windows not yet over (by start); POST announces one: its
-    asks stop selling time that overlaps it, the leases that would overlap get their
-    notice at starts_at minus the notice period and end at starts_at. 400 naming the field
-    for a start too soon, an end not after the start, an overlap with another window."""
+class NodeMaintenanceOut(serializers.Serializer):
+    """A node's windows not yet over, by start (few: not paginated)."""
 
-    @extend_schema(responses=MaintenanceWindowOut(many=True))
+    node = serializers.IntegerField()
+    windows = MaintenanceWindowOut(many=True)
+
+
+class NodeMaintenance(APIView):
+    """Your node's maintenance windows not yet over, {node, windows} by start; POST
+    announces one: its asks stop selling time that overlaps it, the leases that would
+    overlap get their notice at starts_at minus the notice period and end at starts_at.
+    400 naming the field for a start too soon, an end not after the start, an overlap
+    with another window."""
+
+    @extend_schema(responses=NodeMaintenanceOut)
     def get(self, request, pk: int):
         own_node(request, pk)
         windows = maintenance.upcoming([pk]).get(pk, [])
-        return Response(MaintenanceWindowOut(windows, many=True).data)
+        return Response({"node": pk,
+                         "windows": MaintenanceWindowOut(windows, many=True).data})
 
     @extend_schema(request=MaintenanceWindowIn, responses={201: MaintenanceWindowOut})
     def post(self, request, pk: int):

@@ -18,16 +18,12 @@ from core.fields import (
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
 from marketplace import env_templates, interconnect, selectors
+from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
-from marketplace.lease_notice import (
-    DEFAULT_STOP_GRACE_SECONDS,
-    MAX_STOP_GRACE_SECONDS,
-    NOTICE_SIGNALS,
-    runner_notice,
-)
+from marketplace.lease_notice import runner_notice
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
@@ -252,14 +248,12 @@ def check_env_and_secrets(attrs: dict) -> None:
         raise serializers.ValidationError({"secrets": {name: [exc.message]}}) from None
 
 
-class TemplateFields(serializers.Serializer):
+class TemplateFields(StopTermsFields):
     """A bid's workload terms (bids and sealed bids): `template` (an id of GET
     /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh` (its leases
     get your SSH keys, /api/v1/ssh-keys/, and port 22 published, role ssh; absent: the
     template's), `env` and write-only `secrets` (WorkloadVarsField); the stop terms
-    (docs/LEASE_CONTRACT.md): `notice_signal` ("" or SIGUSR1, SIGUSR2, SIGINT, SIGHUP,
-    SIGTERM: sent with a notice) and `stop_grace_seconds` (0–300, default 10: SIGTERM to
-    SIGKILL). `resolve_template`
+    (stop_terms.py). `resolve_template`
     resolves them with image, command and ports (env_templates.resolve: what was given
     overrides the template)."""
 
@@ -268,11 +262,6 @@ class TemplateFields(serializers.Serializer):
     ssh = StrictBooleanField(required=False)
     env = WorkloadVarsField()
     secrets = WorkloadVarsField(write_only=True)
-    notice_signal = serializers.ChoiceField(choices=["", *NOTICE_SIGNALS], required=False,
-                                            default="")
-    stop_grace_seconds = StrictIntegerField(min_value=0, max_value=MAX_STOP_GRACE_SECONDS,
-                                            required=False,
-                                            default=DEFAULT_STOP_GRACE_SECONDS)
 
     def resolve_template(self, attrs: dict) -> dict:
         """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
@@ -292,11 +281,10 @@ class TemplateFields(serializers.Serializer):
         return attrs
 
 
-TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env", "notice_signal",
-                  "stop_grace_seconds")
+TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env", *STOP_TERMS)
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect", "notice_signal", "stop_grace_seconds")
+            "secrets", "interconnect", *STOP_TERMS)
 ASK_ONLY = ("node", "available_until")
 
 

@@ -52,7 +52,8 @@ def test_a_provider_announces_lists_and_withdraws_a_window():
     assert window["node"] == node.pk and window["reason"] == "PSU swap"
     node.refresh_from_db()
     assert node.maintenance_from == start
-    assert [w["id"] for w in api.get(_url(node)).json()] == [window["id"]]
+    listed = api.get(_url(node)).json()
+    assert listed["node"] == node.pk and [w["id"] for w in listed["windows"]] == [window["id"]]
 
     stranger = client_for(registered_node(name="other", own_uuids=True)[0])
     assert stranger.get(_url(node)).status_code == 404
