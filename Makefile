@@ -30,8 +30,11 @@ demo: $(STAMP_RUN)
 ## make test: ruff, then pytest against PostgreSQL and Redis on 127.0.0.1 (and Docker)
 test: $(STAMP_TEST)
 	$(VENV)/bin/ruff check .
+	@# each run's metrics files (core/metrics.py, multi-process mode) in a folder of its own
+	metrics=$$(mktemp -d /tmp/gpumarket-metrics-XXXXXX); \
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-		$(VENV)/bin/pytest $(PYTEST_ARGS)
+		PROMETHEUS_MULTIPROC_DIR=$${PROMETHEUS_MULTIPROC_DIR:-$$metrics} \
+		$(VENV)/bin/pytest $(PYTEST_ARGS); status=$$?; rm -rf "$$metrics"; exit $$status
 
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check .

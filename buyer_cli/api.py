@@ -58,13 +58,19 @@ class Api:
         self._http.close()
 
     def call(self, method: str, path: str, body: dict | None = None, *,
-             params: dict | None = None, auth: bool = True):
-        """The decoded JSON answer (None for 204). CliError as the module doc says."""
+             params: dict | None = None, auth: bool = True, retry_timeout: bool = False):
+        """The decoded JSON answer (None for 204). CliError as the module doc says.
+        `retry_timeout`: send once more after a timeout (only for idempotent bodies)."""
         if auth and not self.token:  # is anything there? (a bare GET: the body stays here)
             self._send("GET", "/api/v1/", None, None)
             raise CliError(f"not logged in to {self.url}: run `gpumarket login --url "
                            f"{self.url}`", EXIT_AUTH)
-        response = self._send(method, "/api/v1" + path, body, params)
+        try:
+            response = self._send(method, "/api/v1" + path, body, params)
+        except CliError:
+            if not retry_timeout:
+                raise
+            response = self._send(method, "/api/v1" + path, body, params)
         if response.status_code == 204:
             return None
         try:

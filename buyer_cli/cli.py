@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     more = p.add_mutually_exclusive_group(required=True)
     more.add_argument("--hours", type=_positive, metavar="N")
     more.add_argument("--seconds", type=_positive, metavar="N")
+    p.add_argument("--request-id", metavar="KEY", default=None,
+                   help="idempotency key (1-64 of A-Z a-z 0-9 . _ : -); the same key "
+                        "never extends twice (default: a new one, reused on a retry)")
 
     keys = command("ssh-keys", None, "your SSH public keys")
     ops = keys.add_subparsers(dest="op", metavar="list|add|delete", required=True,

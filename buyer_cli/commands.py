@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -263,7 +264,9 @@ def stop(args) -> int:
 
 def extend(args) -> int:
     body = {"hours": args.hours} if args.hours is not None else {"seconds": args.seconds}
-    data = _api(args).post(f"/leases/{args.lease}/extend/", body)
+    # An idempotency key: the one retry after a timeout can never extend twice.
+    body["request_id"] = args.request_id or f"cli-{secrets.token_hex(12)}"
+    data = _api(args).post(f"/leases/{args.lease}/extend/", body, retry_timeout=True)
     return _emit(args, data, lambda le: f"lease {le.get('id')}: {le.get('status')}, now ends "
                  f"{le.get('ends_at')}")
 

@@ -49,6 +49,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from core import metrics
 from frontend import feed
 
 try:
@@ -148,6 +149,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
         if getattr(settings, "FEED_DIRECT_WRITES", True):
             self._socket = direct_socket(self.base_send)
         await self.hub.join(group, self)
+        metrics.feed_client(group, +1)
         self._put(self._snapshot_item())  # first in the queue: before any event
         self._sender = asyncio.create_task(self._send_loop())
 
@@ -268,6 +270,7 @@ class FeedConsumer(AsyncWebsocketConsumer):
                 await self._sender
         if self.group and self.hub is not None:
             await self.hub.leave(self.group, self)
+            metrics.feed_client(self.group, -1)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         try:
@@ -332,6 +335,17 @@ class AuctionFeedConsumer(FeedConsumer):
                                      .get(pk=self.auction_id))
 
 
+class SummaryFeedConsumer(FeedConsumer):
+    """/ws/summary/: every market's best bid and ask and GPUs offered, every auction's
+    status and bid count (the home page and /auctions/). Public; never a bid's content."""
+
+    async def connect(self) -> None:
+        await self.subscribe(feed.SUMMARY_GROUP)
+
+    def snapshot(self) -> dict[str, Any]:
+        return feed.summary_snapshot()
+
+
 class MeFeedConsumer(FeedConsumer):
     """/ws/me/: the user's own orders, sealed bids, leases and balance changes.
 
@@ -390,7 +404,8 @@ def _authorization_token(scope) -> str | None:
 
 
 CLOSE_NO_SUCH_FEED = 4404
-FEEDS = "/ws/markets/<gpu class>/, /ws/auctions/<id>/, /ws/me/ (and the runners' /ws/runner/)"
+FEEDS = ("/ws/markets/<gpu class>/, /ws/auctions/<id>/, /ws/summary/, /ws/me/ (and the "
+         "runners' /ws/runner/)")
 
 
 class NoSuchFeedConsumer(AsyncWebsocketConsumer):

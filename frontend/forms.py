@@ -169,6 +169,11 @@ class BidForm(forms.Form):
                             initial="any", help_text="nvlink: each gang's GPUs all "
                             "NVLink-connected", widget=forms.Select(
                                 choices=[(v, v) for v in Interconnect.values]))
+    min_reliability = ApiField(OrderInSerializer, "min_reliability",
+                               label="Minimum node reliability (0–1)",
+                               help_text='optional, e.g. 0.95: only nodes with at least that '
+                                         "share of leases not failed by the provider's fault "
+                                         "over 30 days (new nodes qualify)")
 
     def clean(self):
         data = super().clean()

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
+from frontend.templatetags.gpumarket import usd as usd_text
 from frontend.views import (
     _lease_rows,
     _order_rows,
@@ -27,7 +28,7 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, maintenance, selectors
+from marketplace import book, interconnect, maintenance, reliability, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
@@ -35,8 +36,7 @@ from providers.models import Node, Provider
 from providers.services import ProviderError, node_create, provider_onboard, runner_heard
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
-from settlement.models import ChainAddress
-from settlement.money import MICROS_PER_USD
+from settlement.models import ChainAddress, ConnectedAccount, Payout
 
 # ---------------------------------------------------------------- provider portal
 
@@ -73,6 +73,7 @@ def _portal_context(request, provider, **forms):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "stripe": bool(settings.STRIPE_SECRET_KEY),
+        "payouts": _payout_context(user),
         "chain_address": ChainAddress.objects.filter(user=user)
         .values_list("address", flat=True).first(),
     }
@@ -238,6 +239,7 @@ def node_detail(request, pk: int, *, rotate_form=None, maintenance_form=None,
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "rotate_form": rotate_form or f.RotateTokenForm(),
+        "reliability": reliability.records(node_id=node.pk),
         "windows": maintenance.upcoming([node.pk]).get(node.pk, []),
         "maintenance_form": maintenance_form or f.MaintenanceForm(),
     }, status=status)
@@ -309,6 +311,74 @@ def payout_address(request):
                  _portal_context(request, provider, address_form=form), status=400)
 
 
+def _payout_context(user) -> dict:
+    """The portal's payouts card: Stripe Connect status (Stripe's word on the account),
+    what "withdraw" pays now (whole
+    cents, micro-USD) and what stays (the sub-cent rest), the latest payouts."""
+    from settlement import stripe_payouts
+    from settlement.stripe_payments import micros_to_whole_cents
+
+    earned = ledger.wallet(user_id=user.pk).earned
+    cents, rest = micros_to_whole_cents(max(0, earned))
+    connected = ConnectedAccount.objects.filter(user=user).exists()
+    return {
+        "connected": connected,
+        # Stripe is asked only when there is an account to ask about
+        "status": stripe_payouts.connect_status(user_id=user.pk)
+        if connected and settings.STRIPE_SECRET_KEY else "not set up",
+        "earned": earned, "withdrawable": cents * 10_000, "rest": rest,
+        "history": list(Payout.objects.filter(provider=user).order_by("-pk")[:20]),
+    }
+
+
+@member
+@require_POST
+def payout_withdraw(request):
+    """"Withdraw": pay the earned balance out in whole cents to the provider's Stripe
+    connected account (settlement.stripe_payouts.payout_create); the sub-cent rest stays.
+    The outcome (paid, failed with Stripe's reason, pending: retried) is a message on the
+    portal (post/redirect/get). Stripe off: 404."""
+    from settlement import stripe_payments, stripe_payouts
+
+    _require_provider(request)
+    try:
+        payout = stripe_payouts.payout_create(provider_id=request.user.pk)
+    except stripe_payments.StripeDisabled:
+        raise Http404("Stripe is not configured on this server") from None
+    except stripe_payouts.PayoutRefused as exc:
+        messages.error(request, f"No payout: {exc}.")
+        return redirect(f"{reverse('portal')}#payouts")
+    paid = usd_text(payout.amount)
+    if payout.status == Payout.Status.PAID:
+        rest = ledger.wallet(user_id=request.user.pk).earned
+        messages.success(request, f"Payout #{payout.pk}: {paid} sent to your Stripe account"
+                                  f"; {usd_text(rest)} stays in your balance.")
+    elif payout.status == Payout.Status.FAILED:
+        messages.error(request, f"Payout #{payout.pk} of {paid} failed: {payout.failure} "
+                                "Your balance is as it was.")
+    else:
+        messages.info(request, f"Payout #{payout.pk} of {paid} is pending: Stripe did not "
+                               "answer. Retry it below (the same key: never paid twice).")
+    return redirect(f"{reverse('portal')}#payouts")
+
+
+@member
+@require_POST
+def payout_retry(request, pk: int):
+    """Repeat a pending payout's transfer with its own idempotency key (not yours: 404)."""
+    from settlement import stripe_payments, stripe_payouts
+
+    _require_provider(request)
+    payout = get_object_or_404(Payout, pk=pk, provider=request.user)
+    try:
+        payout = stripe_payouts.payout_retry(payout_id=payout.pk)
+    except stripe_payments.StripeDisabled:
+        raise Http404("Stripe is not configured on this server") from None
+    messages.info(request, f"Payout #{payout.pk}: {payout.status}"
+                           f"{': ' + payout.failure if payout.failure else '.'}")
+    return redirect(f"{reverse('portal')}#payouts")
+
+
 @member
 def payout_connect(request):
     from settlement import stripe_payments, stripe_payouts
@@ -347,8 +417,9 @@ def earnings(request):
                      "gpus": x.gpu_count, "status": x.status, "settled_at": at,
                      "cost": usd(cost), "provider_amount": usd(prov), "platform_fee": usd(fee),
                      "share": f"{prov * 100 / cost:.1f} %" if cost else "—"})
-        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"),
-                       "cumulative": total / MICROS_PER_USD, "lease": prov / MICROS_PER_USD})
+        # micro-USD; earnings.js plots them on a time axis (ms since the epoch, UTC)
+        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"), "ms": int(at.timestamp() * 1000),
+                       "cumulative": total, "lease": prov})
     w = ledger.wallet(user_id=request.user.pk)
     return _page(request, "frontend/earnings.html", {
         "rows": rows[::-1], "series_json": _rows_json(series),

@@ -38,3 +38,4 @@ class MarketplaceConfig(AppConfig):
 
         sealed.register(sealed_hold_ids)  # the admin masks these holds' amounts
         checks.register(market_checks.provider_earnings_match_settled_leases)
+        checks.register(market_checks.chains_are_sound)

@@ -16,6 +16,7 @@ from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
+from core import metrics
 from marketplace import engine, interconnect
 from marketplace.book import (
     MAX_DURATION_SECONDS,
@@ -24,6 +25,7 @@ from marketplace.book import (
     free_gpu_count,
     node_market,
 )
+from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from marketplace.lease_notice import check_stop_terms
@@ -125,7 +127,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      template: str = "", min_cuda: str = "",
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
-                     interconnect: str = Interconnect.ANY, notice_signal: str = "",
+                     interconnect: str = Interconnect.ANY,
+                     checkpoint: Checkpoint | None = None, failover: bool = True,
+                     min_reliability=None, notice_signal: str = "",
                      stop_grace_seconds: int = 10,
                      now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
@@ -139,8 +143,10 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     min_cuda refuses the bid: Conflict naming min_cuda); port_roles: their roles
     (ports.clean_port_roles); ssh: the lease gets the bidder's SSH keys and port 22
     (ports.with_ssh); env, secrets: the workload's variables (workload_env), the secrets
-    sealed with the bid (sealing.py). interconnect: "nvlink" — the GPUs won must all be
-    NVLink-connected (InvalidInput naming it for 1 GPU, or a node whose GPUs hold no such
+    sealed with the bid (sealing.py); checkpoint: the store its lease uploads to
+    (checkpoints.Checkpoint, probed by the API), credentials sealed. interconnect:
+    "nvlink" — the GPUs won must all be NVLink-connected (InvalidInput naming it for 1
+    GPU, or a node whose GPUs hold no such
     set of min_gpus; at close, an award the node cannot connect any more is lost:
     docs/MATCHING.md, "Interconnect"). The bid's `replaced_bid_id` (not stored): the id of
     the bidder's earlier active bid on this auction that it replaced (withdrawn, its hold
@@ -165,6 +171,11 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise Conflict(f"auction {auction.pk}'s node reports CUDA "
                            f"{auction.node.cuda_version or 'unknown'}, below the {min_cuda} "
                            "this bid needs", field="min_cuda")
+        have = auction.node.reliability
+        if min_reliability is not None and have is not None and have < min_reliability:
+            raise Conflict(f"auction {auction.pk}'s node is {have} reliable over 30 days, "
+                           f"below the {min_reliability} this bid needs",
+                           field="min_reliability")
         if auction.provider_id == bidder_id:
             raise PermissionDenied("you cannot bid on your own auction", field="auction")
         if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
@@ -200,7 +211,10 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         min_gpus=min_gpus, image=image, command=command, ports=ports,
                         template=template, min_cuda=min_cuda, port_roles=port_roles,
                         ssh=ssh, env=env, secrets_sealed=seal(secrets),
-                        interconnect=interconnect, notice_signal=notice_signal,
+                        checkpoint=dict(checkpoint.terms) if checkpoint else {},
+                        checkpoint_sealed=checkpoint.sealed() if checkpoint else "",
+                        interconnect=interconnect, failover=failover,
+                        min_reliability=min_reliability, notice_signal=notice_signal,
                         stop_grace_seconds=stop_grace_seconds, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
@@ -284,6 +298,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             bid.paid_price = award.price
             bid.set_status(SealedBid.Status.WON, cause=f"auction {auction.pk} won", at=now,
                            update_fields=("awarded_gpus", "paid_price"))
+            metrics.fill(auction.market.slug, "sealed", award.gpus, auction.duration_seconds)
             create_lease(
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
                 node=auction.node, gpus=award.gpus, price=award.price,
@@ -292,7 +307,9 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
                 notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
+                checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
+                failover=bid.failover, min_reliability=bid.min_reliability,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )

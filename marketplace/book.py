@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -19,8 +20,10 @@ from django.db.models import Count, Q, Sum
 from django.db.models.signals import post_save
 from django.utils import timezone
 
+from core import metrics
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, preemption
+from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
 from marketplace.lease_notice import check_stop_terms
@@ -226,6 +229,8 @@ class BidRequest:
     added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
     secrets in clear here, sealed when written: never in a log or an answer);
     notice_signal, stop_grace_seconds: its leases' stop terms (lease_notice.py).
+    checkpoint: the bid's store (checkpoints.Checkpoint, probed by the API; None: none),
+    its credentials sealed when written (`checkpoint_sealed`), never in a repr.
     """
 
     buyer_id: int
@@ -248,6 +253,10 @@ class BidRequest:
     env: dict[str, str] | None = None
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
+    checkpoint: Checkpoint | None = field(default=None, repr=False)
+    failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
+    min_reliability: Decimal | None = None
+    avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
     notice_signal: str = ""
     stop_grace_seconds: int = 10
 
@@ -266,7 +275,12 @@ class BidRequest:
                 "interruptible": bool(self.interruptible), "ports": ports,
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
-                "interconnect": self.interconnect, "notice_signal": self.notice_signal,
+                "interconnect": self.interconnect,
+                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
+                "failover": (not self.interruptible) if self.failover is None
+                else bool(self.failover),
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id,
+                "notice_signal": self.notice_signal,
                 "stop_grace_seconds": self.stop_grace_seconds}
 
 
@@ -336,6 +350,7 @@ def place_bids(requests: list[BidRequest], *,
     for market_id, items in groups.items():
         for (i, _, _), result in zip(items, _place_group(market_id, items, now), strict=True):
             results[i] = result
+    metrics.order_outcomes("bid", results)  # (the repeated ones count in the call below)
     if again:
         for i, result in zip(again, place_bids([requests[i] for i in again], now=now),
                              strict=True):
@@ -417,6 +432,7 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
         return [exc]
 
 
+@metrics.timed_group
 def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
                 now: datetime) -> list[Placed | Exception]:
     """Under the market lock: insert the orders (of bids _check_bid passed), hold their
@@ -432,7 +448,8 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
     for r, _ in items:
         order = Order(**{**r.terms(), "market": market}, owner_id=r.buyer_id,
                       remaining_gpus=r.gpus, client_order_id=r.client_order_id or "",
-                      secrets_sealed=seal(r.secrets or {}))
+                      secrets_sealed=seal(r.secrets or {}),
+                      checkpoint_sealed=r.checkpoint.sealed() if r.checkpoint else "")
         locking.touch(order)
         orders.append(order)
     orders = insert_all(orders)
@@ -514,6 +531,7 @@ def _group_flags(market_id: int, now: datetime) -> tuple[bool, bool]:
     return bool(due), bool(preemptible)
 
 
+@metrics.counted_ask
 def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price: int,
               gpus: int, available_until: datetime, client_order_id: str | None = None,
               now: datetime | None = None) -> Placed:

@@ -10,11 +10,14 @@ import os
 from celery import Celery
 from celery.signals import beat_init, celeryd_init
 
+from core import metrics
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.settings")
 
 app = Celery("gpumarket")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+metrics.connect_celery()  # celery-exporter's task counters (core/metrics.py)
 
 
 def without_db_pool(**_kwargs) -> None:

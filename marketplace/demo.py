@@ -51,6 +51,11 @@ class Demo:
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "marketplace.settings",
                     "GPUMARKET_DEV_CREDIT": "1", "PYTHONUNBUFFERED": "1",
                     "GPUMARKET_VAR_DIR": str(self.var)}
+        # the scenario's own signups must not use up a person's signups on this machine
+        self.env.setdefault("GPUMARKET_SIGNUP_RATE", "100/hour")
+        # the demo's metrics start from zero with its fresh database (core/metrics.py)
+        self.metrics_dir = self.var / "demo" / "prometheus"
+        self.env["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
         if "DATABASE_URL" not in os.environ:
             # The scenario registers the recorded hosts' GPU UUIDs, which are unique: each
             # run starts from its own fresh SQLite file so that it can run again.
@@ -151,6 +156,8 @@ class Demo:
 
     def run(self) -> int:
         (self.var / "demo").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir()
         py = sys.executable
         if self.db_file is not None:
             self.db_file.unlink(missing_ok=True)
@@ -198,10 +205,9 @@ class Demo:
                 hint = (" (the recorded GPUs are already registered in this DATABASE_URL by an "
                         "earlier run: use a fresh database)" if "409" in reg.stderr else "")
                 raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}{hint}")
-            # Without Redis the channel layer is in-memory, per process: the worker's notices
-            # (a lease created when it closes the auction) never reach the web process's
-            # /ws/runner/. The marketplace says so in its hello ("notices": "partial"), and
-            # the runners then poll every --poll-interval (2 s) as well as take pushes.
+            # Without Redis the channel layer is a SQLite file under var/ shared by web,
+            # worker and beat (core/sqlite_layer.py): the worker's notices (a lease created
+            # when it closes the auction) reach the runners' /ws/runner/ too.
             self.spawn(f"runner-{name}", [py, "-m", "providers.runner", "run", "--state-dir",
                                           str(state), "--heartbeat-interval", "2",
                                           "--runtime", runtime, "--network", "none"])

@@ -110,12 +110,14 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
     """The market's standing asks, cheapest first, each with its node described, and never
     who offers it: [{"price": micro-USD per GPU-hour, "gpus": still offered, "node_gpus":
     the node's GPUs of the class, "interconnect": "NVLink full mesh" (topology.describe),
-    "summary": "8 × H100 SXM 80GB, NVLink full mesh", "maintenance": the node's windows not
-    yet over, [{"starts_at", "ends_at"}] by start (the ask sells no time past the first
-    one's start: marketplace/maintenance.py)}]."""
+    "summary": "8 × H100 SXM 80GB, NVLink full mesh", "reliability": the node's 30-day
+    reliability, "0.950", or None without a record (docs/FAULTS.md), "maintenance": the
+    node's windows not yet over, [{"starts_at", "ends_at"}] by start (the ask sells no time
+    past the first one's start: marketplace/maintenance.py)}]."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
-                .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id")[:limit])
+                .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id",
+                                                     "node__reliability")[:limit])
     by_node: dict[int, list[Gpu]] = {}
     for gpu in (Gpu.objects.filter(node_id__in={a[2] for a in asks}, gpu_class=market)
                 .select_related("gpu_class")):
@@ -127,9 +129,10 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
             .order_by("starts_at").values_list("node_id", "starts_at", "ends_at")):
         windows.setdefault(node, []).append({"starts_at": starts_at, "ends_at": ends_at})
     out = []
-    for price, gpus, node in asks:
+    for price, gpus, node, reliability in asks:
         mine = by_node.get(node, [])
         out.append({"price": price, "gpus": gpus, "node_gpus": len(mine),
                     "interconnect": interconnect_words(mine), "summary": describe_gpus(mine),
+                    "reliability": None if reliability is None else str(reliability),
                     "maintenance": windows.get(node, [])})
     return out

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from core import metrics
 from marketplace import interconnect, ssh_keys
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
@@ -91,15 +92,18 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  template: str = "", min_cuda: str = "",
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
-                 nvlink_gang: int = 0, notice_signal: str = "",
+                 nvlink_gang: int = 0, checkpoint: dict | None = None,
+                 checkpoint_sealed: str = "", failover: bool = False,
+                 min_reliability=None, notice_signal: str = "",
                  stop_grace_seconds: int = 10) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
     Conflict (nothing written) when the node cannot give them. The hold is named
     "lease:<id>" (a given one, a sealed bid's, is renamed so). The bid's workload terms
-    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets as they are,
-    the stop terms notice_signal and stop_grace_seconds);
+    are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets and its
+    checkpoint store with its sealed credentials, as they are, the stop terms
+    notice_signal and stop_grace_seconds);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
     with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
@@ -127,8 +131,10 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         port_roles=port_roles, ssh=ssh,
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
+        checkpoint=dict(checkpoint or {}), checkpoint_sealed=checkpoint_sealed,
         notice_signal=notice_signal, stop_grace_seconds=stop_grace_seconds,
         jupyter_token_sealed=new_jupyter_token(port_roles),
+        failover=failover, min_reliability=min_reliability,
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
@@ -138,7 +144,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
 
 
 def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
-    return create_lease(
+    lease = create_lease(
         market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
@@ -146,9 +152,27 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
+        checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
         notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
+        failover=bid.failover, min_reliability=bid.min_reliability,
     )
+    if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
+        _join_chain(lease, bid, now)
+    return lease
+
+
+def _join_chain(lease: Lease, bid: Order, now: datetime) -> None:
+    """The first lease of a bid resting for failed lease `bid.continues_lease_id`
+    (marketplace/failover.py) continues that lease's chain; the failed lease says so."""
+    failed = Lease.objects.filter(pk=bid.continues_lease_id).first()
+    if failed is None or Lease.objects.filter(continues=failed).exists():
+        return
+    lease.chain_id, lease.continues = failed.chain, failed
+    lease.save(update_fields=["chain_id", "continues"])
+    failed.note(cause=f"continued as lease {lease.pk} on node {lease.node.name} at "
+                      f"{now.strftime('%H:%M:%S')} (resting bid {bid.pk})",
+                detail={"continuation": lease.pk}, at=now)
 
 
 def hold_ids(lease: Lease) -> list[int]:
@@ -194,6 +218,7 @@ def mark_running(*, lease: Lease, container_id: str, now: datetime | None = None
         lease.endpoints = cleaned or []
         move(lease, "running", cause=f"container {container_id[:12]} running", at=now,
               update_fields=("container_id", "started_at", "ends_at", "endpoints"))
+        metrics.lease_running(lease.market.slug, lease.created_at, now)
     log.info("lease %s: running in container %s", lease.pk, container_id[:12])
     return lease
 

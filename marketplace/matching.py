@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core import metrics
 from marketplace import engine, locking, preemption
 from marketplace.leases import lease_from_fill
 from marketplace.models import Fill, GpuClass, Lease, Order
@@ -61,6 +62,7 @@ def close_order(order: Order, status: str, cause: str, now: datetime) -> None:
         ledger.hold_release(hold_id=order.hold_id, cause=f"order {order.pk} {status}")
 
 
+@metrics.timed_match
 def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
            now: datetime) -> list[Lease]:
     """Write the engine's result: fills → leases, order states, holds."""
@@ -78,6 +80,7 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
         ask = touched.get(f.ask_id) or Order.objects.get(pk=f.ask_id)
         touched[bid.pk], touched[ask.pk] = bid, ask
         fill = Fill.objects.create(market=market, bid=bid, ask=ask, gpus=f.gpus, price=f.price)
+        metrics.fill(market.slug, "continuous", f.gpus, bid.duration_seconds)
         # Move the filled part of the bid's hold onto the lease: release it at the bid's
         # limit, then hold the lease's cost at the trade price (never more).
         released = bid_hold_amount(price=bid.price, gpus=f.gpus,
@@ -160,7 +163,9 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     market = ask.market
     expire_due(market, now)  # an expired resting bid must not take the returned GPUs
     ask.remaining_gpus += gpus
-    ask.set_status("partially_filled", cause=f"{gpus} GPUs returned from an ended lease",
+    # every GPU back: the ask stands as it was placed ("open"), else partly sold
+    back = "open" if ask.remaining_gpus >= ask.gpus else "partially_filled"
+    ask.set_status(back, cause=f"{gpus} GPUs returned from an ended lease",
                    at=now, update_fields=("remaining_gpus", *locking.touch(ask)))
     book = locking.load_book(market, exclude=ask.pk)
     result = book.submit_ask(locking.engine_ask(ask), locking.epoch(now))

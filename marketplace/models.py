@@ -88,10 +88,11 @@ class Order(StateMachine):
 
     TRANSITIONS = {
         "open": {"partially_filled", "filled", "cancelled", "expired"},
-        "partially_filled": {"partially_filled", "filled", "cancelled", "expired"},
+        # an ask all of whose GPUs came back from ended leases is "open" again
+        "partially_filled": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask whose GPUs come back from an ended lease stands again; its provider may
         # withdraw it meanwhile (its leases run on; their GPUs then stay off the market)
-        "filled": {"partially_filled", "cancelled"},
+        "filled": {"open", "partially_filled", "cancelled"},
     }
     ACTIVE = ("open", "partially_filled")
 
@@ -152,9 +153,34 @@ class Order(StateMachine):
         blank=True, default="",
         help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
                   "shown, only handed to the runner of its leases")
+    # Checkpoints (issue 15, marketplace/checkpoints.py, docs/CHECKPOINTS.md)
+    checkpoint = models.JSONField(
+        default=dict, blank=True,
+        help_text="bid: its checkpoint store without credentials: {url, endpoint_url, "
+                  "region, path, max_bytes}; {}: none")
+    checkpoint_sealed = models.TextField(
+        blank=True, default="",
+        help_text="bid: Fernet token of the store's credentials (sealing.py); never shown")
     interconnect = models.CharField(
         max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
         help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
+    # Failover (issue 15, docs/FAULTS.md)
+    failover = models.BooleanField(
+        default=True,
+        help_text="bid: a lease failed by a provider-side cause continues on another node "
+                  "(default: true for non-interruptible bids, false for interruptible)")
+    min_reliability = models.DecimalField(
+        max_digits=4, decimal_places=3, null=True, blank=True,
+        help_text="bid: fills only on nodes whose 30-day reliability is at least this "
+                  "(0–1, marketplace/reliability.py); empty: any")
+    avoid_node_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="bid: never fills on this node (a bid resting for a lease that failed "
+                  "there)")
+    continues_lease_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="bid: resting for the remaining time of this failed lease (failover); "
+                  "its lease joins that lease's chain")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -290,9 +316,15 @@ class SealedBid(StateMachine):
         default=10, help_text="as Order.stop_grace_seconds")
     secrets_sealed = models.TextField(blank=True, default="",
                                       help_text="as Order.secrets_sealed: sealed with the bid")
+    checkpoint = models.JSONField(default=dict, blank=True, help_text="as Order.checkpoint")
+    checkpoint_sealed = models.TextField(blank=True, default="",
+                                         help_text="as Order.checkpoint_sealed")
     interconnect = models.CharField(max_length=8, choices=Interconnect.choices,
                                     default=Interconnect.ANY,
                                     help_text="nvlink: the GPUs won all NVLink-connected")
+    failover = models.BooleanField(default=True, help_text="as Order.failover")
+    min_reliability = models.DecimalField(max_digits=4, decimal_places=3, null=True,
+                                          blank=True, help_text="as Order.min_reliability")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -390,6 +422,9 @@ class Lease(StateMachine):
     stop_grace_seconds = models.PositiveSmallIntegerField(
         default=10, help_text="from the bid")
     secrets_sealed = models.TextField(blank=True, default="", help_text="from the bid")
+    checkpoint = models.JSONField(default=dict, blank=True,
+                                  help_text="from the bid (as Order.checkpoint)")
+    checkpoint_sealed = models.TextField(blank=True, default="", help_text="from the bid")
     jupyter_token_sealed = models.TextField(
         blank=True, default="",
         help_text="Fernet token of the lease's Jupyter token (a 'jupyter' port role): the "
@@ -421,6 +456,26 @@ class Lease(StateMachine):
     continues = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="continuation",
         help_text="the failed lease this one continues (at most one continuation each)")
+    # Faults and failover (marketplace/faults.py, marketplace/failover.py, docs/FAULTS.md)
+    failover = models.BooleanField(default=False, help_text="from the bid")
+    min_reliability = models.DecimalField(max_digits=4, decimal_places=3, null=True,
+                                          blank=True, help_text="from the bid")
+    fault = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text='a failed lease: "provider" or "buyer" (who caused it), "" unknown')
+    failure_code = models.CharField(max_length=32, blank=True, default="",
+                                    help_text="a failed lease: its faults.FAULT_TABLE code")
+    fault_credit = models.BigIntegerField(
+        default=0, help_text="micro-USD the provider paid the buyer for its fault")
+    failover_state = models.CharField(
+        max_length=12, blank=True, default="",
+        help_text='"" none; "pending" (a continuation is being placed); "continued", '
+                  '"rested" (the remaining time became a resting bid), "released" (hold '
+                  'given back)')
+    carry_hold_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="settlement.Hold id carrying this failed lease's unused hold to its "
+                  "continuation (or resting bid) while failover_state is pending")
 
     # The notice (docs/LEASE_CONTRACT.md): a deadline the lease did not have (a preemption,
     # a maintenance window), told to its workload by the runner; empty: none.

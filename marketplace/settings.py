@@ -11,8 +11,8 @@ Variables (default in brackets):
   Jupyter tokens at rest, comma-separated: the first seals, every one opens
   (MultiFernet rotation; docs/SECRETS.md).
 - DATABASE_URL [sqlite:///var/gpumarket.sqlite3]: PostgreSQL in production and tests.
-- REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
-  CELERY_BROKER_URL is set.
+- REDIS_URL [unset: a channel layer on the file var/channels.sqlite3]: channel layer;
+  Celery broker too unless CELERY_BROKER_URL is set.
 - CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
 - GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
 - GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
@@ -32,6 +32,8 @@ Variables (default in brackets):
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
+- GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
+  buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_API_TOKEN_TTL_DAYS [30]: how long an API token is valid (marketplace/api_tokens.py);
@@ -65,6 +67,10 @@ Variables (default in brackets):
   (shared by all processes), else each process's memory. GPUMARKET_NUM_PROXIES [0]:
   reverse proxies in front that append to X-Forwarded-For (0: the client address is the
   connection's peer; uvicorn's --proxy-headers may already have set it).
+- Metrics (docs/METRICS.md): GPUMARKET_METRICS_TOKEN [unset] bearer token of GET /metrics;
+  GPUMARKET_METRICS_ALLOW [none] networks that may read it without one (neither: 404);
+  PROMETHEUS_MULTIPROC_DIR [var/prometheus/]; GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS
+  [30]; GPUMARKET_LEDGER_CHECK_SECONDS [300: how often the worker runs ledger_check; 0 off].
 """
 
 from __future__ import annotations
@@ -162,6 +168,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.not_found.NotFoundMiddleware",  # a 404 is JSON or a friendly page, DEBUG or not
 ]
 
 ROOT_URLCONF = "marketplace.urls"
@@ -207,7 +214,12 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # No server: a layer on a local SQLite file, shared by the web process, the Celery
+    # worker and beat of the embedded default (core/sqlite_layer.py).
+    CHANNEL_LAYERS = {"default": {
+        "BACKEND": "core.sqlite_layer.SQLiteChannelLayer",
+        "CONFIG": {"path": str(VAR_DIR / "channels.sqlite3")},
+    }}
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -237,7 +249,13 @@ CELERY_BEAT_SCHEDULE = {
     "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
                              "schedule": 60.0},
     "fail-silent-nodes": {"task": "marketplace.tasks.fail_silent_nodes", "schedule": 15.0},
+    # exports gpumarket_ledger_check_ok (docs/METRICS.md); 0: not scheduled
+    "ledger-check": {"task": "settlement.tasks.ledger_check",
+                     "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
+    "resume-failovers": {"task": "marketplace.tasks.resume_failovers", "schedule": 10.0},
 }
+if not CELERY_BEAT_SCHEDULE["ledger-check"]["schedule"]:
+    del CELERY_BEAT_SCHEDULE["ledger-check"]
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {
@@ -371,6 +389,7 @@ GPUMARKET_MARKET_LOCK_TIMEOUT_MS = env.int("GPUMARKET_MARKET_LOCK_TIMEOUT_MS", d
 if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_FAULT_CREDIT_MINUTES = env.int("GPUMARKET_FAULT_CREDIT_MINUTES", default=30)
 GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
 if GPUMARKET_API_TOKEN_TTL_DAYS < 1:
     raise ImproperlyConfigured("GPUMARKET_API_TOKEN_TTL_DAYS must be at least 1")
@@ -381,6 +400,11 @@ if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
+# A bid's checkpoint endpoint_url may be a private or loopback address (tests, an
+# operator's own store): off by default, so the bid-time probe is no SSRF probe
+# (marketplace/checkpoints.py)
+GPUMARKET_CHECKPOINT_ALLOW_PRIVATE = env.bool("GPUMARKET_CHECKPOINT_ALLOW_PRIVATE",
+                                              default=False)
 try:  # an operator's image per template: a registry mirror, or a local image
     GPUMARKET_TEMPLATE_IMAGES = parse_template_images(
         env.str("GPUMARKET_TEMPLATE_IMAGES", default=""))
@@ -438,3 +462,25 @@ SECURE_HSTS_PRELOAD = env.bool("GPUMARKET_HSTS_PRELOAD", default=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("GPUMARKET_MAX_REQUEST_BYTES", default=2 * 1024 * 1024)
 MIDDLEWARE.append("frontend.csp.ContentSecurityPolicyMiddleware")
 # === end of HTTP security and request limits ============================================
+
+# --- Metrics (issue 16; docs/METRICS.md) ------------------------------------------------
+# /metrics is off (404) unless GPUMARKET_METRICS_TOKEN (a bearer token; only its SHA-256 is
+# kept) or GPUMARKET_METRICS_ALLOW (comma-separated networks, e.g. 127.0.0.1/32,10.0.0.0/8:
+# the connection's peer address, never X-Forwarded-For) is set. Every process of one
+# deployment writes its metrics under PROMETHEUS_MULTIPROC_DIR [var/prometheus/] (wipe it
+# when the whole deployment restarts; a dead process's live gauges go at the next scrape).
+# A heartbeat later than GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS [30: three of the
+# runner's default intervals] after the node's previous one counts as late.
+GPUMARKET_METRICS_TOKEN_SHA256 = hashlib.sha256(
+    env.str("GPUMARKET_METRICS_TOKEN", default="").encode()).hexdigest() if env.str(
+    "GPUMARKET_METRICS_TOKEN", default="") else ""
+try:
+    import ipaddress as _ipaddress
+    GPUMARKET_METRICS_ALLOW = [_ipaddress.ip_network(n.strip(), strict=False) for n in
+                               env.str("GPUMARKET_METRICS_ALLOW", default="").split(",")
+                               if n.strip()]
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"GPUMARKET_METRICS_ALLOW: {_exc}") from None
+GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS = env.int("GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS",
+                                                   default=30)
+# (PROMETHEUS_MULTIPROC_DIR is set by core/metrics.py, imported before these settings.)

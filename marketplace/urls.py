@@ -7,10 +7,20 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, runner, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import (  # noqa: F401
+    accounts,
+    errors,
+    reliability,
+    runner,
+    runner_checkpoints,
+    schema,
+    ssh_keys,
+    tokens,
+)
 from marketplace.api import maintenance as maintenance_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
+from marketplace.metrics_view import metrics_view
 from providers import api as providers_api
 from settlement import api as settlement_api
 
@@ -44,6 +54,8 @@ api_v1 = [
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("nodes/<int:pk>/reliability/", reliability.NodeReliability.as_view(),
+         name="node-reliability"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("nodes/<int:pk>/maintenance/", maintenance_api.NodeMaintenance.as_view(),
@@ -51,6 +63,7 @@ api_v1 = [
     path("nodes/<int:pk>/maintenance/<int:window_id>/",
          maintenance_api.NodeMaintenanceWindow.as_view(), name="node-maintenance-window"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
+    path("wallet/history/", settlement_api.WalletHistoryView.as_view(), name="wallet-history"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),
     path("payouts/", settlement_api.PayoutListCreate.as_view(), name="payouts"),
@@ -67,9 +80,12 @@ api_v1 = [
          name="runner-lease-event"),
     path("runner/leases/<int:pk>/logs/", runner.RunnerLeaseLogs.as_view(),
          name="runner-lease-logs"),
+    path("runner/leases/<int:pk>/checkpoints/", runner_checkpoints.RunnerCheckpointReport
+         .as_view(), name="runner-lease-checkpoints"),
 ]
 
 urlpatterns = [
+    path("metrics", metrics_view, name="metrics"),  # Prometheus (docs/METRICS.md)
     path("", include("frontend.urls")),  # also /admin/login/, rate-limited (frontend/login.py)
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

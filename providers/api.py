@@ -93,7 +93,7 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = ["id", "uid", "name", "hostname", "driver_version", "cuda_version", "runtime",
                   "inventory_source", "registered_at", "last_heartbeat_at", "token_rotated_at",
-                  "gpus"]
+                  "reliability", "gpus"]
 
 
 class ProviderIn(StrictInputSerializer):

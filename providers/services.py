@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core import metrics
 from providers import cuda_driver, mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
 from providers.signals import gpu_health_changed, node_cuda_changed, units_changed
@@ -317,6 +318,8 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
             found.setdefault(f["uuid"], []).append(f)
     by_uuid = {g["uuid"]: g for g in gpus if g["uuid"] in mine}
     unhealthy, recovered = [], []
+    metrics.heartbeat(node.last_heartbeat_at, now,
+                      getattr(settings, "GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS", 30))
     with transaction.atomic():
         node.last_heartbeat_at = now
         node.runtime = runtime[:16]

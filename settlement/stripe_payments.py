@@ -25,6 +25,7 @@ import stripe
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from core import metrics
 from settlement.models import Account, JournalEntry, StripeEvent, TopUp
 from settlement.services import account, post_entry, wallet_credit_postings
 
@@ -199,6 +200,7 @@ def _signed_at(signature: str) -> int:
     raise WebhookRefused("signature verification failed: no timestamp")  # pragma: no cover
 
 
+@metrics.counted_webhook
 def webhook_handle(payload: bytes, signature: str | None) -> str:
     """Verify and apply one webhook delivery; returns what happened ("credited …",
     "duplicate event", "ignored …"). Raises WebhookRefused (nothing written)."""

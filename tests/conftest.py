@@ -161,3 +161,18 @@ def lease_network(docker_client):
     for container in network.containers:
         container.remove(force=True)
     network.remove()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1, once per session, credentials enforced
+    (tests/support/s3.py); stopped at the end."""
+    from tests.support import s3
+
+    try:
+        proc, server = s3.start()
+    except (OSError, RuntimeError) as exc:
+        require_or_skip(f"moto_server (moto[server]) does not start: {exc}")
+    yield server
+    proc.terminate()
+    proc.wait(10)

@@ -171,6 +171,8 @@ def parse_bid(body: bytes) -> book.BidRequest | None:
         data = StrictJSONParser().parse(io.BytesIO(body), "application/json", {})
     except ParseError:
         return None
+    if isinstance(data, dict) and data.get("checkpoint") is not None:
+        return None  # its bucket is probed over the network: in the DRF view's thread
     serializer = s.reusing_fields(s.OrderInSerializer, data=data)
     if not serializer.is_valid() or serializer.validated_data["side"] != Order.Side.BID:
         return None

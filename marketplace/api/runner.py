@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.fields import StrictCharField, StrictIntegerField
-from marketplace import lease_end, lease_notice, selectors
+from marketplace import checkpoints, lease_end, lease_notice, selectors
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.jupyter import JUPYTER_SECRET, jupyter_token
@@ -85,6 +85,10 @@ def runner_lease(lease: Lease) -> dict:
         "notice": lease_notice.runner_notice(lease),
         "notice_signal": lease.notice_signal,
         "stop_grace_seconds": lease.stop_grace_seconds,
+        # issue 15: the chain's id (the first lease's), and the bid's checkpoint store
+        # with its credentials in clear (checkpoints.runner_payload) or null
+        "chain_id": lease.chain,
+        "checkpoint": checkpoints.runner_payload(lease),
     }
 
 
@@ -115,6 +119,8 @@ class RunnerLeaseOut(serializers.Serializer):
     notice = RunnerNoticeOut(allow_null=True)
     notice_signal = serializers.CharField(allow_blank=True)
     stop_grace_seconds = serializers.IntegerField()
+    chain_id = serializers.IntegerField()
+    checkpoint = serializers.DictField(allow_null=True)
 
 
 class RunnerLeasesOut(serializers.Serializer):

@@ -4,6 +4,7 @@ GPU-hour (UsdField); durations are whole hours in, seconds inside."""
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
@@ -17,10 +18,13 @@ from core.fields import (
     StrictIntegerField,
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
-from marketplace import env_templates, interconnect, selectors
+from marketplace import checkpoint_reports, env_templates, interconnect, selectors
+from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
+from marketplace.chains import chain_body
+from marketplace.checkpoint_reports import SCHEMA as CHECKPOINTS_SCHEMA
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
 from marketplace.lease_notice import runner_notice
@@ -173,6 +177,9 @@ class OfferSerializer(serializers.Serializer):
     interconnect = serializers.CharField()
     summary = serializers.CharField()
     maintenance = MaintenanceSpanSerializer(many=True)
+    reliability = serializers.CharField(
+        allow_null=True, help_text='the node\'s 30-day reliability, "0.950" (docs/FAULTS.md); '
+                                   "null: no record yet")
 
 
 class GpuClassDetailSerializer(GpuClassSerializer):
@@ -262,6 +269,7 @@ class TemplateFields(StopTermsFields):
     ssh = StrictBooleanField(required=False)
     env = WorkloadVarsField()
     secrets = WorkloadVarsField(write_only=True)
+    checkpoint = CheckpointField()  # issue 15: write-only credentials, probed at bid time
 
     def resolve_template(self, attrs: dict) -> dict:
         """attrs with image, command, ports, template, min_cuda, port_roles, ssh, env as
@@ -281,14 +289,27 @@ class TemplateFields(StopTermsFields):
         return attrs
 
 
+class FailoverFields(serializers.Serializer):
+    """A bid's failover terms (issue 15, docs/FAULTS.md): `failover` (a lease failed by a
+    provider-side cause continues on another node; absent: true unless interruptible),
+    `min_reliability` (decimal string "0.95", 0–1: only nodes at least this reliable over
+    30 days, marketplace/reliability.py; absent or null: any)."""
+
+    failover = StrictBooleanField(required=False, allow_null=True, default=None)
+    min_reliability = serializers.DecimalField(
+        max_digits=4, decimal_places=3, min_value=Decimal("0"), max_value=Decimal("1"),
+        required=False, allow_null=True, default=None)
+
+
+FAILOVER_TERMS = ("failover", "min_reliability")
 TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env", *STOP_TERMS)
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect", *STOP_TERMS)
+            "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS, *STOP_TERMS)
 ASK_ONLY = ("node", "available_until")
 
 
-class OrderInSerializer(TemplateFields, StrictInputSerializer):
+class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
@@ -360,7 +381,9 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             time_in_force=v["time_in_force"], image=v["image"], command=v["command"],
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
-            interconnect=v["interconnect"], **{name: v[name] for name in TEMPLATE_TERMS})
+            interconnect=v["interconnect"], checkpoint=v["checkpoint"],
+            failover=v.get("failover"), min_reliability=v.get("min_reliability"),
+            **{name: v[name] for name in TEMPLATE_TERMS})
 
 
 def secret_names_field() -> serializers.SerializerMethodField:
@@ -374,11 +397,12 @@ class SecretNamesMixin:
         return sealed_names(obj.secrets_sealed)
 
 
-class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class OrderSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     price = UsdField()
     hours = serializers.SerializerMethodField()
     secret_names = secret_names_field()
+    checkpoint = serializers.SerializerMethodField()
 
     class Meta:
         model = Order
@@ -386,7 +410,7 @@ class OrderSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  "secret_names", "match_note"]
+                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note"]
 
     match_note = serializers.SerializerMethodField()
 
@@ -441,7 +465,7 @@ class LeaseEventSerializer(serializers.Serializer):
     cause = serializers.CharField()
 
 
-class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     """A lease as its buyer or provider sees it; `connect` (how to reach the workload,
     with the Jupyter token) for its buyer only, null for anyone else; `notice`: the
     deadline its workload was told of, {reason, deadline, since} or null
@@ -458,6 +482,10 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     events = LeaseEventSerializer(many=True, read_only=True)
     endpoints = serializers.SerializerMethodField()
     connect = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
+    checkpoints = serializers.SerializerMethodField()
+    fault_credit = UsdField(positive=False, read_only=True)
+    chain = serializers.SerializerMethodField()
     notice = serializers.SerializerMethodField()
 
     class Meta:
@@ -466,8 +494,9 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", "notice", "events",
-                  "created_at"]
+                  "buyer", "provider", "interruptible", "preempt_at", "notice", *FAILOVER_TERMS,
+                  "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
+                  "continues", "chain", "events", "created_at", "checkpoint", "checkpoints"]
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "reason": {"type": "string"}, "deadline": {"type": "string", "format": "date-time"},
@@ -475,8 +504,28 @@ class LeaseSerializer(SecretNamesMixin, serializers.ModelSerializer):
     def get_notice(self, lease) -> dict | None:
         return runner_notice(lease)
 
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "id": {"type": "integer"},
+        "leases": {"type": "array", "items": {"type": "object"}},
+        "story": {"type": "array", "items": {"type": "string"}}}})
+    def get_chain(self, lease) -> dict | None:
+        """The lease's chain (chains.chain_body), for its buyer only (a provider never
+        reads another provider's node names): null for a lease alone that did not fail,
+        or for anyone else; else {"id", "leases": [{id, node, status, fault,
+        failure_code}], "story": ["lease 41 failed on node A (GPU 3: XID 79, …) at
+        12:03:10; continued as lease 42 on node B at 12:03:14"]}."""
+        request = self.context.get("request")
+        if getattr(getattr(request, "user", None), "pk", None) != lease.buyer_id:
+            return None
+        return chain_body(lease)
+
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
+
+    @extend_schema_field(CHECKPOINTS_SCHEMA)
+    def get_checkpoints(self, lease) -> list[dict]:
+        """The runner's checkpoint reports, oldest first (marketplace/checkpoint_reports.py)."""
+        return checkpoint_reports.listed(lease)
 
     def get_endpoints(self, lease) -> list[dict]:
         """Where the buyer reaches the exposed ports: [{container_port, host, host_port,
@@ -586,7 +635,7 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
+class SealedBidInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
     ports, and TemplateFields)."""
 
@@ -603,7 +652,7 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
         return self.resolve_template(super().validate(attrs))
 
 
-class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
+class SealedBidSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     """A bidder's own view of its sealed bid (its secrets by name only). `lease`: the id of
     the lease it won, null before or without one; `replaced`: in the answer to placing it,
     the id of your earlier bid on this auction that it replaced (withdrawn, its hold
@@ -614,6 +663,7 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
     secret_names = secret_names_field()
     replaced = serializers.SerializerMethodField()
     lease = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
 
     def get_replaced(self, obj) -> int | None:
         return getattr(obj, "replaced_bid_id", None)
@@ -628,7 +678,8 @@ class SealedBidSerializer(SecretNamesMixin, serializers.ModelSerializer):
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
-                  "secret_names", "interconnect", "created_at", "replaced"]
+                  "secret_names", "checkpoint", "interconnect", *FAILOVER_TERMS, "created_at",
+                  "replaced"]
 
 
 _templates = threading.local()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from . import __version__, mig
 from .benchmark import post_result, run_in_subprocess, run_slices
+from .checkpoint import CheckpointSync
 from .client import MarketplaceClient, MarketplaceError, Unauthorized
 from .gpu_guard import ReleaseGuard
 from .gpu_links import topology_fields
@@ -85,6 +86,7 @@ class Agent(Reconciler):
         self._xid_fatal: dict[str, Finding] = {}  # sticky: first fatal XID per GPU
         self.fatal: dict[str, Finding] = {}  # GPU uuid → the finding that takes it out
         self._xid_note_logged = False
+        self.last_xid: dict[str, int] = {}  # unit uuid → the last XID code seen (metrics.py)
         # no process may hold a lease's GPUs after its workload (source None: no check)
         self.guard = ReleaseGuard(units, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
@@ -95,6 +97,8 @@ class Agent(Reconciler):
                               else run_in_subprocess)
         # runtimes a previous runner may have left workloads in (switch.py); set by `run`
         self.previous_runtimes: list = []
+        # a lease's checkpoint uploads and restore (checkpoint.py; issue 15)
+        self.checkpoints = CheckpointSync(client, getattr(runtime, "workspaces", None), log)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -138,6 +142,7 @@ class Agent(Reconciler):
             readings = self.gpus.sample_health(self._uuids)
         self.take_baseline()
         xids = mig.scope_xids(self.gpus.xid_events(), self._inventory)
+        self.last_xid.update((e.uuid, e.code) for e in xids if e.uuid)
         note = self.gpus.xid_note
         if note and not self._xid_note_logged:
             self.log(note)
@@ -352,6 +357,7 @@ class Agent(Reconciler):
         finally:
             if self.push is not None:
                 self.push.stop()
+            self.checkpoints.join(timeout=60)  # a last upload under way finishes
 
     def _announce_until_answered(self, stop: threading.Event) -> bool:
         """Send the inventory until the marketplace takes it (True) or `stop` is set

@@ -45,6 +45,7 @@ from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
 from .gpu_text import mig_lines, mig_summary, nvlink_summary
 from .lease_network import isolation_check
+from .metrics_server import serve_metrics
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
@@ -279,6 +280,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
                   logs_interval=args.logs_interval, push=push)
     agent.previous_runtimes = previous_runtimes(runtime, state_dir, node)
+    metrics_server = serve_metrics(agent, args.metrics_port, args.metrics_bind)
     if not simulate and args.benchmark_interval > 0:  # simulated GPUs are not measured
         agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
     how = (f"polling {url} every {args.poll_interval:g} s" if push is None else
@@ -292,6 +294,8 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
         raise
     finally:
         client.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
     return EXIT_OK
 
 
@@ -514,6 +518,11 @@ def build_parser() -> argparse.ArgumentParser:
                      default=bench.DEFAULT_INTERVAL_S,
                      metavar="S", help="re-run the benchmark every S seconds while no lease "
                      "runs (default 86400 = 24 h; 0: never; needs torch or CuPy and a GPU)")
+    run.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                     help="serve Prometheus /metrics (DCGM-exporter names) on this port "
+                          "(default: off)")
+    run.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR",
+                     help="address the metrics port listens on (default 127.0.0.1)")
     run.add_argument("--replay-xid", metavar="LOG",
                      help="with --simulate: replay the XID lines of this kernel log")
     run.add_argument("--replay-health", metavar="JSON",

@@ -134,6 +134,12 @@ class MarketplaceClient:
         return self._call("POST", f"/api/v1/runner/leases/{int(lease_id)}/logs/",
                           {"tail": tail})
 
+    def post_checkpoint(self, lease_id: int, report: dict) -> dict:
+        """POST /api/v1/runner/leases/<id>/checkpoints/ with one checkpoint report
+        (checkpoint.py: status, reason, at, bytes, files, seconds, key, message)."""
+        return self._call("POST", f"/api/v1/runner/leases/{int(lease_id)}/checkpoints/",
+                          report)
+
     def post_benchmarks(self, body: dict) -> dict:
         """POST /api/v1/runner/benchmarks/ with {runner_version, backend, results: [...]}
         (benchmark.report_body) → {"results": [{"id", "uuid", "measured_at", "correct"}]}.

@@ -24,10 +24,14 @@ class RunnerLease:
     secrets: str → str, the buyer's secrets in clear (into the workload's environment
     only, and redacted from the log tail: never logged, never in repr); stop_requested:
     the buyer stopped it (its workload is stopped and removed, as for a lease no longer
-    listed); notice: None or {"reason", "deadline", "since"} (ISO 8601), a deadline the
-    lease did not have, for its workload (notice.py); notice_signal: "" or the signal
-    its workload gets with a notice ("SIGUSR1", …); stop_grace_seconds: seconds between
-    SIGTERM and SIGKILL at the stop (None: the runner's default; bounded by notice.py)."""
+    listed); chain_id: the id of the chain's first lease (its own on a first lease);
+    checkpoint: the bid's checkpoint store with its credentials in clear ({endpoint_url,
+    bucket, prefix, region, access_key_id, secret_access_key, path, max_bytes, restore};
+    checkpoint.py), None without one — never in repr; notice: None or {"reason",
+    "deadline", "since"} (ISO 8601), a deadline the lease did not have, for its workload
+    (notice.py); notice_signal: "" or the signal its workload gets with a notice
+    ("SIGUSR1", …); stop_grace_seconds: seconds between SIGTERM and SIGKILL at the stop
+    (None: the runner's default; bounded by notice.py)."""
 
     id: int
     status: str | None = None
@@ -44,6 +48,8 @@ class RunnerLease:
     ssh_authorized_keys: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     stop_requested: bool = False
+    chain_id: int | None = None
+    checkpoint: dict | None = field(default=None, repr=False)
     notice: dict | None = None
     notice_signal: str = ""
     stop_grace_seconds: int | None = None
@@ -68,6 +74,9 @@ class RunnerLease:
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
             stop_requested=item.get("stop_requested") is True,
+            chain_id=int(item["chain_id"]) if item.get("chain_id") is not None else None,
+            checkpoint=dict(item["checkpoint"]) if isinstance(item.get("checkpoint"), Mapping)
+            else None,
             notice=_notice(item.get("notice")),
             notice_signal=str(item.get("notice_signal") or ""),
             stop_grace_seconds=item.get("stop_grace_seconds"),

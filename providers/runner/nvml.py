@@ -27,6 +27,8 @@ READING_KEYS = (
     "remapped_rows_pending",
     "remapping_failure", "hw_thermal_slowdown", "hw_power_brake", "pcie_gen_current",
     "pcie_gen_max", "pcie_width_current", "pcie_width_max", "lost", "lost_reason",
+    # telemetry (metrics.py: DCGM_FI_DEV_FB_USED, _FB_FREE, _SM_CLOCK, _MEM_CLOCK)
+    "fb_used_mib", "fb_free_mib", "sm_clock_mhz", "mem_clock_mhz",
 )
 
 
@@ -173,6 +175,10 @@ class NvmlGpus:
                 "pcie_gen_max": lambda h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
                 "pcie_width_current": lambda h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
                 "pcie_width_max": lambda h: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
+                "fb_used_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).used // 2**20,
+                "fb_free_mib": lambda h: nv.nvmlDeviceGetMemoryInfo(h).free // 2**20,
+                "sm_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                "mem_clock_mhz": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
             }
             for key, probe in probes.items():
                 try:

@@ -59,6 +59,8 @@ def health_from_tree(root: Node) -> dict[str, dict]:
     ("Clocks Event Reasons" (or "Clocks Throttle Reasons") / "HW Slowdown" / "HW Thermal
     Slowdown", "HW Power Brake Slowdown"), "pcie_gen_current", "pcie_gen_max",
     "pcie_width_current", "pcie_width_max": int|None ("PCI / GPU Link Info"),
+    "fb_used_mib", "fb_free_mib": int|None ("FB Memory Usage / Used, Free", MiB),
+    "sm_clock_mhz", "mem_clock_mhz": int|None ("Clocks / SM, Memory", MHz),
     "lost": False}.
     None where the report says N/A. `root`: a tree nvsmi.parse_text accepted.
     """
@@ -101,6 +103,10 @@ def health_from_tree(root: Node) -> dict[str, dict]:
             "pcie_gen_max": _int(section.value_at(*link, "PCIe Generation", "Max")),
             "pcie_width_current": _int(section.value_at(*link, "Link Width", "Current")),
             "pcie_width_max": _int(section.value_at(*link, "Link Width", "Max")),
+            "fb_used_mib": _int(section.value_at("FB Memory Usage", "Used")),
+            "fb_free_mib": _int(section.value_at("FB Memory Usage", "Free")),
+            "sm_clock_mhz": _int(section.value_at("Clocks", "SM")),
+            "mem_clock_mhz": _int(section.value_at("Clocks", "Memory")),
             "lost": False,
         }
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from .checkpoint import NOTICE_SETTLE_S
 from .client import Conflict, MarketplaceError, Unauthorized
 from .health import Finding
 from .lease import RunnerLease
@@ -35,6 +36,11 @@ def _gpus(uuids: list[str]) -> str:
     return ",".join(u[:12] + "…" if len(u) > 12 else u for u in uuids) or "no GPU"
 
 
+# the workload's notice at a stop, by the stop's reason (checkpoint_reports.REASONS or a
+# notice.py reason): the lease's time over is "end" to the workload
+NOTICE_REASON = {"deadline": ENDED}
+
+
 class Reconciler:
     """The reconcile half of agent.Agent (a mixin; the Agent's __init__ sets the state)."""
 
@@ -50,33 +56,27 @@ class Reconciler:
 
     def _stop(self, lease_id: int, reason: str = STOPPED) -> None:
         """The stop sequence (docs/LEASE_CONTRACT.md): a workload still running is told
-        `reason` (notice.NoticeDesk.final), then SIGTERM, SIGKILL after the lease's grace;
-        send the final tail, remove the workload, then check that no process still holds
-        its GPUs (check_released)."""
+        (notice.NoticeDesk.final; `reason` as the notice names it: NOTICE_REASON), then
+        SIGTERM, SIGKILL after the lease's grace; send the final tail, remove the
+        workload, start the last checkpoint upload in the background (`reason`:
+        checkpoint_reports.REASONS or a notice.py reason), then check that no process still
+        holds its GPUs (check_released)."""
         uuids = self._lease_gpus.pop(lease_id, None)
         if uuids is None:  # ended while the runner was down: the container knows its GPUs
             uuids = next((w["gpus"].split(",") for w in self._describe()
                           if w["lease"] == lease_id and w.get("gpus")), [])
         if self._still_running(lease_id):
             try:
-                self.notices.final(self.runtime, lease_id, reason, self._now())
+                self.notices.final(self.runtime, lease_id, NOTICE_REASON.get(reason, reason),
+                                   self._now())
             except (OSError, RuntimeFailure) as exc:  # the stop goes on without it
                 self.log(f"lease {lease_id}: notice not written: {exc}")
         self.send_log(lease_id)
         self._sent_tails.pop(lease_id, None)
         self.runtime.stop(lease_id, self.notices.grace_s(lease_id, self.grace_s))
         self.notices.forget(lease_id)
-        self.after_stop(lease_id, reason)
+        self.checkpoints.finish(lease_id, reason)
         self.check_released(lease_id, uuids)
-
-    # -- hooks of the stop sequence (issue 15: checkpoint uploads plug in here) ---------
-    def after_notice(self, lease: RunnerLease) -> None:
-        """Called once a new notice reached `lease`'s workload (file written, signal
-        sent). Nothing by default."""
-
-    def after_stop(self, lease_id: int, reason: str) -> None:
-        """Called once the workload of `lease_id` is stopped and removed (`reason`: a
-        notice.py reason). Nothing by default."""
 
     def _still_running(self, lease_id: int) -> bool:
         try:
@@ -102,6 +102,7 @@ class Reconciler:
             self._lease_gpus[lease_id] = list(lease.gpu_uuids)
             self._secret_values[lease_id] = list(lease.secrets.values())
             self.notices.remember(lease)
+            self.checkpoints.remember(lease)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
             self.log(f"lease {lease_id}: no longer listed by the marketplace; "
@@ -153,6 +154,11 @@ class Reconciler:
             if handle is None:
                 if status == "pending":
                     self._event(lease_id, "starting")
+                restore_failed = self.checkpoints.restore(lease)
+                if restore_failed:  # before running: charged nothing
+                    self._event(lease_id, "failed", cause=restore_failed)
+                    self.log(f"lease {lease_id}: failed: {restore_failed}")
+                    return
                 try:
                     handle = self.runtime.start(lease)
                 except RuntimeFailure as exc:
@@ -165,7 +171,7 @@ class Reconciler:
                 if mismatch is not None:
                     cause = f"GPU check failed: {mismatch}"[:300]
                     self._event(lease_id, "failed", container_id=handle, cause=cause)
-                    self._stop(lease_id)
+                    self._stop(lease_id, "failure")
                     self.log(f"lease {lease_id}: failed: {cause} (container removed)")
                     return
                 check = self.runtime.last_check
@@ -184,17 +190,25 @@ class Reconciler:
             self._event(lease_id, "failed", cause=cause, usage_seconds=self._usage(lease))
             self.log(f"lease {lease_id}: failed: {cause}")
             return
+        over = self.checkpoints.over_bound(lease)
+        if over:
+            self._event(lease_id, "failed", container_id=handle, cause=over,
+                        usage_seconds=self._usage(lease))
+            self._stop(lease_id, "failure")
+            self.log(f"lease {lease_id}: failed: {over}")
+            return
         ends_at = _parse_time(lease.ends_at)
         if ends_at is not None and self._now() >= ends_at:
             usage = self._usage(lease)
             self._event(lease_id, "completed", container_id=handle, usage_seconds=usage)
-            self._stop(lease_id, ENDED)
+            self._stop(lease_id, "deadline")
             self.log(f"lease {lease_id}: completed after {usage} s, container removed")
             return
         if lease.notice is not None or lease.id in self.notices.told:
             try:
                 if self.notices.deliver(self.runtime, lease) and lease.notice is not None:
-                    self.after_notice(lease)
+                    # the workload's time to write its checkpoint, then its upload
+                    self.checkpoints.upload(lease, "notice", delay_s=NOTICE_SETTLE_S)
             except (OSError, RuntimeFailure) as exc:
                 self.log(f"lease {lease_id}: notice not delivered: {exc}")
         code = self.runtime.exit_status(lease_id)
@@ -210,7 +224,7 @@ class Reconciler:
             self._event(lease_id, "failed", container_id=handle, cause=cause,
                         usage_seconds=usage)
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
-        self._stop(lease_id)
+        self._stop(lease_id, "end" if code == 0 else "failure")
 
     def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
         """Where the buyer reaches the lease's ports (runtime.endpoints), sent with

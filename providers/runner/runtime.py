@@ -37,6 +37,7 @@ from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
 from .runtime_common import RuntimeFailure, lease_env
+from .workspace import Workspaces
 
 __all__ = ["DockerRuntime", "ProcessRuntime", "RuntimeFailure", "docker_host", "lease_env"]
 
@@ -94,8 +95,10 @@ class DockerRuntime:
     keys_dir: where a lease's authorized_keys file is written (ssh_access.py; the runner
     passes `<state dir>/authorized_keys`); a lease with SSH keys and no keys_dir is
     refused. SSH's port is published like any other: each lease's port 22 gets a host port
-    of its own. notice_root: where each lease's notice directory is made (notice.py; the
-    runner passes `<state dir>/notice`; None: a directory under the system temp dir).
+    of its own. workspaces: where a lease with a checkpoint store gets its /workspace
+    (workspace.Workspaces; the runner passes `<state dir>/workspaces`). notice_root: where
+    each lease's notice directory is made (notice.py; the runner passes `<state
+    dir>/notice`; None: a directory under the system temp dir).
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -108,6 +111,7 @@ class DockerRuntime:
                  network_mode: str | None = lease_network.PER_LEASE,
                  simulate: bool = False, public_host: str | None = None,
                  advertise_host: str | None = None, keys_dir: str | Path | None = None,
+                 workspaces: Workspaces | None = None,
                  notice_root: str | Path | None = None) -> None:
         import docker
 
@@ -126,6 +130,7 @@ class DockerRuntime:
         self.advertise_host = advertise_host or public_host or None
         self.last_check = "not run"  # what the last verify_gpus saw, for the log
         self.keys_dir = None if keys_dir is None else Path(keys_dir)
+        self.workspaces = workspaces  # a lease's /workspace (workspace.py); None: none
         self.notice_root = Path(notice_root) if notice_root is not None else \
             Path(tempfile.gettempdir()) / "gpumarket-notice"
 
@@ -162,8 +167,8 @@ class DockerRuntime:
 
     def volumes_for(self, lease: RunnerLease) -> list[str]:
         """The container's bind mounts (the Docker SDK's `volumes=`, "host:container:mode"):
-        the notice directory (read-only, always) and the authorized_keys file with SSH
-        keys."""
+        the notice directory (read-only, always), the authorized_keys file with SSH keys,
+        the workspace at /workspace with a checkpoint store (workspace.py)."""
         volumes = [f"{notice.make_dir(self.notice_dir(lease.id))}:{notice.MOUNT}:ro"]
         if lease.ssh_authorized_keys:
             if self.keys_dir is None:
@@ -171,6 +176,12 @@ class DockerRuntime:
                                      "directory for authorized_keys files")
             keys = ssh_access.write_keys(self.keys_dir, lease.id, lease.ssh_authorized_keys)
             volumes += ssh_access.volumes(keys)
+        if lease.checkpoint:  # issue 15: the workspace at /workspace (workspace.py)
+            if self.workspaces is None:
+                raise RuntimeFailure("the lease has a checkpoint store but this runtime has "
+                                     "no directory for workspaces")
+            self.workspaces.create(lease.id)
+            volumes += self.workspaces.volumes(lease.id)
         return volumes
 
     def _cleanup(self, lease_id: int) -> None:

@@ -28,6 +28,7 @@ from .lease import RunnerLease
 from .logtail import LOG_LINES, lease_tail
 from .runtime import DockerRuntime, ProcessRuntime
 from .runtime_common import RuntimeFailure
+from .workspace import Workspaces
 
 
 def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool,
@@ -58,6 +59,7 @@ def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool
         return DockerRuntime(node, network_mode=network_mode, simulate=simulate,
                              public_host=public_host, advertise_host=advertise_host,
                              keys_dir=state_dir / "authorized_keys",
+                             workspaces=Workspaces(state_dir / "workspaces"),
                              notice_root=state_dir / "notice")
     except RuntimeFailure as exc:
         if name == "docker":

@@ -52,6 +52,21 @@ def test_extend_runs_longer_or_exits_1_saying_why(gm, market):
     assert usage.returncode == 2 and "one of the arguments --hours --seconds" in usage.stderr
 
 
+def test_extend_with_one_request_id_twice_extends_once(gm, market):
+    lease_id = _lease(gm, market)
+    market.run(lease_id)
+    first = gm("extend", str(lease_id), "--hours", "1", "--request-id", "k-1", "--json")
+    assert first.returncode == 0, first.stderr
+    again = gm("extend", str(lease_id), "--hours", "1", "--request-id", "k-1", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["ends_at"] == json.loads(first.stdout)["ends_at"]
+    other = gm("extend", str(lease_id), "--hours", "1", "--json")  # a new key: once more
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout)["ends_at"] > json.loads(first.stdout)["ends_at"]
+    clash = gm("extend", str(lease_id), "--hours", "2", "--request-id", "k-1")
+    assert clash.returncode == 1 and "request_id" in clash.stderr
+
+
 def _public_key(tmp_path, comment: str = "laptop"):
     key = Ed25519PrivateKey.generate()
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,

@@ -80,6 +80,28 @@ def test_no_gpu_in_two_active_leases_and_gpus_return_to_the_ask():
     assert first_violation() is None
 
 
+def test_an_ask_whose_every_gpu_came_back_is_open_again():
+    provider, node, _ = registered_node()
+    buyer = funded_buyer(100)
+    ask = book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=None,
+                         price=2_000_000, gpus=4, available_until=in_a_day()).order
+    [first] = book.place_bid(buyer_id=buyer.pk, market_slug="h100-sxm-80gb",
+                             price=2_000_000, gpus=2, duration_seconds=3600).leases
+    [second] = book.place_bid(buyer_id=buyer.pk, market_slug="h100-sxm-80gb",
+                              price=2_000_000, gpus=2, duration_seconds=3600).leases
+    ask.refresh_from_db()
+    assert ask.status == "filled"
+    end_lease(lease_id=mark_running(lease=first, container_id="a" * 64).pk,
+              status="completed", cause="test")
+    ask.refresh_from_db()
+    assert (ask.status, ask.remaining_gpus) == ("partially_filled", 2)
+    end_lease(lease_id=mark_running(lease=second, container_id="b" * 64).pk,
+              status="completed", cause="test")
+    ask.refresh_from_db()
+    assert (ask.status, ask.remaining_gpus) == ("open", 4)
+    assert first_violation() is None
+
+
 def test_bid_beyond_balance_writes_nothing():
     buyer = funded_buyer(1)
     counts = (Order.objects.count(), Hold.objects.count(), JournalEntry.objects.count())

@@ -10,7 +10,9 @@ from marketplace.models import Lease, Order, SealedBid
 from marketplace.sealing import Unsealable, reseal
 
 COLUMNS = [(Order, "secrets_sealed"), (SealedBid, "secrets_sealed"),
-           (Lease, "secrets_sealed"), (Lease, "jupyter_token_sealed")]
+           (Lease, "secrets_sealed"), (Lease, "jupyter_token_sealed"),
+           (Order, "checkpoint_sealed"), (SealedBid, "checkpoint_sealed"),
+           (Lease, "checkpoint_sealed")]
 
 
 class Command(BaseCommand):

@@ -51,6 +51,7 @@ class FakeMarketplace:
         self.inventories: list[dict] = []
         self.heartbeats: list[dict] = []
         self.logs: dict[int, list[str]] = {}  # lease id → every tail received, in order
+        self.checkpoints: dict[int, list[dict]] = {}  # lease id → checkpoint reports
         self.outage = False  # True: every call answers 503, as during a deploy
         self.lock = threading.Lock()
         fake = self
@@ -110,6 +111,13 @@ class FakeMarketplace:
                 return 400, {"detail": "tail: must be text of at most 64 KiB, without NUL"}
             self.logs.setdefault(lease_id, []).append(tail)
             return 200, {"lease": lease_id, "tail": tail, "updated_at": iso(datetime.now(UTC))}
+        suffix = "/checkpoints/"  # a report, also for an ended lease (as the marketplace)
+        if method == "POST" and path.startswith(prefix) and path.endswith(suffix):
+            lease_id = int(path[len(prefix):-len(suffix)])
+            if lease_id not in self.leases:
+                return 404, {"detail": "No such lease."}
+            self.checkpoints.setdefault(lease_id, []).append(body)
+            return 200, {"lease": lease_id, "checkpoints": self.checkpoints[lease_id]}
         suffix = "/events/"
         if method == "POST" and path.startswith(prefix) and path.endswith(suffix):
             lease = self.leases.get(int(path[len(prefix):-len(suffix)]))

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('providers', '0008_nvlink_gpu_topology'),
+        ('providers', '0009_node_reliability'),
     ]
 
     operations = [
