@@ -206,7 +206,8 @@ class Reconciler:
             return
         if lease.notice is not None or lease.id in self.notices.told:
             try:
-                if self.notices.deliver(self.runtime, lease) and lease.notice is not None:
+                delivered = self.notices.deliver(self.runtime, lease)
+                if delivered and lease.notice is not None and lease.checkpoint:
                     # the workload's time to write its checkpoint, then its upload
                     self.checkpoints.upload(lease, "notice", delay_s=NOTICE_SETTLE_S)
             except (OSError, RuntimeFailure) as exc:
