@@ -271,3 +271,48 @@ def test_a_fatal_gpu_finding_tells_the_workload_before_its_stop(docker_agent, ma
     told = json.loads((ckpt / "at-term.json").read_text())
     assert told["reason"] == "health" and told["lease_id"] == 45
     assert runtime.list_leases() == {}
+
+
+@pytest.mark.docker
+def test_the_checkpoint_a_warned_workload_writes_is_uploaded_at_notice(
+        marketplace, docker_client, docker_node, tmp_path, test_image, s3_server, monkeypatch):
+    """With a checkpoint store (moto's S3 server, tests/support/s3.py): the notice, the
+    workload's SIGUSR1 handler writes /workspace/checkpoint/state.txt, and the runner's
+    upload after the settle time (shortened here) holds it, reason "notice"."""
+    import random
+
+    from providers.runner import reconcile
+    from providers.runner.workspace import Workspaces
+
+    monkeypatch.setattr(reconcile, "NOTICE_SETTLE_S", 0.5)
+    bucket = s3_server.bucket(f"notice-{random.randint(10**5, 10**6)}")
+    runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none",
+                            simulate=True, workspaces=Workspaces(tmp_path / "workspaces"),
+                            notice_root=tmp_path / "notice")
+    client = MarketplaceClient(marketplace.url, TOKEN, timeout=5)
+    agent = Agent(client, DumpGpus(H100), runtime, poll_interval=0.2, grace_s=5,
+                  log=lambda _line: None)
+    script = (r"trap 'mkdir -p /workspace/checkpoint; echo step-7 > "
+              r"/workspace/checkpoint/state.txt' USR1; echo ready; "
+              r"while :; do sleep 0.1; done")
+    store = {"endpoint_url": s3_server.endpoint_url, "bucket": bucket, "prefix": "46/",
+             "region": "", "access_key_id": s3_server.access_key_id,
+             "secret_access_key": s3_server.secret_access_key,
+             "path": "/workspace/checkpoint", "max_bytes": 1_000_000, "restore": False}
+    try:
+        marketplace.add_lease(46, UUIDS, image=test_image, command=["sh", "-c", script],
+                              chain_id=46, checkpoint=store, notice_signal="SIGUSR1")
+        agent.tick()
+        wait_for(lambda: "ready" in runtime.logs(46, 5), 20)
+        marketplace.leases[46]["notice"] = _notice("maintenance")
+        agent.tick()
+        agent.checkpoints.join(30)
+        [at_notice] = marketplace.checkpoints[46]
+        assert (at_notice["status"], at_notice["reason"]) == ("uploaded", "notice")
+        key = at_notice["key"].removesuffix("manifest.json") + "files/state.txt"
+        assert s3_server.read(bucket, key) == b"step-7\n"
+    finally:
+        for lease_id in list(runtime.list_leases()):
+            runtime.stop(lease_id, 0)
+        agent.checkpoints.join(30)
+        client.close()
