@@ -259,6 +259,18 @@ class RotateTokenForm(forms.Form):
                                     "stops working at once"})
 
 
+class MaintenanceForm(forms.Form):
+    """The node page's "Announce maintenance": the window's start and end (UTC) and an
+    optional reason; the service (marketplace/maintenance.py) checks them."""
+
+    starts_at = forms.DateTimeField(label="From (UTC)", widget=forms.DateTimeInput(
+        attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    ends_at = forms.DateTimeField(label="Until (UTC)", widget=forms.DateTimeInput(
+        attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    reason = forms.CharField(label="Reason (shown to the buyers of leases it ends)",
+                             max_length=200, required=False)
+
+
 class _NodeChoice(forms.Form):
     def __init__(self, *args, nodes=(), **kwargs):
         super().__init__(*args, **kwargs)

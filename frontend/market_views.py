@@ -67,7 +67,10 @@ def offer_view(row: dict) -> dict:
             "driver": row["driver_version"] or "—", "cuda": row["cuda_version"] or "—",
             "interconnect": row["summary"] or "—", "gpus_free": row["gpus_free"],
             "price": money.price(row["price"]),  # "$2.865 /GPU-h"
-            "until": offers.until_text(row["available_until"])}
+            "until": offers.until_text(row["available_until"]),
+            "maintenance": "; ".join(
+                f"{w['starts_at']:%Y-%m-%d %H:%M} – {w['ends_at']:%Y-%m-%d %H:%M} UTC"
+                for w in row.get("maintenance", []))}
 
 
 def _offers_context(request, market: GpuClass) -> dict:

@@ -271,6 +271,10 @@ def _lease_rows(leases, *, role: str):
             "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
             "log_tail": tails.get(x.pk, ""),
             "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
+            # another deadline its workload was told of (docs/LEASE_CONTRACT.md)
+            "notice_deadline": x.notice_deadline if x.status in Lease.ACTIVE
+            and x.notice_reason and x.notice_reason != "preemption" else None,
+            "notice_reason": x.notice_reason,
             "ports": [_port_label(p, x.port_roles) for p in x.ports or []],
             "template": x.template,
             # unended: the time left and the cost so far, counted on by leases.js

@@ -28,6 +28,7 @@ from marketplace.book import (
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from marketplace.lease_notice import check_stop_terms
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, Interconnect, Order, SealedBid
@@ -134,7 +135,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      interconnect: str = Interconnect.ANY,
                      checkpoint: Checkpoint | None = None, failover: bool = True,
-                     min_reliability=None, now: datetime | None = None) -> SealedBid:
+                     min_reliability=None, notice_signal: str = "",
+                     stop_grace_seconds: int = 10,
+                     now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
@@ -155,8 +158,10 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     set of min_gpus; at close, an award the node cannot connect any more is lost:
     docs/MATCHING.md, "Interconnect"). The bid's `replaced_bid_id` (not stored): the id of
     the bidder's earlier active bid on this auction that it replaced (withdrawn, its hold
-    released), or None.
+    released), or None. notice_signal, stop_grace_seconds: the lease's stop terms
+    (lease_notice.check_stop_terms: InvalidInput naming the field).
     """
+    check_stop_terms(notice_signal, stop_grace_seconds)
     if interconnect not in Interconnect.values:
         raise InvalidInput("must be any or nvlink", field="interconnect")
     now = now or timezone.now()
@@ -219,7 +224,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         checkpoint=dict(checkpoint.terms) if checkpoint else {},
                         checkpoint_sealed=checkpoint.sealed() if checkpoint else "",
                         interconnect=interconnect, failover=failover,
-                        min_reliability=min_reliability, hold_id=0)
+                        min_reliability=min_reliability, notice_signal=notice_signal,
+                        stop_grace_seconds=stop_grace_seconds, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -321,6 +327,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
                 template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
+                notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
                 checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
                 failover=bid.failover, min_reliability=bid.min_reliability,

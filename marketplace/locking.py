@@ -141,13 +141,22 @@ def engine_bid(order: Order) -> engine.Bid:
                       node=order.node_id or 0)
 
 
+def sells_until(available_until: datetime, maintenance_from: datetime | None) -> datetime:
+    """The end of the time an ask sells: its available_until, cut at the start of its
+    node's next maintenance window (Node.maintenance_from; docs/LEASE_CONTRACT.md)."""
+    if maintenance_from is not None and maintenance_from < available_until:
+        return maintenance_from
+    return available_until
+
+
 def engine_ask(order: Order) -> engine.Ask:
-    """The ask with its node's CUDA version, reliability and runtime (reads the node
-    unless it is loaded)."""
+    """The ask with its node's CUDA version, reliability, runtime and maintenance cut
+    (reads the node unless it is loaded)."""
     return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, node=order.node_id,
-                      available_until=epoch(order.available_until), seq=order.pk,
-                      cuda=cuda_key(order.node.cuda_version),
+                      available_until=epoch(sells_until(order.available_until,
+                                                        order.node.maintenance_from)),
+                      seq=order.pk, cuda=cuda_key(order.node.cuda_version),
                       rel=_node_rel(order.node.reliability),
                       runs_images=runs_images(order.node.runtime))
 
@@ -164,7 +173,7 @@ def _node_rel(value) -> int:
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
         "interconnect", "min_reliability", "avoid_node_id", "node__reliability", "command",
-        "node__runtime")
+        "node__runtime", "node__maintenance_from")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
@@ -177,7 +186,7 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
     for (pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link,
-         mrel, avoid, rel, command, runtime) in rows:
+         mrel, avoid, rel, command, runtime, cut) in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
@@ -185,8 +194,9 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
                          avoid_node=avoid or 0, image_only=not command, node=node or 0))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or ""),
-                         rel=_node_rel(rel), runs_images=runtime != "process"))
+                         available_until=epoch(sells_until(until, cut)), seq=pk,
+                         cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
+                         runs_images=runtime != "process"))
     return book
 
 
@@ -194,7 +204,8 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
              until: datetime | None, need: str, cuda: str | None,
              link: str = "any", mrel=None, avoid: int | None = None,
-             rel=None, command: list | None = None, runtime: str | None = None) -> None:
+             rel=None, command: list | None = None, runtime: str | None = None,
+             cut: datetime | None = None) -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
@@ -207,7 +218,7 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
                                  image_only=not command, node=node or 0))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                                 available_until=epoch(until), seq=pk,
+                                 available_until=epoch(sells_until(until, cut)), seq=pk,
                                  cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
                                  runs_images=runs_images(runtime)))
 
@@ -279,7 +290,8 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
                          o.node.cuda_version if o.node_id else None, o.interconnect,
                          o.min_reliability, o.avoid_node_id,
                          o.node.reliability if o.node_id else None,
-                         o.command, o.node.runtime if o.node_id else None)
+                         o.command, o.node.runtime if o.node_id else None,
+                         o.node.maintenance_from if o.node_id else None)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
+from marketplace import maintenance
 from marketplace.env_templates import cuda_key, node_cuda, parse_min_cuda
 from marketplace.errors import Conflict, InvalidInput
 from marketplace.interconnect import describe_gpus, interconnect_words
@@ -106,7 +107,8 @@ def offer_rows(market: GpuClass) -> list[dict]:
     SXM 80GB, NVLink full mesh": interconnect.describe_gpus), "node_gpus",
     "measured_tflops" (Decimal or None), "datasheet_tflops" (Decimal or None),
     "reliability" (Node.reliability, 30 days, marketplace/reliability.py; None: no record
-    yet)}."""
+    yet), "maintenance": [{starts_at, ends_at}] its node's announced windows not over yet
+    (marketplace/maintenance.py)}."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
                 .select_related("node__provider").order_by("price", "pk")[:LIMIT])
@@ -120,6 +122,7 @@ def offer_rows(market: GpuClass) -> list[dict]:
     for gpu_id, result in latest_results(gpus.filter(healthy=True)).items():
         if result.correct and result.bf16_tflops is not None and gpu_id in healthy:
             measured.setdefault(healthy[gpu_id], []).append(result.bf16_tflops)
+    windows = maintenance.upcoming(nodes)  # announced windows not over yet
     rows = []
     for a in asks:
         node = a.node
@@ -136,6 +139,8 @@ def offer_rows(market: GpuClass) -> list[dict]:
             "measured_tflops": _median(measured.get(node.pk, [])),
             "datasheet_tflops": market.bf16_dense_tflops,
             "reliability": node.reliability,
+            "maintenance": [{"starts_at": w.starts_at, "ends_at": w.ends_at}
+                            for w in windows.get(node.pk, [])],
             "provider_key": node.provider.display_name.casefold(),
             "node_key": node.name.casefold(),
         })

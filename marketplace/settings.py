@@ -256,6 +256,7 @@ CELERY_BEAT_SCHEDULE = {
     "end-overdue-leases": {"task": "marketplace.tasks.end_overdue_leases", "schedule": 5.0},
     "expire-orders": {"task": "marketplace.tasks.expire_orders", "schedule": 5.0},
     "preempt-due-leases": {"task": "marketplace.tasks.preempt_due_leases", "schedule": 1.0},
+    "maintenance-sweep": {"task": "marketplace.tasks.maintenance_sweep", "schedule": 1.0},
     "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
                              "schedule": 60.0},
     "fail-silent-nodes": {"task": "marketplace.tasks.fail_silent_nodes", "schedule": 15.0},

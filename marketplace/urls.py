@@ -20,6 +20,7 @@ from marketplace.api import (  # noqa: F401
     ssh_keys,
     tokens,
 )
+from marketplace.api import maintenance as maintenance_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
@@ -67,6 +68,10 @@ api_v1 = [
     path("nodes/<int:pk>/retire/", nodes.NodeRetire.as_view(), name="node-retire"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
+    path("nodes/<int:pk>/maintenance/", maintenance_api.NodeMaintenance.as_view(),
+         name="node-maintenance"),
+    path("nodes/<int:pk>/maintenance/<int:window_id>/",
+         maintenance_api.NodeMaintenanceWindow.as_view(), name="node-maintenance-window"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
     path("wallet/history/", settlement_api.WalletHistoryView.as_view(), name="wallet-history"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),

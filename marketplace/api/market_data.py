@@ -24,6 +24,13 @@ def _decimal_text(value) -> str | None:
     return None if value is None else f"{value.normalize():f}"
 
 
+class MaintenanceSerializer(serializers.Serializer):
+    """A window the node's provider announced (its asks sell no time in it)."""
+
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
 class OfferRowSerializer(serializers.Serializer):
     """One standing ask: `ask` (order id), `node` {id, name} (a bid's `node` to fill only
     there), `provider` (display name), `price` (USD per GPU-hour), `gpus_free`,
@@ -48,6 +55,7 @@ class OfferRowSerializer(serializers.Serializer):
     measured_tflops = serializers.SerializerMethodField()
     datasheet_tflops = serializers.SerializerMethodField()
     reliability = serializers.SerializerMethodField()
+    maintenance = MaintenanceSerializer(many=True)
 
     def get_measured_tflops(self, row) -> str | None:
         return _decimal_text(row["measured_tflops"])

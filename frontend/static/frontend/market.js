@@ -131,7 +131,16 @@
             driver: r.driver_version || "—",
             cuda: r.cuda_version || "—", interconnect: r.summary || "—",
             gpus_free: r.gpus_free, price: GM.price(r.price),
-            until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC"};
+            until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC",
+            maintenance: (r.maintenance || []).map(function (w) {
+              return utc(w.starts_at) + " – " + utc(w.ends_at) + " UTC"; }).join("; ")};
+  }
+  function utc(iso) { return String(iso).replace("T", " ").slice(0, 16); }
+  function maintenanceNote(cellTd, text) {
+    if (!text) return;
+    var div = document.createElement("div");
+    div.className = "offer-maintenance muted"; div.textContent = "maintenance " + text;
+    cellTd.appendChild(div);
   }
   function rel(text) { var td = cell(text, true); td.className = "num offer-reliability"; return td; }
   function drawOffers(rows) {
@@ -142,6 +151,7 @@
       var tr = document.createElement("tr");
       tr.dataset.node = o.node_id; tr.dataset.ask = o.ask;
       var node = cell(o.node); node.className = "offer-node"; node.title = o.node;
+      maintenanceNote(node, o.maintenance);
       var prov = cell(o.provider); prov.title = o.provider;
       [node, prov, cell(o.measured + " / " + o.datasheet, true), rel(o.reliability),
        cell(o.driver + " / " + o.cuda), cell(o.interconnect), cell(o.gpus_free, true),
