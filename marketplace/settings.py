@@ -234,6 +234,8 @@ else:
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's transport, each message written whole before a worker can see it
+    CELERY_BROKER_TRANSPORT = "core.kombu_filesystem:Transport"
     _queue = VAR_DIR / "celery"
     for sub in ("in", "processed", "control"):
         (_queue / sub).mkdir(parents=True, exist_ok=True)
