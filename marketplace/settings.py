@@ -34,6 +34,8 @@ Variables (default in brackets):
   each alone.
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
+- GPUMARKET_IDLE_UTILIZATION_PCT [5]: a running lease whose GPUs all stay under this
+  utilisation for GPUMARKET_IDLE_AFTER_SECONDS [900] is shown idle (marketplace/telemetry.py).
 - GPUMARKET_API_TOKEN_TTL_DAYS [30]: how long an API token is valid (marketplace/api_tokens.py);
   GPUMARKET_API_TOKEN_TOUCH_SECONDS [60]: how stale a token's "last used" may get.
 - GPUMARKET_WS_TICKET_SECONDS [30]: how long a websocket ticket (POST /api/v1/ws-tickets/)
@@ -379,6 +381,11 @@ GPUMARKET_MARKET_LOCK_TIMEOUT_MS = env.int("GPUMARKET_MARKET_LOCK_TIMEOUT_MS", d
 if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_IDLE_UTILIZATION_PCT = env.int("GPUMARKET_IDLE_UTILIZATION_PCT", default=5)
+GPUMARKET_IDLE_AFTER_SECONDS = env.int("GPUMARKET_IDLE_AFTER_SECONDS", default=900)
+if not 0 <= GPUMARKET_IDLE_UTILIZATION_PCT <= 100 or GPUMARKET_IDLE_AFTER_SECONDS < 1:
+    raise ImproperlyConfigured("GPUMARKET_IDLE_UTILIZATION_PCT must be 0-100 and "
+                               "GPUMARKET_IDLE_AFTER_SECONDS at least 1")
 GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
 if GPUMARKET_API_TOKEN_TTL_DAYS < 1:
     raise ImproperlyConfigured("GPUMARKET_API_TOKEN_TTL_DAYS must be at least 1")

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import accounts, errors, runner, runner_checkpoints, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import telemetry as telemetry_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
@@ -40,6 +41,7 @@ api_v1 = [
     path("leases/", market.LeaseList.as_view(), name="leases"),
     path("leases/<int:pk>/", market.LeaseDetail.as_view(), name="lease-detail"),
     path("leases/<int:pk>/logs/", runner.LeaseLogs.as_view(), name="lease-logs"),
+    path("leases/<int:pk>/metrics/", telemetry_api.LeaseMetrics.as_view(), name="lease-metrics"),
     path("leases/<int:pk>/stop/", market.LeaseStop.as_view(), name="lease-stop"),
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
@@ -55,7 +57,7 @@ api_v1 = [
     path("stripe/webhook/", settlement_api.StripeWebhook.as_view(), name="stripe-webhook"),
     path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
-    path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
+    path("runner/heartbeat/", telemetry_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),
          name="runner-benchmarks"),
     path("runner/leases/", runner.RunnerLeases.as_view(), name="runner-leases"),
