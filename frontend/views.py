@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 from frontend import forms as f
 from frontend.login import signup_limited
 from marketplace import auctions as auction_services
-from marketplace import book, checkpoint_reports, env_templates, interconnect, selectors
+from marketplace import book, checkpoint_reports, env_templates, interconnect, selectors, telemetry
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -319,6 +319,8 @@ def _lease_rows(leases, *, role: str):
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))
     saved = checkpoint_reports.by_lease([x.pk for x in leases])  # issue 15
+    # idle detection (issue 16) from the GPU telemetry: the buyer's page only
+    idle = telemetry.idle_states(leases) if role == "buyer" else {}
     rows = []
     now = timezone.now()
     for x in leases:
@@ -357,6 +359,8 @@ def _lease_rows(leases, *, role: str):
             # the bucket (never its credentials) and the runner's last reports
             "checkpoint_url": (x.checkpoint or {}).get("url", ""),
             "checkpoints": saved.get(x.pk, []),
+            "idle": idle.get(x.pk),
+            "charted": role == "buyer" and x.status == Lease.Status.RUNNING,
         })
     return rows
 

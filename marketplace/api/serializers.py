@@ -17,7 +17,7 @@ from core.fields import (
     StrictIntegerField,
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
-from marketplace import checkpoint_reports, env_templates, interconnect, selectors
+from marketplace import checkpoint_reports, env_templates, interconnect, selectors, telemetry
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
@@ -451,6 +451,7 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
     connect = serializers.SerializerMethodField()
     checkpoint = serializers.SerializerMethodField()
     checkpoints = serializers.SerializerMethodField()
+    idle = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -459,7 +460,7 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "events", "created_at",
-                  "checkpoint", "checkpoints"]
+                  "checkpoint", "checkpoints", "idle"]
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
@@ -479,6 +480,15 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
         "ssh": {"type": "string", "nullable": True},
         "jupyter": {"type": "string", "nullable": True},
         "http": {"type": "array", "items": {"type": "string"}}}})
+    def get_idle(self, lease) -> dict | None:
+        """For the buyer of a running lease with GPU readings: telemetry.idle_states'
+        {"idle", "idle_seconds", "since", "threshold_pct", "paying_usd_per_hour", "text"};
+        null otherwise (and for anyone but the buyer)."""
+        request = self.context.get("request")
+        if getattr(getattr(request, "user", None), "pk", None) != lease.buyer_id:
+            return None
+        return telemetry.idle_states([lease]).get(lease.pk)
+
     def get_connect(self, lease) -> dict | None:
         """How the buyer connects (connect.connect_info): {"ssh": "ssh -p N root@host" |
         null, "jupyter": "http://host:port/lab?token=…" | null, "http": [links]}; null for
