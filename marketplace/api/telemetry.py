@@ -53,11 +53,36 @@ class RunnerHeartbeat(providers_api.RunnerView):
         return Response(body)
 
 
+class GpuSeriesOut(serializers.Serializer):
+    """One GPU's buckets, in columns (one value per `at`; null where unknown)."""
+
+    uuid = serializers.CharField()
+    at = serializers.ListField(child=serializers.DateTimeField())
+    utilization_pct = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    fb_used_mib = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    power_w = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    temperature_c = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    sm_clock_mhz = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    mem_clock_mhz = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    throttle_reasons = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField()))
+
+
+class LeaseMetricsOut(serializers.Serializer):
+    lease = serializers.IntegerField()
+    range = serializers.ChoiceField(choices=list(telemetry.RANGES))
+    resolution_seconds = serializers.IntegerField()
+    gpus = GpuSeriesOut(many=True)
+    idle = serializers.DictField(allow_null=True, help_text="telemetry.idle_states: null "
+                                 "when the lease is not running or has no readings")
+
+
 class LeaseMetrics(APIView):
     """The lease's GPU telemetry, for its buyer only (anyone else, its provider too:
     404 as a missing lease; a provider reads its GPUs' counters on the node page)."""
 
-    @extend_schema(parameters=[OpenApiParameter("range", str, enum=list(telemetry.RANGES))])
+    @extend_schema(parameters=[OpenApiParameter("range", str, enum=list(telemetry.RANGES))],
+                   responses=LeaseMetricsOut)
     def get(self, request, pk: int):
         lease = Lease.objects.filter(pk=pk, buyer_id=request.user.pk).first()
         if lease is None:
