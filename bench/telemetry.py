@@ -98,6 +98,7 @@ def run(view, token: str, payload: dict, beats: int):
     for _ in range(beats):
         request = factory.post("/api/v1/runner/heartbeat/", payload, format="json",
                                HTTP_AUTHORIZATION=f"Bearer {token}")
+        connection.queries_log.clear()
         with CaptureQueriesContext(connection) as seen:
             c0, w0 = time.process_time(), time.perf_counter()
             answer = view(request)
@@ -109,6 +110,7 @@ def run(view, token: str, payload: dict, beats: int):
         statements.append(len(sql))
         writes.append(sum(s in ("INSERT", "UPDATE", "DELETE") for s in sql))
         time.sleep(0.01)
+    print(f"  statements of the last beat: {' '.join(sql)}")
     return sorted(cpu), sorted(wall), statements, writes
 
 
@@ -142,8 +144,7 @@ def main() -> None:
               f"{max(set(statements), key=statements.count)} | "
               f"{max(set(writes), key=writes.count)} |")
     per_gpu = LeaseSample.objects.count() / 8
-    print(f"rows after {args.beats} beats (~{args.beats * 0.01 + 1:.0f} s): "
-          f"{per_gpu:.0f} per GPU (bound 360 + 1440); load average now "
+    print(f"rows after the run: {per_gpu:.0f} per GPU (bound 360 + 1440); load average now "
           f"{os.getloadavg()[0]:.1f}")
 
 
