@@ -66,8 +66,9 @@ def _clean_gpu(where: str, item: Any, allowed: set[str]) -> tuple[dict | None, s
     values: dict[str, Any] = {"uuid": uuid}
     for key, (low, high) in FIELDS.items():
         value = item.get(key)
+        # NaN and infinities fail the comparison; a huge int is never turned into a float
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not math.isfinite(value) or not low <= value <= high):
+                                  or not low <= value <= high):
             return None, f"{where}.{key}: must be a number from {low} to {high} or null"
         values[key] = None if value is None else float(value)
     reasons = item.get("throttle_reasons") or []
@@ -89,7 +90,8 @@ def record(*, node, items: list[Any], now: datetime | None = None) -> tuple[int,
     now = now or timezone.now()
     errors: list[str] = []
     wanted = [i.get("lease") for i in items if isinstance(i, dict)]
-    wanted = [w for w in wanted if isinstance(w, int) and not isinstance(w, bool)]
+    wanted = [w for w in wanted if isinstance(w, int) and not isinstance(w, bool)
+              and 0 < w < 2**63]
     gpus_of: dict[int, set[str]] = {}
     if wanted:
         for lease_id, uuid in LeaseGpu.objects.filter(

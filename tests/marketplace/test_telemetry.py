@@ -85,13 +85,19 @@ def test_values_out_of_range_are_refused_naming_the_field():
     a, b = leases.gpu_uuids(lease)
     answer = _beat(token, [{"lease": lease.pk, "gpus": [
         _reading(a, 101), _reading(b, throttle_reasons=["rm -rf"]), {"uuid": a, "x": 1},
-        _reading(a, True)]}])
+        _reading(a, True), _reading(b, power_w=10**400)]},
+        {"lease": 10**30, "gpus": []}, {"lease": "1", "gpus": []}, "x"])
     assert answer["telemetry_errors"] == [
         "telemetry[0].gpus[0].utilization_pct: must be a number from 0 to 100 or null; refused",
         "telemetry[0].gpus[1].throttle_reasons: must be a list of hw_thermal_slowdown, "
         "hw_power_brake, hw_slowdown, sw_thermal_slowdown, sw_power_cap; refused",
         "telemetry[0].gpus[2].x: is not a known field; refused",
-        "telemetry[0].gpus[3].utilization_pct: must be a number from 0 to 100 or null; refused"]
+        "telemetry[0].gpus[3].utilization_pct: must be a number from 0 to 100 or null; refused",
+        "telemetry[0].gpus[4].power_w: must be a number from 0 to 10000 or null; refused",
+        "telemetry[1].lease: 10000000000000000000 is not a running lease of this node (or is "
+        "sent twice); refused",
+        "telemetry[2].lease: 1 is not a running lease of this node (or is sent twice); refused",
+        "telemetry[3]: must be an object with lease and gpus"]
     assert not LeaseSample.objects.exists()
 
 
