@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, health, lease_end, leases
+from marketplace import auctions, book, health, lease_end, leases, telemetry
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -65,3 +65,10 @@ def meter_running_leases() -> list[int]:
 def fail_silent_nodes_task() -> list[int]:
     """Beat sweep (every 15 s): fail the leases of nodes that missed their heartbeats."""
     return health.fail_silent_nodes()
+
+
+@shared_task(name="marketplace.tasks.drop_ended_telemetry")
+def drop_ended_telemetry() -> int:
+    """Beat sweep (every 5 min): delete the GPU series of leases ended longer than
+    GPUMARKET_TELEMETRY_KEEP_SECONDS ago (marketplace/telemetry.py)."""
+    return telemetry.drop_ended()

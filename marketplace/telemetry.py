@@ -170,6 +170,17 @@ def _prune(lease_ids: set[int], now: datetime) -> None:
     LeaseSample.objects.filter(expired, lease_id__in=lease_ids).delete()
 
 
+def drop_ended(now: datetime | None = None) -> int:
+    """Delete the series of leases ended more than GPUMARKET_TELEMETRY_KEEP_SECONDS ago;
+    returns the rows deleted. So the table holds at most a day of each running lease and
+    of each lease ended in the last GPUMARKET_TELEMETRY_KEEP_SECONDS."""
+    before = (now or timezone.now()) - timedelta(
+        seconds=settings.GPUMARKET_TELEMETRY_KEEP_SECONDS)
+    deleted, _ = LeaseSample.objects.filter(lease__status__in=Lease.ENDED,
+                                            lease__ended_at__lt=before).delete()
+    return deleted
+
+
 def _num(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 

@@ -11,6 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from marketplace import leases, telemetry
+from marketplace.lease_end import end_lease
 from marketplace.models import LeaseSample
 from providers.models import Gpu
 from tests.factories import UserFactory, ask, bid, funded_buyer, registered_node
@@ -192,3 +193,17 @@ def test_a_lease_idle_for_less_than_the_setting_is_not_idle():
         telemetry.record(node=node, now=start + timedelta(seconds=10 * step),
                          items=[{"lease": lease.pk, "gpus": [_reading(uuid, 0)]}])
     assert telemetry.idle_states([lease])[lease.pk]["idle"] is False
+
+
+def test_the_series_of_a_lease_ended_over_a_day_ago_is_dropped_by_the_sweep():
+    _, _, lease, _, token = _running(gpus=1)
+    [running] = bid(funded_buyer(100), price=PRICE, gpus=1, duration_seconds=3600).leases
+    running = leases.mark_running(lease=running, container_id="d" * 64)
+    _beat(token, [{"lease": one.pk, "gpus": [_reading(leases.gpu_uuids(one)[0])]}
+                  for one in (lease, running)])
+    end_lease(lease_id=lease.pk, status="completed", cause="test")
+    assert telemetry.drop_ended() == 0  # ended just now: still the buyer's to read
+    later = timezone.now() + timedelta(days=1, seconds=1)
+    assert telemetry.drop_ended(now=later) == 2  # its 10 s and 60 s bucket
+    assert not LeaseSample.objects.filter(lease=lease).exists()
+    assert LeaseSample.objects.filter(lease=running).count() == 2  # a running one stays
