@@ -106,7 +106,8 @@ def record(*, node, items: list[Any], now: datetime | None = None) -> tuple[int,
         if not isinstance(item, dict) or not isinstance(item.get("gpus"), list):
             errors.append(f"{where}: must be an object with lease and gpus")
             continue
-        if lease_id not in gpus_of or lease_id in seen_leases or isinstance(lease_id, bool):
+        if (not isinstance(lease_id, int) or isinstance(lease_id, bool)
+                or lease_id not in gpus_of or lease_id in seen_leases):
             errors.append(f"{where}.lease: {str(lease_id)[:20]} is not a running lease of "
                           "this node (or is sent twice); refused")
             continue

@@ -87,7 +87,8 @@ def test_values_out_of_range_are_refused_naming_the_field():
     answer = _beat(token, [{"lease": lease.pk, "gpus": [
         _reading(a, 101), _reading(b, throttle_reasons=["rm -rf"]), {"uuid": a, "x": 1},
         _reading(a, True), _reading(b, power_w=10**400)]},
-        {"lease": 10**30, "gpus": []}, {"lease": "1", "gpus": []}, "x"])
+        {"lease": 10**30, "gpus": []}, {"lease": "1", "gpus": []}, "x",
+        {"lease": [1], "gpus": []}])
     assert answer["telemetry_errors"] == [
         "telemetry[0].gpus[0].utilization_pct: must be a number from 0 to 100 or null; refused",
         "telemetry[0].gpus[1].throttle_reasons: must be a list of hw_thermal_slowdown, "
@@ -98,7 +99,9 @@ def test_values_out_of_range_are_refused_naming_the_field():
         "telemetry[1].lease: 10000000000000000000 is not a running lease of this node (or is "
         "sent twice); refused",
         "telemetry[2].lease: 1 is not a running lease of this node (or is sent twice); refused",
-        "telemetry[3]: must be an object with lease and gpus"]
+        "telemetry[3]: must be an object with lease and gpus",
+        "telemetry[4].lease: [1] is not a running lease of this node (or is sent twice); "
+        "refused"]
     assert not LeaseSample.objects.exists()
 
 
