@@ -29,7 +29,8 @@ C = TypeVar("C", bound=Callable[[], Any])
 # ----------------------------------------------------------------- the channel layer
 
 def redis_url() -> str:
-    """REDIS_URL ("" without Redis: in-process counters, the in-memory channel layer)."""
+    """REDIS_URL ("" without Redis: the channel layer and its counters on a SQLite file,
+    core/sqlite_layer.py)."""
     return getattr(settings, "REDIS_URL", "")
 
 
@@ -45,12 +46,18 @@ def namespace() -> str:
 
 
 def is_local(layer) -> bool:
-    """Whether `layer` is the in-memory channel layer: it reaches this process only."""
+    """Whether `layer` is Channels' in-memory layer: it reaches this process only (the
+    embedded default's SQLite layer crosses processes: not local)."""
     return isinstance(layer, InMemoryChannelLayer)
 
 
 async def group_send_all(layer, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
-    """Send each (group, message) through `layer`, in order."""
+    """Send each (group, message) through `layer`, in order (in one write where the layer
+    can: core/sqlite_layer.py)."""
+    many = getattr(layer, "group_send_many", None)
+    if many is not None:
+        await many(list(messages))
+        return
     for group, message in messages:
         await layer.group_send(group, message)
 

@@ -335,6 +335,17 @@ class AuctionFeedConsumer(FeedConsumer):
                                      .get(pk=self.auction_id))
 
 
+class SummaryFeedConsumer(FeedConsumer):
+    """/ws/summary/: every market's best bid and ask and GPUs offered, every auction's
+    status and bid count (the home page and /auctions/). Public; never a bid's content."""
+
+    async def connect(self) -> None:
+        await self.subscribe(feed.SUMMARY_GROUP)
+
+    def snapshot(self) -> dict[str, Any]:
+        return feed.summary_snapshot()
+
+
 class MeFeedConsumer(FeedConsumer):
     """/ws/me/: the user's own orders, sealed bids, leases and balance changes.
 
@@ -393,7 +404,8 @@ def _authorization_token(scope) -> str | None:
 
 
 CLOSE_NO_SUCH_FEED = 4404
-FEEDS = "/ws/markets/<gpu class>/, /ws/auctions/<id>/, /ws/me/ (and the runners' /ws/runner/)"
+FEEDS = ("/ws/markets/<gpu class>/, /ws/auctions/<id>/, /ws/summary/, /ws/me/ (and the "
+         "runners' /ws/runner/)")
 
 
 class NoSuchFeedConsumer(AsyncWebsocketConsumer):

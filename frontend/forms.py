@@ -29,7 +29,7 @@ from marketplace.api.ssh_keys import SshKeyIn
 from marketplace.book import NVLINK_GANG_OF_ONE
 from marketplace.env_templates import CUSTOM, TEMPLATES
 from marketplace.models import Auction, Interconnect, Order
-from providers.api import NodeCreateIn, ProviderIn
+from providers.api import NodeCreateIn, NodePatchIn, ProviderIn
 from settlement.api import ChainAddressIn, DevCreditIn, TopUpIn
 
 _USD_INPUT = {"inputmode": "decimal", "autocomplete": "off", "maxlength": "24",
@@ -89,6 +89,23 @@ def _command(serializer, **kwargs) -> ApiField:
     return ApiField(serializer, "command", label="Command", to_json=words, **kwargs)
 
 
+COMMAND_HELP = ("empty runs the template's command, or else the image's own — on a node "
+                "with Docker only: a node that runs local processes (--runtime process) "
+                "needs a command")
+
+
+class _CommandHelp:
+    """`images`: whether the nodes the form's bid may land on run images (runtimes.py);
+    False: the help says a command is needed here (the service refuses the bid without)."""
+
+    def __init__(self, *args, images: bool = True, where: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        if not images:
+            self.fields["command"].help_text = (
+                f"needed: {where} runs workloads as local processes (--runtime process), "
+                "which cannot run an image's own command")
+
+
 def _ports(serializer) -> ApiField:
     """Container TCP ports to expose, comma- or space-separated ("8888, 6006")."""
     return ApiField(serializer, "ports", label="Ports to expose", to_json=port_list,
@@ -146,7 +163,7 @@ class TopUpForm(forms.Form):
     amount = _usd(TopUpIn, "amount", "Amount (USD)", help_text="whole cents, such as 25.00")
 
 
-class BidForm(forms.Form):
+class BidForm(_CommandHelp, forms.Form):
     template = _template(OrderInSerializer)
     gpus = _whole(OrderInSerializer, "gpus", "GPUs", initial=1)
     hours = _whole(OrderInSerializer, "hours", "Hours", required=True, initial=1)
@@ -157,9 +174,7 @@ class BidForm(forms.Form):
                              initial="GTC", widget=forms.Select(
                                  choices=[(v, v) for v in Order.TimeInForce.values]))
     image = _image(OrderInSerializer)
-    command = _command(OrderInSerializer,
-                       help_text="optional; empty runs the template's command, or else the "
-                                 "image's own")
+    command = _command(OrderInSerializer, help_text=COMMAND_HELP)
     ports = _ports(OrderInSerializer)
     env = _env(OrderInSerializer)
     secrets = _secrets(OrderInSerializer)
@@ -169,6 +184,11 @@ class BidForm(forms.Form):
                             initial="any", help_text="nvlink: each gang's GPUs all "
                             "NVLink-connected", widget=forms.Select(
                                 choices=[(v, v) for v in Interconnect.values]))
+    min_reliability = ApiField(OrderInSerializer, "min_reliability",
+                               label="Minimum node reliability (0–1)",
+                               help_text='optional, e.g. 0.95: only nodes with at least that '
+                                         "share of leases not failed by the provider's fault "
+                                         "over 30 days (new nodes qualify)")
 
     def clean(self):
         data = super().clean()
@@ -180,14 +200,14 @@ class BidForm(forms.Form):
         return data
 
 
-class SealedBidForm(forms.Form):
+class SealedBidForm(_CommandHelp, forms.Form):
     template = _template(SealedBidInSerializer)
     price = _usd(SealedBidInSerializer, "price", "Your price (USD per GPU-hour)")
     gpus = _whole(SealedBidInSerializer, "gpus", "GPUs", help_text="empty: the whole lot")
     min_gpus = _whole(SealedBidInSerializer, "min_gpus", "At least (GPUs)",
                       help_text="multi-unit rules: the fewest GPUs you accept")
     image = _image(SealedBidInSerializer)
-    command = _command(SealedBidInSerializer)
+    command = _command(SealedBidInSerializer, help_text=COMMAND_HELP)
     ports = _ports(SealedBidInSerializer)
     env = _env(SealedBidInSerializer)
     secrets = _secrets(SealedBidInSerializer)
@@ -211,6 +231,20 @@ class PayoutAddressForm(forms.Form):
 
 class NodeForm(forms.Form):
     name = ApiField(NodeCreateIn, "name", label="Node name")
+
+
+class RenameNodeForm(forms.Form):
+    name = ApiField(NodePatchIn, "name", label="New name")
+
+
+class RetireNodeForm(forms.Form):
+    """The node page's "Retire node": the box is the confirmation."""
+
+    confirm = forms.BooleanField(
+        label="I understand: its asks are cancelled, its runner token stops working, and "
+              "it is listed nowhere any more (its leases and earnings stay)",
+        error_messages={"required": "tick the box to confirm: a retired node cannot be "
+                                    "brought back"})
 
 
 class RotateTokenForm(forms.Form):

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
+from frontend.templatetags.gpumarket import usd as usd_text
 from frontend.views import (
     _lease_rows,
     _order_rows,
@@ -27,21 +28,28 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, selectors
+from marketplace import book, interconnect, node_retire, reliability, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
 from providers.models import Node, Provider
-from providers.services import ProviderError, node_create, provider_onboard, runner_heard
+from providers.recordings import unregistered_dump
+from providers.services import (
+    ProviderError,
+    node_create,
+    node_rename,
+    provider_onboard,
+    runner_heard,
+)
 from providers.services import node_rotate_token as rotate_runner_token
 from settlement import services as ledger
-from settlement.models import ChainAddress
-from settlement.money import MICROS_PER_USD
+from settlement.models import ChainAddress, ConnectedAccount, Payout
 
 # ---------------------------------------------------------------- provider portal
 
 def _portal_context(request, provider, **forms):
-    nodes = list(provider.nodes.order_by("pk")) if provider else []
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk")) \
+        if provider else []
     node_rows = []
     for n in nodes:
         gpus = list(n.gpus.all())
@@ -58,6 +66,8 @@ def _portal_context(request, provider, **forms):
     lots = Auction.objects.filter(provider=user).select_related("market").order_by("-pk")[:50]
     return {
         "provider": provider, "nodes": node_rows,
+        "retired_nodes": list(provider.nodes.filter(retired_at__isnull=False)
+                              .order_by("pk")) if provider else [],
         "provider_form": forms.get("provider_form") or f.ProviderForm(),
         "node_form": forms.get("node_form") or f.NodeForm(),
         "ask_form": forms.get("ask_form") or f.AskForm(nodes=nodes),
@@ -73,6 +83,7 @@ def _portal_context(request, provider, **forms):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "stripe": bool(settings.STRIPE_SECRET_KEY),
+        "payouts": _payout_context(user),
         "chain_address": ChainAddress.objects.filter(user=user)
         .values_list("address", flat=True).first(),
     }
@@ -130,7 +141,8 @@ def _token_page(request, node, token: str, *, rotated: bool, status: int):
     """The page that shows a runner token, once: only its hash is stored; not cached."""
     site = request.build_absolute_uri("/").rstrip("/")
     response = _page(request, "frontend/node_token.html", {
-        "node": node, "token": token, "site": site, "rotated": rotated}, status=status)
+        "node": node, "token": token, "site": site, "rotated": rotated,
+        "dump": unregistered_dump()}, status=status)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -155,7 +167,51 @@ def node_rotate_token(request, pk: int):
 
 
 @member
-def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
+@require_POST
+def node_rename_page(request, pk: int):
+    """The node page's "Rename": PRG to the node page; a bad or taken name, the node page
+    again with the error next to the field (400). Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.RenameNodeForm(request.POST)
+    if form.is_valid():
+        try:
+            node = node_rename(user_id=request.user.pk, node_id=node.pk,
+                               name=form.cleaned_data["name"])
+        except ProviderError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, f"Node renamed to “{node.name}”.")
+            return redirect("node", pk=node.pk)
+    return node_detail(request, pk, rename_form=form, status=400)
+
+
+@member
+@require_POST
+def node_retire_page(request, pk: int):
+    """The node page's "Retire node" (the box ticked): PRG to the portal, saying which asks
+    were cancelled; refused (active leases, open auctions): PRG to the node page, saying
+    why; the box unticked: the node page again (400). Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.RetireNodeForm(request.POST)
+    if form.is_valid():
+        try:
+            retired = node_retire.retire_node(user_id=request.user.pk, node_id=node.pk)
+        except MarketError as exc:  # (active leases, open auctions): PRG, the reason shown
+            messages.error(request, f"Node “{node.name}” was not retired: {exc.message}.")
+            return redirect("node", pk=node.pk)
+        asks = retired.cancelled_asks
+        messages.success(request, f"Node “{node.name}” retired"
+                         + (f"; ask{'s' if len(asks) > 1 else ''} "
+                            f"{', '.join(f'#{a}' for a in asks)} cancelled." if asks else "."))
+        return redirect("portal")
+    return node_detail(request, pk, retire_form=form, status=400)
+
+
+@member
+def node_detail(request, pk: int, *, rotate_form=None, rename_form=None, retire_form=None,
+                status: int = 200):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
     gpus = []
@@ -197,6 +253,10 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
                               .select_related("market", "node").order_by("-pk")[:50],
                               role="provider"),
         "rotate_form": rotate_form or f.RotateTokenForm(),
+        "reliability": reliability.records(node_id=node.pk),
+        "rename_form": rename_form or f.RenameNodeForm(initial={"name": node.name}),
+        "retire_form": retire_form or f.RetireNodeForm(),
+        "retire_refusal": None if node.retired_at else node_retire.refusal(node),
     }, status=status)
 
 
@@ -204,7 +264,7 @@ def node_detail(request, pk: int, *, rotate_form=None, status: int = 200):
 @require_POST
 def ask_add(request):
     provider = _require_provider(request)
-    nodes = list(provider.nodes.order_by("pk"))
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk"))
     form = f.AskForm(request.POST, nodes=nodes)
     if form.is_valid():
         v = form.cleaned_data
@@ -227,7 +287,7 @@ def ask_add(request):
 @require_POST
 def auction_add(request):
     provider = _require_provider(request)
-    nodes = list(provider.nodes.order_by("pk"))
+    nodes = list(provider.nodes.filter(retired_at__isnull=True).order_by("pk"))
     form = f.AuctionForm(request.POST, nodes=nodes)
     if form.is_valid():
         v = form.cleaned_data
@@ -264,6 +324,74 @@ def payout_address(request):
             return redirect("portal")
     return _page(request, "frontend/portal.html",
                  _portal_context(request, provider, address_form=form), status=400)
+
+
+def _payout_context(user) -> dict:
+    """The portal's payouts card: Stripe Connect status (Stripe's word on the account),
+    what "withdraw" pays now (whole
+    cents, micro-USD) and what stays (the sub-cent rest), the latest payouts."""
+    from settlement import stripe_payouts
+    from settlement.stripe_payments import micros_to_whole_cents
+
+    earned = ledger.wallet(user_id=user.pk).earned
+    cents, rest = micros_to_whole_cents(max(0, earned))
+    connected = ConnectedAccount.objects.filter(user=user).exists()
+    return {
+        "connected": connected,
+        # Stripe is asked only when there is an account to ask about
+        "status": stripe_payouts.connect_status(user_id=user.pk)
+        if connected and settings.STRIPE_SECRET_KEY else "not set up",
+        "earned": earned, "withdrawable": cents * 10_000, "rest": rest,
+        "history": list(Payout.objects.filter(provider=user).order_by("-pk")[:20]),
+    }
+
+
+@member
+@require_POST
+def payout_withdraw(request):
+    """"Withdraw": pay the earned balance out in whole cents to the provider's Stripe
+    connected account (settlement.stripe_payouts.payout_create); the sub-cent rest stays.
+    The outcome (paid, failed with Stripe's reason, pending: retried) is a message on the
+    portal (post/redirect/get). Stripe off: 404."""
+    from settlement import stripe_payments, stripe_payouts
+
+    _require_provider(request)
+    try:
+        payout = stripe_payouts.payout_create(provider_id=request.user.pk)
+    except stripe_payments.StripeDisabled:
+        raise Http404("Stripe is not configured on this server") from None
+    except stripe_payouts.PayoutRefused as exc:
+        messages.error(request, f"No payout: {exc}.")
+        return redirect(f"{reverse('portal')}#payouts")
+    paid = usd_text(payout.amount)
+    if payout.status == Payout.Status.PAID:
+        rest = ledger.wallet(user_id=request.user.pk).earned
+        messages.success(request, f"Payout #{payout.pk}: {paid} sent to your Stripe account"
+                                  f"; {usd_text(rest)} stays in your balance.")
+    elif payout.status == Payout.Status.FAILED:
+        messages.error(request, f"Payout #{payout.pk} of {paid} failed: {payout.failure} "
+                                "Your balance is as it was.")
+    else:
+        messages.info(request, f"Payout #{payout.pk} of {paid} is pending: Stripe did not "
+                               "answer. Retry it below (the same key: never paid twice).")
+    return redirect(f"{reverse('portal')}#payouts")
+
+
+@member
+@require_POST
+def payout_retry(request, pk: int):
+    """Repeat a pending payout's transfer with its own idempotency key (not yours: 404)."""
+    from settlement import stripe_payments, stripe_payouts
+
+    _require_provider(request)
+    payout = get_object_or_404(Payout, pk=pk, provider=request.user)
+    try:
+        payout = stripe_payouts.payout_retry(payout_id=payout.pk)
+    except stripe_payments.StripeDisabled:
+        raise Http404("Stripe is not configured on this server") from None
+    messages.info(request, f"Payout #{payout.pk}: {payout.status}"
+                           f"{': ' + payout.failure if payout.failure else '.'}")
+    return redirect(f"{reverse('portal')}#payouts")
 
 
 @member
@@ -304,8 +432,9 @@ def earnings(request):
                      "gpus": x.gpu_count, "status": x.status, "settled_at": at,
                      "cost": usd(cost), "provider_amount": usd(prov), "platform_fee": usd(fee),
                      "share": f"{prov * 100 / cost:.1f} %" if cost else "—"})
-        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"),
-                       "cumulative": total / MICROS_PER_USD, "lease": prov / MICROS_PER_USD})
+        # micro-USD; earnings.js plots them on a time axis (ms since the epoch, UTC)
+        series.append({"t": at.strftime("%Y-%m-%d %H:%M:%S"), "ms": int(at.timestamp() * 1000),
+                       "cumulative": total, "lease": prov})
     w = ledger.wallet(user_id=request.user.pk)
     return _page(request, "frontend/earnings.html", {
         "rows": rows[::-1], "series_json": _rows_json(series),

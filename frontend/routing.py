@@ -9,6 +9,7 @@ from providers.consumers import RunnerConsumer
 websocket_urlpatterns = [
     path("ws/markets/<gpuclass:gpu_class>/", consumers.MarketFeedConsumer.as_asgi()),
     path("ws/auctions/<int:auction_id>/", consumers.AuctionFeedConsumer.as_asgi()),
+    path("ws/summary/", consumers.SummaryFeedConsumer.as_asgi()),
     path("ws/me/", consumers.MeFeedConsumer.as_asgi()),
     path("ws/runner/", RunnerConsumer.as_asgi()),  # runner push (providers/consumers.py)
     re_path(r"", consumers.NoSuchFeedConsumer.as_asgi()),  # anything else: 4404, not a 500

@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from frontend import forms as f
+from frontend.templatetags import gpumarket as money
 from frontend.views import _page, _wallet_context, member, usd
 
 DEFAULT_STRIPE_JS = "https://js.stripe.com/v3/"
@@ -118,13 +119,13 @@ def wallet_topup_return(request, pk: int):
         messages.error(request, f"Could not ask Stripe about the payment: "
                                 f"{exc.user_message or exc}")
         return redirect("wallet-page")
-    amount = usd(topup.amount_cents * sp.MICROS_PER_CENT)
+    amount = money.usd(topup.amount_cents * sp.MICROS_PER_CENT)
     if status == "succeeded":
-        messages.success(request, f"Stripe confirmed your payment: {amount} USD added.")
+        messages.success(request, f"Stripe confirmed your payment: {amount} added.")
     elif status == "processing":
-        messages.info(request, f"Stripe is processing your payment of {amount} USD; the "
+        messages.info(request, f"Stripe is processing your payment of {amount}; the "
                                "wallet is credited when it succeeds.")
     else:
-        messages.error(request, f"The payment of {amount} USD was not completed (Stripe "
+        messages.error(request, f"The payment of {amount} was not completed (Stripe "
                                 f"says {status}); your wallet was not credited.")
     return redirect("wallet-page")

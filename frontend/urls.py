@@ -3,7 +3,15 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import lease_views, login, portal_views, ssh_views, stripe_views, views
+from frontend import (
+    lease_views,
+    login,
+    portal_views,
+    ssh_views,
+    stripe_views,
+    views,
+    wallet_views,
+)
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 
 urlpatterns = [
@@ -16,6 +24,8 @@ urlpatterns = [
     path("admin/login/", login.admin_login, name="admin-login-limited"),
     path("logout/", auth_views.LogoutView.as_view(next_page="home"), name="logout"),
     path("wallet/", views.wallet, name="wallet-page"),
+    path("wallet/history/", wallet_views.wallet_history, name="wallet-history-page"),
+    path("wallet/history.csv", wallet_views.wallet_history_csv, name="wallet-history-csv"),
     path("wallet/dev-credit/", views.wallet_dev_credit, name="wallet-dev-credit"),
     path("wallet/ssh-keys/", ssh_views.ssh_key_add, name="ssh-key-add-page"),
     path("wallet/ssh-keys/<int:pk>/delete/", ssh_views.ssh_key_delete,
@@ -38,11 +48,17 @@ urlpatterns = [
     path("provider/onboard/", portal_views.portal_onboard, name="portal-onboard"),
     path("provider/nodes/", portal_views.node_add, name="node-add"),
     path("provider/nodes/<int:pk>/", portal_views.node_detail, name="node"),
+    path("provider/nodes/<int:pk>/rename/", portal_views.node_rename_page,
+         name="node-rename-page"),
+    path("provider/nodes/<int:pk>/retire/", portal_views.node_retire_page,
+         name="node-retire-page"),
     path("provider/nodes/<int:pk>/rotate-token/", portal_views.node_rotate_token,
          name="node-rotate-token-page"),
     path("provider/asks/", portal_views.ask_add, name="ask-add"),
     path("provider/auctions/", portal_views.auction_add, name="auction-add"),
     path("provider/payouts/address/", portal_views.payout_address, name="payout-address"),
+    path("provider/payouts/withdraw/", portal_views.payout_withdraw, name="payout-withdraw"),
+    path("provider/payouts/<int:pk>/retry/", portal_views.payout_retry, name="payout-retry"),
     path("provider/payouts/connect/", portal_views.payout_connect, name="payout-connect"),
     path("provider/earnings/", portal_views.earnings, name="earnings"),
 ]

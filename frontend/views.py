@@ -27,8 +27,18 @@ from django.views.decorators.http import require_POST
 
 from frontend import forms as f
 from frontend.login import signup_limited
+from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
-from marketplace import book, checkpoint_reports, env_templates, interconnect, selectors, telemetry
+from marketplace import (
+    book,
+    chains,
+    checkpoint_reports,
+    env_templates,
+    interconnect,
+    runtimes,
+    selectors,
+    telemetry,
+)
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
@@ -57,11 +67,19 @@ def usd(micros: int | None) -> str:
     return f"{whole}.{frac.rstrip('0').ljust(2, '0')}"
 
 
+#: the GET URL of a page that POST-only form paths render again with the form's errors
+_PAGE_URLS = {"frontend/portal.html": "portal", "frontend/wallet.html": "wallet-page"}
+
+
 def _page(request, template: str, context: dict, status: int = 200):
     """Render with what every page needs: whether this server speaks websockets (only
     the ASGI application routes /ws/), so the page's script knows to use the live feed
-    or to refresh through the REST API."""
+    or to refresh through the REST API; after a POST, `page_url`, the page's own GET URL
+    (live.js puts it in the address bar: the form's values and errors stay, and a reload
+    or a live refresh asks that URL, not the POST-only path)."""
     context.setdefault("live_ws", isinstance(request, ASGIRequest))
+    if request.method == "POST" and template in _PAGE_URLS:
+        context.setdefault("page_url", reverse(_PAGE_URLS[template]))
     return render(request, template, context, status=status)
 
 
@@ -138,7 +156,7 @@ def _redirect_next(request, nxt: str, default: str) -> HttpResponseRedirect:
 
 
 def _usd(micros: int | None) -> str:
-    # the home page keeps all 6 places (tests/marketplace/api/test_sealed_secrecy.py reads them)
+    # all 6 places, "$2.490000": the template's `price` filter shows it ("$2.49 /GPU-h")
     return "—" if micros is None else f"${format_usd(micros)}"
 
 
@@ -190,7 +208,7 @@ def wallet_dev_credit(request):
     form = f.DevCreditForm(request.POST)
     if form.is_valid():
         ledger.dev_credit(user_id=request.user.pk, amount=form.cleaned_data["amount"])
-        messages.success(request, f"Credited {usd(form.cleaned_data['amount'])} USD.")
+        messages.success(request, f"Credited {money.usd(form.cleaned_data['amount'])}.")
         return redirect("wallet-page")
     return _page(request, "frontend/wallet.html", _wallet_context(request, credit_form=form),
                  status=400)
@@ -264,7 +282,8 @@ def _market_context(request, market: GpuClass, form):
 
 def market(request, slug: str):
     gpu_class = get_object_or_404(GpuClass, slug=slug)
-    form = f.BidForm(request.POST or None)
+    form = f.BidForm(request.POST or None, images=runtimes.market_runs_images(gpu_class.pk),
+                     where=f"every node of {gpu_class.slug}")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")
@@ -275,15 +294,17 @@ def market(request, slug: str):
                     buyer_id=request.user.pk, market_slug=slug, price=v["price"],
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    interconnect=v["interconnect"] or "any", **container_terms(v))
+                    interconnect=v["interconnect"] or "any",
+                    min_reliability=v.get("min_reliability"), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
                 order = placed.order
                 order.refresh_from_db()
                 filled = order.gpus - order.remaining_gpus
-                messages.success(request, f"Bid #{order.pk} placed: {order.status}, "
-                                          f"{filled} of {order.gpus} GPUs filled, "
+                messages.success(request, f"Bid #{order.pk} placed: "
+                                          f"{money.status_word(order.status)}, "
+                                          f"{filled} of {money.gpus(order.gpus)} filled, "
                                           f"{len(placed.leases)} lease(s).")
                 return redirect("market", slug=slug)
         return _page(request, "frontend/market.html",
@@ -359,6 +380,10 @@ def _lease_rows(leases, *, role: str):
             # the bucket (never its credentials) and the runner's last reports
             "checkpoint_url": (x.checkpoint or {}).get("url", ""),
             "checkpoints": saved.get(x.pk, []),
+            # issue 15: the chain's story (failover) and the provider's fault credit
+            "chain": (chains.story(chains.chain_of(x))  # the buyer's: other nodes' names
+                      if role == "buyer" and (x.chain_id or x.status == "failed") else []),
+            "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
             "idle": idle.get(x.pk),
             "charted": role == "buyer" and x.status == Lease.Status.RUNNING,
         })
@@ -444,7 +469,8 @@ def _auction_context(request, auction: Auction, form):
 
 def auction_detail(request, pk: int):
     auction = get_object_or_404(Auction.objects.select_related("market", "node"), pk=pk)
-    form = f.SealedBidForm(request.POST or None)
+    form = f.SealedBidForm(request.POST or None, images=runtimes.runs_images(
+        auction.node.runtime), where="this lot's node")
     if request.method == "POST":
         if not request.user.is_authenticated:
             return redirect(f"{reverse(LOGIN)}?next={request.path}")
@@ -461,7 +487,7 @@ def auction_detail(request, pk: int):
                 replaced = (f" It replaces your bid #{bid.replaced_bid_id}, whose hold is "
                             "released." if bid.replaced_bid_id else "")
                 messages.success(request, f"Your sealed bid #{bid.pk} is in: "
-                                          f"{usd(bid.price)} USD per GPU-hour.{replaced}")
+                                          f"{money.price(bid.price)}.{replaced}")
                 return redirect("auction", pk=pk)
         return _page(request, "frontend/auction.html",
                      _auction_context(request, auction, form), status=400)

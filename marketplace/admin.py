@@ -205,8 +205,8 @@ class LeaseAdmin(ReadOnlyAdmin):
     part the lease from the ledger (ledger_check's provider_earnings_match_settled_leases)."""
 
     list_display = ["id", "market", "node", "buyer", "status", "gpu_count", "price", "cost",
-                    "started_at", "ended_at"]
-    list_filter = ["status", "market"]
+                    "started_at", "ended_at", "fault", "failure_code", "chain_id"]
+    list_filter = ["status", "market", "fault", "failure_code"]
     exclude = [*SEALED_COLUMNS, "jupyter_token_sealed"]
     inlines = [LeaseGpuInline, LeaseEventInline, LeaseExtensionInline]
 

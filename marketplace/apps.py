@@ -18,11 +18,13 @@ class MarketplaceConfig(AppConfig):
         units_changed.connect(on_units_changed,
                               dispatch_uid="marketplace.health.on_units_changed")
 
-        from marketplace.matching import on_node_cuda_changed
-        from providers.signals import node_cuda_changed
+        from marketplace.matching import on_node_cuda_changed, on_node_runtime_changed
+        from providers.signals import node_cuda_changed, node_runtime_changed
 
         node_cuda_changed.connect(on_node_cuda_changed,
                                   dispatch_uid="marketplace.matching.on_node_cuda_changed")
+        node_runtime_changed.connect(
+            on_node_runtime_changed, dispatch_uid="marketplace.matching.on_node_runtime_changed")
 
         from marketplace import runner_push  # lease changes → the node's runner, on commit
 
@@ -38,3 +40,4 @@ class MarketplaceConfig(AppConfig):
 
         sealed.register(sealed_hold_ids)  # the admin masks these holds' amounts
         checks.register(market_checks.provider_earnings_match_settled_leases)
+        checks.register(market_checks.chains_are_sound)

@@ -32,6 +32,7 @@ from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, Interconnect, Order, SealedBid
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
+from marketplace.runtimes import can_run, needs_command
 from marketplace.sealing import seal
 from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
@@ -62,6 +63,8 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise NotFound(f"no node {node_id}", field="node")
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
+    if node.retired_at is not None:
+        raise Conflict(f"node {node.name} is retired: it takes no auctions", field="node")
     market = node_market(node, market_slug)
     if rule not in Auction.Rule.values:
         raise InvalidInput("must be second_price, uniform_price or first_price", field="rule")
@@ -81,6 +84,8 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
         raise InvalidInput("must be in the future and after opens_at", field="closes_at")
     with transaction.atomic():
         market = lock_market(market.pk)
+        if Node.objects.filter(pk=node.pk, retired_at__isnull=False).exists():
+            raise Conflict(f"node {node.name} is retired: it takes no auctions", field="node")
         free = free_gpu_count(node, market)
         if gpus > free:
             raise InvalidInput(f"only {free} GPUs of node {node.name} are free"
@@ -127,8 +132,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      port_roles: dict[str, str] | None = None, ssh: bool = False,
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      interconnect: str = Interconnect.ANY,
-                     checkpoint: Checkpoint | None = None,
-                     now: datetime | None = None) -> SealedBid:
+                     checkpoint: Checkpoint | None = None, failover: bool = True,
+                     min_reliability=None, now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
@@ -137,7 +142,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     messages never mention other bids. settlement.InsufficientFunds when the hold fails.
     ports: container TCP ports the lease exposes to the buyer (ports.clean_ports);
     template, min_cuda: as env_templates.resolve returns them (a lot on a node below
-    min_cuda refuses the bid: Conflict naming min_cuda); port_roles: their roles
+    min_cuda refuses the bid: Conflict naming min_cuda); command: None runs the image's own
+    command, which a lot on a process-only node refuses (InvalidInput naming command,
+    runtimes.py); port_roles: their roles
     (ports.clean_port_roles); ssh: the lease gets the bidder's SSH keys and port 22
     (ports.with_ssh); env, secrets: the workload's variables (workload_env), the secrets
     sealed with the bid (sealing.py); checkpoint: the store its lease uploads to
@@ -166,6 +173,13 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
             raise Conflict(f"auction {auction.pk}'s node reports CUDA "
                            f"{auction.node.cuda_version or 'unknown'}, below the {min_cuda} "
                            "this bid needs", field="min_cuda")
+        if not can_run(auction.node.runtime, command):
+            raise InvalidInput(needs_command(f"auction {auction.pk}'s node"), field="command")
+        have = auction.node.reliability
+        if min_reliability is not None and have is not None and have < min_reliability:
+            raise Conflict(f"auction {auction.pk}'s node is {have} reliable over 30 days, "
+                           f"below the {min_reliability} this bid needs",
+                           field="min_reliability")
         if auction.provider_id == bidder_id:
             raise PermissionDenied("you cannot bid on your own auction", field="auction")
         if auction.status != Auction.Status.OPEN or now >= auction.closes_at:
@@ -203,7 +217,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         ssh=ssh, env=env, secrets_sealed=seal(secrets),
                         checkpoint=dict(checkpoint.terms) if checkpoint else {},
                         checkpoint_sealed=checkpoint.sealed() if checkpoint else "",
-                        interconnect=interconnect, hold_id=0)
+                        interconnect=interconnect, failover=failover,
+                        min_reliability=min_reliability, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -258,6 +273,13 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                      f"below the bid's {bid.min_cuda}")
             ledger.hold_release(hold_id=bid.hold_id, cause=cause)
             bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
+        runtime = auction.node.runtime  # so may its runtime (runtimes.py)
+        for bid in [b for b in bids if not can_run(runtime, b.command)]:
+            bids.remove(bid)
+            cause = (f"auction {auction.pk} lost: its node runs local processes only "
+                     "(--runtime process) and the bid gives no command")
+            ledger.hold_release(hold_id=bid.hold_id, cause=cause)
+            bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
         clearing = engine.clear(
             auction.rule,
             [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
@@ -296,6 +318,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
                 checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
+                failover=bid.failover, min_reliability=bid.min_reliability,
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )

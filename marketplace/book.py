@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from core import metrics
 from core.bulk import execute_arrays, insert_all
-from marketplace import locking, matching, preemption
+from marketplace import locking, matching, preemption, runtimes
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
@@ -251,6 +252,9 @@ class BidRequest:
     secrets: dict[str, str] | None = field(default=None, repr=False)
     interconnect: str = "any"
     checkpoint: Checkpoint | None = field(default=None, repr=False)
+    failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
+    min_reliability: Decimal | None = None
+    avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -268,7 +272,10 @@ class BidRequest:
                 "template": self.template, "min_cuda": self.min_cuda,
                 "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
                 "interconnect": self.interconnect,
-                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {}}
+                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
+                "failover": (not self.interruptible) if self.failover is None
+                else bool(self.failover),
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -309,6 +316,7 @@ def place_bids(requests: list[BidRequest], *,
     results: list[Placed | Exception | None] = [None] * len(requests)
     markets: dict[str, GpuClass] = {}
     largest: dict[int, int] = {}  # market id → the most units one node has in it
+    images: dict[int, bool] = {}  # market id → whether a node of it runs images
     groups: dict[int, list[tuple[int, BidRequest, int]]] = {}
     seen_ids: set[tuple[int, str]] = set()
     again: list[int] = []  # a client_order_id repeated within this call
@@ -330,6 +338,12 @@ def place_bids(requests: list[BidRequest], *,
             if market.pk not in largest:
                 largest[market.pk] = largest_node(market)
             _check_fits_a_node(r, market, largest[market.pk])
+            if not r.command:  # the image's own command: a node must run images
+                if market.pk not in images:
+                    images[market.pk] = runtimes.market_runs_images(market.pk)
+                if not images[market.pk]:
+                    raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
+                                       field="command")
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue
@@ -543,6 +557,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
         raise NotFound(f"no node {node_id}", field="node") from None
     if node.provider.user_id != provider_id:
         raise PermissionDenied("that node is not yours", field="node")
+    if node.retired_at is not None:
+        raise Conflict(f"node {node.name} is retired: it takes no asks", field="node")
     market = node_market(node, market_slug)
     _check_common(price=price, gpus=gpus)
     if available_until <= now:
@@ -551,6 +567,8 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
         with locking.tracked(market.pk), transaction.atomic():
             market = locking.lock_market(market.pk)
             matching.expire_due(market, now)
+            if Node.objects.filter(pk=node.pk, retired_at__isnull=False).exists():
+                raise Conflict(f"node {node.name} is retired: it takes no asks", field="node")
             free = free_gpu_count(node, market)
             if gpus > free:
                 raise InvalidInput(f"only {free} GPUs of node {node.name} are free to offer",

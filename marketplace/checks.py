@@ -25,6 +25,9 @@ def holds_match_open_bids_and_leases() -> str | None:
     for pk, hold in LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \
             .values_list("lease_id", "hold_id"):
         owners[hold].append(f"lease {pk} (extension)")
+    for pk, hold in Lease.objects.filter(failover_state="pending") \
+            .values_list("pk", "carry_hold_id"):  # carried to a continuation (failover.py)
+        owners[hold].append(f"lease {pk} (failover carry)")
     active = set(Hold.objects.filter(status=Hold.Status.ACTIVE).values_list("pk", flat=True))
     for hold_id, things in sorted(owners.items()):
         if hold_id not in active:
@@ -40,9 +43,9 @@ def provider_earnings_match_settled_leases() -> str | None:
     share of what its leases were charged (settled leases, and the metered part of
     running ones), by the take-rate split."""
     expected: dict[int, int] = defaultdict(int)
-    for provider, amount in Lease.objects.filter(settled_at__isnull=False) \
-            .values_list("provider_id", "provider_amount"):
-        expected[provider] += amount
+    for provider, amount, credit in Lease.objects.filter(settled_at__isnull=False) \
+            .values_list("provider_id", "provider_amount", "fault_credit"):
+        expected[provider] += amount - credit  # a fault credit went back to the buyer
     running = list(Lease.objects.filter(status__in=Lease.ACTIVE)
                    .values_list("provider_id", "hold_id"))
     running += LeaseExtension.objects.filter(lease__status__in=Lease.ACTIVE) \
@@ -63,3 +66,24 @@ def provider_earnings_match_settled_leases() -> str | None:
             return (f"provider {provider}: the ledger holds {ledger.get(provider, 0)} micro-USD "
                     f"of earnings, its leases account for {expected.get(provider, 0)}")
     return None
+
+
+def chains_are_sound() -> str | None:
+    """Every continuation (failover.py) continues a lease of its buyer and chain that
+    failed by a provider-side cause, on another node, at no higher price (one from a
+    resting failover bid: at no more than that bid's limit); a failed lease that is no
+    longer pending holds no carry hold."""
+    for lease in Lease.objects.filter(continues__isnull=False).select_related(
+            "continues", "fill__bid"):
+        old = lease.continues
+        if old.status != "failed" or old.fault != "provider":
+            return f"lease {lease.pk} continues lease {old.pk}, which did not fail by the " \
+                   "provider's fault"
+        if (lease.buyer_id, lease.chain_id) != (old.buyer_id, old.chain):
+            return f"lease {lease.pk} continues lease {old.pk} of another buyer or chain"
+        limit = lease.fill.bid.price if lease.fill_id else old.price
+        if lease.node_id == old.node_id or lease.price > limit:
+            return f"lease {lease.pk} continues lease {old.pk} on its node or above its price"
+    stray = (Lease.objects.exclude(failover_state="pending")
+             .filter(carry_hold_id__isnull=False).values_list("pk", flat=True).first())
+    return f"lease {stray} keeps a carry hold after its failover" if stray else None

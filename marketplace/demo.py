@@ -205,10 +205,9 @@ class Demo:
                 hint = (" (the recorded GPUs are already registered in this DATABASE_URL by an "
                         "earlier run: use a fresh database)" if "409" in reg.stderr else "")
                 raise SystemExit(f"[demo] runner register failed: {reg.stderr.strip()}{hint}")
-            # Without Redis the channel layer is in-memory, per process: the worker's notices
-            # (a lease created when it closes the auction) never reach the web process's
-            # /ws/runner/. The marketplace says so in its hello ("notices": "partial"), and
-            # the runners then poll every --poll-interval (2 s) as well as take pushes.
+            # Without Redis the channel layer is a SQLite file under var/ shared by web,
+            # worker and beat (core/sqlite_layer.py): the worker's notices (a lease created
+            # when it closes the auction) reach the runners' /ws/runner/ too.
             self.spawn(f"runner-{name}", [py, "-m", "providers.runner", "run", "--state-dir",
                                           str(state), "--heartbeat-interval", "2",
                                           "--runtime", runtime, "--network", "none"])

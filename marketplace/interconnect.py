@@ -108,17 +108,20 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
     """The market's standing asks, cheapest first, each with its node described, and never
     who offers it: [{"price": micro-USD per GPU-hour, "gpus": still offered, "node_gpus":
     the node's GPUs of the class, "interconnect": "NVLink full mesh" (topology.describe),
-    "summary": "8 × H100 SXM 80GB, NVLink full mesh"}]."""
+    "summary": "8 × H100 SXM 80GB, NVLink full mesh", "reliability": the node's 30-day
+    reliability, "0.950", or None without a record (docs/FAULTS.md)}]."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
-                .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id")[:limit])
+                .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id",
+                                                     "node__reliability")[:limit])
     by_node: dict[int, list[Gpu]] = {}
     for gpu in (Gpu.objects.filter(node_id__in={a[2] for a in asks}, gpu_class=market)
                 .select_related("gpu_class")):
         by_node.setdefault(gpu.node_id, []).append(gpu)
     out = []
-    for price, gpus, node in asks:
+    for price, gpus, node, reliability in asks:
         mine = by_node.get(node, [])
         out.append({"price": price, "gpus": gpus, "node_gpus": len(mine),
-                    "interconnect": interconnect_words(mine), "summary": describe_gpus(mine)})
+                    "interconnect": interconnect_words(mine), "summary": describe_gpus(mine),
+                    "reliability": None if reliability is None else str(reliability)})
     return out

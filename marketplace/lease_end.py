@@ -9,20 +9,22 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from core import metrics
-from marketplace import locking, matching, preemption
+from marketplace import faults, locking, matching, preemption, reliability
 from marketplace.errors import Conflict
 from marketplace.leases import hold_ids as lease_hold_ids
 from marketplace.leases import move
 from marketplace.models import Lease, Order
+from settlement import credits
 from settlement import services as ledger
 from settlement.models import Hold
-from settlement.money import lease_cost
+from settlement.money import format_usd, lease_cost
 
 log = logging.getLogger("gpumarket.leases")
 
@@ -66,23 +68,72 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
     holds = lease_hold_ids(lease)
     captured = Hold.objects.filter(pk__in=holds).aggregate(t=Sum("captured"))["t"] or 0
     cost = max(lease_cost(lease.price, lease.gpu_count, seconds), captured)
+    fault = faults.classify(cause) if status == "failed" else None
+    # a provider's fault on a bid that allows failover: the unused hold is carried to the
+    # continuation (marketplace/failover.py) instead of released
+    carry = (f"carry:lease:{lease.pk}" if fault and fault.side == faults.PROVIDER
+             and lease.failover and seconds < lease.duration_seconds else "")
     settled = ledger.hold_settle_many(hold_ids=holds, cost=cost,
                                       provider_id=lease.provider_id,
-                                      reference=f"lease:{lease.pk}")
+                                      reference=f"lease:{lease.pk}", carry_reference=carry)
     lease.ended_at = now
     lease.cause = cause[:300]
     lease.cost = cost
     lease.platform_fee = settled.fee_total  # periodic captures included
     lease.provider_amount = cost - settled.fee_total
     lease.settled_at = now
-    move(lease, status, cause=cause, at=now, detail={**(detail or {}), "seconds": seconds},
-          update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                         "settled_at"))
+    extra: dict = {}
+    if fault is not None:
+        lease.fault, lease.failure_code = fault.side, fault.code
+        extra = {"fault": fault.side, "failure_code": fault.code}
+        if settled.carried_hold_id:
+            lease.failover_state, lease.carry_hold_id = "pending", settled.carried_hold_id
+    move(lease, status, cause=cause, at=now,
+         detail={**(detail or {}), "seconds": seconds, **extra},
+         update_fields=("ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                        "settled_at", "fault", "failure_code", "failover_state",
+                        "carry_hold_id"))
     metrics.lease_ended(status, cause)
+    if fault is not None and fault.credit:
+        _fault_credit(lease, fault, seconds, now)
+    if lease.failover_state == "pending":
+        lease_id = lease.pk
+        transaction.on_commit(lambda: queue_failover(lease_id))
     lease.lease_gpus.update(active=False)
+    reliability.refresh_node(lease.node_id, lease.market_id)  # before the ask re-matches
     if lease.ask_id:
         matching.return_gpus_to_ask(ask_id=lease.ask_id, gpus=lease.gpu_count, now=now)
     return lease, seconds, settled.released
+
+
+FAILOVER_TASK = "marketplace.tasks.failover_lease"
+
+
+def queue_failover(lease_id: int) -> None:
+    """Queue the failover task by name (after the end's commit); broker down: the beat
+    sweep resume_failovers queues it."""
+    try:
+        current_app.signature(FAILOVER_TASK, args=(lease_id,)).apply_async()
+    except Exception:
+        log.warning("could not queue the failover of lease %s; the sweep will", lease_id)
+
+
+def _fault_credit(lease: Lease, fault: faults.Fault, seconds: int, now: datetime) -> None:
+    """The provider pays the buyer for its fault (docs/FAULTS.md): the cost of the last
+    GPUMARKET_FAULT_CREDIT_MINUTES healthy minutes (at most the seconds charged), bounded
+    by what the lease earned the provider; the finding is the entry's evidence."""
+    minutes = settings.GPUMARKET_FAULT_CREDIT_MINUTES
+    amount = lease_cost(lease.price, lease.gpu_count, min(minutes * 60, seconds))
+    credit = credits.fault_credit(
+        provider_id=lease.provider_id, buyer_id=lease.buyer_id, amount=amount,
+        bound=lease.provider_amount or 0, reference=f"lease:{lease.pk}",
+        evidence=f"lease {lease.pk} on node {lease.node_id}: {fault.code}: {fault.evidence}")
+    if credit:
+        lease.fault_credit = credit
+        lease.note(cause=f"the provider's fault ({fault.code}): the provider credits "
+                         f"{format_usd(credit)} USD to the buyer", at=now,
+                   detail={"fault_credit": credit, "failure_code": fault.code},
+                   update_fields=("fault_credit",))
 
 
 def _log_end(lease: Lease, seconds: int, released: int) -> None:

@@ -24,6 +24,7 @@ from marketplace.errors import Conflict
 from marketplace.jupyter import new_jupyter_token
 from marketplace.models import Fill, GpuClass, Lease, LeaseExtension, LeaseGpu, Order
 from marketplace.ports import clean_endpoints
+from marketplace.runtimes import can_run, needs_command
 from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
 from settlement import services as ledger
@@ -93,7 +94,8 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  port_roles: dict[str, str] | None = None, ssh: bool = False,
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
                  nvlink_gang: int = 0, checkpoint: dict | None = None,
-                 checkpoint_sealed: str = "") -> Lease:
+                 checkpoint_sealed: str = "", failover: bool = False,
+                 min_reliability=None) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
@@ -102,12 +104,15 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
     are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets and its
     checkpoint store with its sealed credentials, as they are);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
-    with one, docs/MATCHING.md); with `ssh`, the buyer's SSH public keys as they are now
+    with one, docs/MATCHING.md), and so is a process-only node without `command`
+    (runtimes.py); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
     token, sealed (jupyter.py)."""
     if not cuda_ok(node.cuda_version, min_cuda):
         raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
                        f"below the {min_cuda} this lease needs", field="min_cuda")
+    if not can_run(node.runtime, command):
+        raise Conflict(f"command {needs_command(f'node {node.name}')}", field="command")
     port_roles = dict(port_roles or {})
     chosen = _locked(node, market, _pick_gpus(node, market, gpus, nvlink_gang))
     lease_id = _next_lease_id()
@@ -130,6 +135,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         env=dict(env or {}), secrets_sealed=secrets_sealed,
         checkpoint=dict(checkpoint or {}), checkpoint_sealed=checkpoint_sealed,
         jupyter_token_sealed=new_jupyter_token(port_roles),
+        failover=failover, min_reliability=min_reliability,
     )
     LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
     lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
@@ -139,7 +145,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
 
 
 def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
-    return create_lease(
+    lease = create_lease(
         market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
         gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
         image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
@@ -149,7 +155,24 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         secrets_sealed=bid.secrets_sealed,
         checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
+        failover=bid.failover, min_reliability=bid.min_reliability,
     )
+    if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
+        _join_chain(lease, bid, now)
+    return lease
+
+
+def _join_chain(lease: Lease, bid: Order, now: datetime) -> None:
+    """The first lease of a bid resting for failed lease `bid.continues_lease_id`
+    (marketplace/failover.py) continues that lease's chain; the failed lease says so."""
+    failed = Lease.objects.filter(pk=bid.continues_lease_id).first()
+    if failed is None or Lease.objects.filter(continues=failed).exists():
+        return
+    lease.chain_id, lease.continues = failed.chain, failed
+    lease.save(update_fields=["chain_id", "continues"])
+    failed.note(cause=f"continued as lease {lease.pk} on node {lease.node.name} at "
+                      f"{now.strftime('%H:%M:%S')} (resting bid {bid.pk})",
+                detail={"continuation": lease.pk}, at=now)
 
 
 def hold_ids(lease: Lease) -> list[int]:

@@ -24,6 +24,7 @@ from marketplace import engine, interconnect
 from marketplace.env_templates import cuda_key
 from marketplace.errors import MarketBusy, busy_message, is_lock_timeout
 from marketplace.models import GpuClass, Order
+from marketplace.runtimes import runs_images
 
 
 @dataclass
@@ -124,26 +125,44 @@ def epoch(dt: datetime) -> int:
     return int(dt.timestamp())
 
 
+def rel_key(value) -> int:
+    """A reliability (Decimal 0–1, None: none) as the engine counts it, per mille."""
+    return 0 if value is None else int(value * 1000)
+
+
 def engine_bid(order: Order) -> engine.Bid:
     return engine.Bid(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, gang=order.gang_size,
                       duration_s=order.duration_seconds, seq=order.pk,
                       tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda),
-                      nvlink=order.interconnect == "nvlink")
+                      nvlink=order.interconnect == "nvlink",
+                      min_rel=rel_key(order.min_reliability),
+                      avoid_node=order.avoid_node_id or 0, image_only=not order.command)
 
 
 def engine_ask(order: Order) -> engine.Ask:
-    """The ask with its node's CUDA version (reads the node unless it is loaded)."""
+    """The ask with its node's CUDA version, reliability and runtime (reads the node
+    unless it is loaded)."""
     return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, node=order.node_id,
                       available_until=epoch(order.available_until), seq=order.pk,
-                      cuda=cuda_key(order.node.cuda_version))
+                      cuda=cuda_key(order.node.cuda_version),
+                      rel=_node_rel(order.node.reliability),
+                      runs_images=runs_images(order.node.runtime))
 
 
-# a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility")
+def _node_rel(value) -> int:
+    """A node's reliability per mille; 1000 without a record (it meets any floor)."""
+    return 1000 if value is None else rel_key(value)
+
+
+# a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility");
+# a bid's min_reliability and avoid_node_id, an ask's node's reliability (docs/FAULTS.md);
+# a bid's command, an ask's node's runtime (docs/MATCHING.md, "Runtimes")
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
-        "interconnect")
+        "interconnect", "min_reliability", "avoid_node_id", "node__reliability", "command",
+        "node__runtime")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
@@ -155,22 +174,25 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
-    for pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link \
-            in rows:
+    for (pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link,
+         mrel, avoid, rel, command, runtime) in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
-                         nvlink=link == "nvlink"))
+                         nvlink=link == "nvlink", min_rel=rel_key(mrel),
+                         avoid_node=avoid or 0, image_only=not command))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or "")))
+                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or ""),
+                         rel=_node_rel(rel), runs_images=runtime != "process"))
     return book
 
 
 def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int, price: int,
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
              until: datetime | None, need: str, cuda: str | None,
-             link: str = "any") -> None:
+             link: str = "any", mrel=None, avoid: int | None = None,
+             rel=None, command: list | None = None, runtime: str | None = None) -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
@@ -178,11 +200,14 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
     if side == Order.Side.BID:
         book.rest_bid(engine.Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                                  duration_s=duration, seq=pk, tif=tif,
-                                 min_cuda=cuda_key(need), nvlink=link == "nvlink"))
+                                 min_cuda=cuda_key(need), nvlink=link == "nvlink",
+                                 min_rel=rel_key(mrel), avoid_node=avoid or 0,
+                                 image_only=not command))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                                  available_until=epoch(until), seq=pk,
-                                 cuda=cuda_key(cuda or "")))
+                                 cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
+                                 runs_images=runs_images(runtime)))
 
 
 @dataclass
@@ -249,7 +274,10 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
                 _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
                          o.gang_size, o.duration_seconds, o.time_in_force, o.node_id,
                          o.available_until, o.min_cuda,
-                         o.node.cuda_version if o.node_id else None, o.interconnect)
+                         o.node.cuda_version if o.node_id else None, o.interconnect,
+                         o.min_reliability, o.avoid_node_id,
+                         o.node.reliability if o.node_id else None,
+                         o.command, o.node.runtime if o.node_id else None)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed

@@ -109,7 +109,15 @@ def _hold_amount(hold_id: int) -> int:
     return Hold.objects.get(pk=hold_id).amount
 
 
-def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
+def on_node_runtime_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
+    """A node's heartbeat announces another runtime (providers.signals.node_runtime_changed,
+    after commit): as for a new CUDA version, every cached book is rebuilt and its asks
+    match again (a node that now runs images may fill bids without a command)."""
+    on_node_cuda_changed(sender, node=node, old=old, new=new, what="runtime")
+
+
+def on_node_cuda_changed(sender, *, node, old: str, new: str, what: str = "CUDA",
+                         **kwargs) -> None:
     """A node now reports another CUDA version (providers.signals.node_cuda_changed, after
     its inventory committed): in each market where it has an active ask, under the lock
     (as a foreign holder, so every process's cached book, whose asks carry the node's old
@@ -137,7 +145,7 @@ def on_node_cuda_changed(sender, *, node, old: str, new: str, **kwargs) -> None:
                                    for f in result.fills]
                 made += apply_result(market, ask, result, now)
             if made:
-                log.info("node %s: CUDA %r → %r, leases %s", node.pk, old, new,
+                log.info("node %s: %s %r → %r, leases %s", node.pk, what, old, new,
                          [lease.pk for lease in made])
                 preemption.reconsider_preemptions(market.pk, now)
 

@@ -158,6 +158,23 @@ class Order(StateMachine):
     interconnect = models.CharField(
         max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
         help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
+    # Failover (issue 15, docs/FAULTS.md)
+    failover = models.BooleanField(
+        default=True,
+        help_text="bid: a lease failed by a provider-side cause continues on another node "
+                  "(default: true for non-interruptible bids, false for interruptible)")
+    min_reliability = models.DecimalField(
+        max_digits=4, decimal_places=3, null=True, blank=True,
+        help_text="bid: fills only on nodes whose 30-day reliability is at least this "
+                  "(0–1, marketplace/reliability.py); empty: any")
+    avoid_node_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="bid: never fills on this node (a bid resting for a lease that failed "
+                  "there)")
+    continues_lease_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="bid: resting for the remaining time of this failed lease (failover); "
+                  "its lease joins that lease's chain")
     # ask only
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
@@ -294,6 +311,9 @@ class SealedBid(StateMachine):
     interconnect = models.CharField(max_length=8, choices=Interconnect.choices,
                                     default=Interconnect.ANY,
                                     help_text="nvlink: the GPUs won all NVLink-connected")
+    failover = models.BooleanField(default=True, help_text="as Order.failover")
+    min_reliability = models.DecimalField(max_digits=4, decimal_places=3, null=True,
+                                          blank=True, help_text="as Order.min_reliability")
     hold_id = models.BigIntegerField(help_text="settlement.Hold id")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -420,6 +440,26 @@ class Lease(StateMachine):
     continues = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="continuation",
         help_text="the failed lease this one continues (at most one continuation each)")
+    # Faults and failover (marketplace/faults.py, marketplace/failover.py, docs/FAULTS.md)
+    failover = models.BooleanField(default=False, help_text="from the bid")
+    min_reliability = models.DecimalField(max_digits=4, decimal_places=3, null=True,
+                                          blank=True, help_text="from the bid")
+    fault = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text='a failed lease: "provider" or "buyer" (who caused it), "" unknown')
+    failure_code = models.CharField(max_length=32, blank=True, default="",
+                                    help_text="a failed lease: its faults.FAULT_TABLE code")
+    fault_credit = models.BigIntegerField(
+        default=0, help_text="micro-USD the provider paid the buyer for its fault")
+    failover_state = models.CharField(
+        max_length=12, blank=True, default="",
+        help_text='"" none; "pending" (a continuation is being placed); "continued", '
+                  '"rested" (the remaining time became a resting bid), "released" (hold '
+                  'given back)')
+    carry_hold_id = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="settlement.Hold id carrying this failed lease's unused hold to its "
+                  "continuation (or resting bid) while failover_state is pending")
 
     @property
     def chain(self) -> int:

@@ -15,6 +15,7 @@ from django.db.models import F, Q
 
 from marketplace.env_templates import cuda_ok
 from marketplace.models import GpuClass, Lease, Order
+from marketplace.runtimes import can_run
 
 log = logging.getLogger("gpumarket.market")
 
@@ -159,7 +160,8 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
     def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
                 and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
-                and cuda_ok(ask.node.cuda_version, bid.min_cuda))
+                and cuda_ok(ask.node.cuda_version, bid.min_cuda)
+                and can_run(ask.node.runtime, bid.command))
 
     offered: dict[int, int] = {}
     mine: dict[int, list[Lease]] = {}

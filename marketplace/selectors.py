@@ -103,7 +103,8 @@ def crossed_note(market_id: int, best_ask: int | None) -> str:
     """Why bids at or above the best ask (micro-USD) rest, "" when none does: what they
     need that no offer meets — "bids at or above the best ask rest: they need CUDA 12.4 /
     NVLink that no offer meets". Needs named: a min_cuda, NVLink, more GPUs on one node
-    (gang) than any ask offers; else "their terms"."""
+    (gang) than any ask offers, a node with Docker (a bid without a command, while some
+    ask's node runs processes); else "their terms"."""
     if best_ask is None:
         return ""
     now = timezone.now()
@@ -122,6 +123,10 @@ def crossed_note(market_id: int, best_ask: int | None) -> str:
     gang = max((g or left) for _, _, g, left in rows)
     if gang > widest:
         needs.append(f"{gang} GPUs on one node")
+    crossed = active.filter(side=Order.Side.BID, price__gte=best_ask)
+    if (crossed.filter(Q(command__isnull=True) | Q(command=[])).exists()
+            and active.filter(side=Order.Side.ASK, node__runtime="process").exists()):
+        needs.append("a node with Docker (no command given)")  # marketplace/runtimes.py
     what = f"they need {' / '.join(needs)} that no offer meets" if needs else \
         "their terms (expiry, gang size, nodes) meet no offer"
     return f"bids at or above the best ask rest: {what}"

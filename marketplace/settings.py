@@ -11,8 +11,8 @@ Variables (default in brackets):
   Jupyter tokens at rest, comma-separated: the first seals, every one opens
   (MultiFernet rotation; docs/SECRETS.md).
 - DATABASE_URL [sqlite:///var/gpumarket.sqlite3]: PostgreSQL in production and tests.
-- REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
-  CELERY_BROKER_URL is set.
+- REDIS_URL [unset: a channel layer on the file var/channels.sqlite3]: channel layer;
+  Celery broker too unless CELERY_BROKER_URL is set.
 - CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
 - GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
 - GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
@@ -32,6 +32,8 @@ Variables (default in brackets):
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
+- GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
+  buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_IDLE_UTILIZATION_PCT [5]: a running lease whose GPUs all stay under this
@@ -170,6 +172,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "frontend.not_found.NotFoundMiddleware",  # a 404 is JSON or a friendly page, DEBUG or not
 ]
 
 ROOT_URLCONF = "marketplace.urls"
@@ -215,7 +218,12 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # No server: a layer on a local SQLite file, shared by the web process, the Celery
+    # worker and beat of the embedded default (core/sqlite_layer.py).
+    CHANNEL_LAYERS = {"default": {
+        "BACKEND": "core.sqlite_layer.SQLiteChannelLayer",
+        "CONFIG": {"path": str(VAR_DIR / "channels.sqlite3")},
+    }}
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -249,6 +257,7 @@ CELERY_BEAT_SCHEDULE = {
     # exports gpumarket_ledger_check_ok (docs/METRICS.md); 0: not scheduled
     "ledger-check": {"task": "settlement.tasks.ledger_check",
                      "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
+    "resume-failovers": {"task": "marketplace.tasks.resume_failovers", "schedule": 10.0},
 }
 if not CELERY_BEAT_SCHEDULE["ledger-check"]["schedule"]:
     del CELERY_BEAT_SCHEDULE["ledger-check"]
@@ -385,6 +394,7 @@ GPUMARKET_MARKET_LOCK_TIMEOUT_MS = env.int("GPUMARKET_MARKET_LOCK_TIMEOUT_MS", d
 if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
+GPUMARKET_FAULT_CREDIT_MINUTES = env.int("GPUMARKET_FAULT_CREDIT_MINUTES", default=30)
 GPUMARKET_IDLE_UTILIZATION_PCT = env.int("GPUMARKET_IDLE_UTILIZATION_PCT", default=5)
 GPUMARKET_IDLE_AFTER_SECONDS = env.int("GPUMARKET_IDLE_AFTER_SECONDS", default=900)
 GPUMARKET_TELEMETRY_KEEP_SECONDS = env.int("GPUMARKET_TELEMETRY_KEEP_SECONDS", default=86400)

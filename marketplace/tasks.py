@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, health, lease_end, leases, telemetry
+from marketplace import auctions, book, failover, health, lease_end, leases, telemetry
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -65,6 +65,27 @@ def meter_running_leases() -> list[int]:
 def fail_silent_nodes_task() -> list[int]:
     """Beat sweep (every 15 s): fail the leases of nodes that missed their heartbeats."""
     return health.fail_silent_nodes()
+
+
+@shared_task(name="marketplace.tasks.failover_lease", acks_late=True)
+def failover_lease(lease_id: int) -> str:
+    """Place failed lease `lease_id`'s remaining time (failover.continue_lease), once:
+    a repeat (a retry, a redelivery after a worker died) finds nothing pending."""
+    return failover.continue_lease(lease_id=lease_id) or "nothing to do"
+
+
+@shared_task(name="marketplace.tasks.resume_failovers")
+def resume_failovers() -> list[int]:
+    """Beat sweep (every 10 s): queue failover_lease for failed leases still pending after
+    10 s (a task lost before it was queued); a duplicate does nothing."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ids = failover.pending_ids(timezone.now() - timedelta(seconds=10))
+    for lease_id in ids:
+        failover_lease.delay(lease_id)
+    return ids
 
 
 @shared_task(name="marketplace.tasks.drop_ended_telemetry")

@@ -7,7 +7,17 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
-from marketplace.api import accounts, errors, runner, runner_checkpoints, schema, ssh_keys, tokens  # noqa: F401
+from marketplace.api import (  # noqa: F401
+    accounts,
+    errors,
+    nodes,
+    reliability,
+    runner,
+    runner_checkpoints,
+    schema,
+    ssh_keys,
+    tokens,
+)
 from marketplace.api import telemetry as telemetry_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
@@ -46,9 +56,14 @@ api_v1 = [
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
     path("nodes/", providers_api.NodeList.as_view(), name="nodes"),
+    path("nodes/<int:pk>/reliability/", reliability.NodeReliability.as_view(),
+         name="node-reliability"),
+    path("nodes/<int:pk>/", providers_api.NodeDetail.as_view(), name="node-detail"),
+    path("nodes/<int:pk>/retire/", nodes.NodeRetire.as_view(), name="node-retire"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
+    path("wallet/history/", settlement_api.WalletHistoryView.as_view(), name="wallet-history"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
     path("wallet/topups/", settlement_api.TopUpCreate.as_view(), name="topups"),
     path("payouts/", settlement_api.PayoutListCreate.as_view(), name="payouts"),

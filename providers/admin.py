@@ -23,9 +23,9 @@ class GpuInline(admin.TabularInline):
 @admin.register(Node)
 class NodeAdmin(StrictAdmin):
     list_display = ["id", "name", "provider", "hostname", "driver_version", "runtime",
-                    "last_heartbeat_at", "token_rotated_at"]
+                    "last_heartbeat_at", "token_rotated_at", "retired_at"]
     exclude = ["token_hash"]  # the runner token itself is never stored
-    readonly_fields = ["token_rotated_at"]
+    readonly_fields = ["token_rotated_at", "retired_at"]
     inlines = [GpuInline]
 
 

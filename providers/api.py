@@ -93,7 +93,7 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = ["id", "uid", "name", "hostname", "driver_version", "cuda_version", "runtime",
                   "inventory_source", "registered_at", "last_heartbeat_at", "token_rotated_at",
-                  "gpus"]
+                  "reliability", "retired_at", "gpus"]
 
 
 class ProviderIn(StrictInputSerializer):
@@ -144,13 +144,15 @@ class NodeCreatedSerializer(NodeSerializer):
 
 
 class NodeList(APIView):
-    """Your nodes; POST creates one and returns its runner token, once."""
+    """Your nodes in service (a retired node is left out: GET /api/v1/nodes/<id>/ still
+    shows it); POST creates one and returns its runner token, once."""
 
     pagination_class = Pagination
 
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request):
-        nodes = (Node.objects.filter(provider__user=request.user).order_by("pk")
+        nodes = (Node.objects.filter(provider__user=request.user, retired_at__isnull=True)
+                 .order_by("pk")
                  .prefetch_related("gpus__gpu_class"))
         paginator = Pagination()
         page = paginator.paginate_queryset(nodes, request, view=self)
@@ -170,6 +172,39 @@ class NodeList(APIView):
         body = NodeSerializer(created.node).data
         body["runner_token"] = created.runner_token
         return Response(body, status=201, headers={"Cache-Control": "no-store"})
+
+
+class NodePatchIn(StrictInputSerializer):
+    name = StrictCharField(max_length=100)
+
+
+class NodeDetail(APIView):
+    """One of your nodes, retired ones too (`retired_at`); PATCH {"name"} renames it: 200
+    with the node; a name empty, over 100 characters or taken by another of your nodes is
+    a 400 naming `name`; a retired node is a 409. Not your node: 404."""
+
+    def _node(self, request, pk: int) -> Node:
+        node = (Node.objects.filter(pk=pk, provider__user=request.user)
+                .prefetch_related("gpus__gpu_class").first())
+        if node is None:
+            raise services.NodeNotFound(f"no node {pk} of yours", field="node")
+        return node
+
+    def _answer(self, node: Node) -> Response:
+        latest = benchmarks.latest_results(Gpu.objects.filter(node=node))
+        return Response(NodeSerializer(node, context={"benchmarks": latest}).data)
+
+    @extend_schema(responses=NodeSerializer)
+    def get(self, request, pk: int):
+        return self._answer(self._node(request, pk))
+
+    @extend_schema(request=NodePatchIn, responses=NodeSerializer)
+    def patch(self, request, pk: int):
+        data = NodePatchIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.node_rename(user_id=request.user.pk, node_id=pk,
+                             name=data.validated_data["name"])
+        return self._answer(self._node(request, pk))
 
 
 class NodeRotateToken(APIView):

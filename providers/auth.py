@@ -2,8 +2,9 @@
 
 The token is looked up by its SHA-256 (only the hash is stored). On success
 request.user is the node's provider and request.auth the Node. Any token that is not a
-node's current one — never issued, or replaced when the provider rotated it — gets the
-same 401 (INVALID_TOKEN): the answer never tells which tokens exist or existed.
+node's current one — never issued, replaced when the provider rotated it, or its node
+retired — gets the same 401 (INVALID_TOKEN): the answer never tells which tokens exist or
+existed.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from rest_framework import authentication, exceptions, permissions
 from providers.models import Node
 from providers.services import node_for_token
 
-INVALID_TOKEN = ("runner token not valid: unknown, or rotated by the node's provider "
-                 "(use the node's current token)")
+INVALID_TOKEN = ("runner token not valid: unknown, rotated by the node's provider, or its "
+                 "node retired (use the node's current token)")
 
 
 class RunnerTokenAuthentication(authentication.BaseAuthentication):

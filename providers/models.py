@@ -46,11 +46,20 @@ class Node(models.Model):
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_version = models.CharField(max_length=32, blank=True)
     runner_version = models.CharField(max_length=32, blank=True)
+    reliability = models.DecimalField(
+        max_digits=4, decimal_places=3, null=True, blank=True,
+        help_text="leases completed / (completed + failed by the provider's fault) over 30 "
+                  "days (marketplace/reliability.py), refreshed when a lease on the node "
+                  "ends; empty: no record yet")
     inventory_source = models.CharField(max_length=120, blank=True,
                                         help_text="'nvml' or 'simulate:<dump file>'")
     runtime = models.CharField(max_length=16, blank=True, help_text="docker | process")
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="when the provider retired the node (empty: in service); a retired node "
+                  "has no asks, no runner token and is listed nowhere, its history stays")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,7 +3,8 @@ token-rotation check on the node's websocket group `runner.node.<id>`; the messa
 their rules: docs/RUNNER_PROTOCOL.md, "Websocket /ws/runner/". The market notes nodes with
 `leases_changed(node_id)` (marketplace/runner_push.py), providers with
 `token_rotated(node_id)`; a rolled-back transaction sends nothing (core/after_commit.py).
-Numbers: INCR of `gpumarket:runner:seq:<node id>` on REDIS_URL, in-process without it.
+Numbers: INCR of `gpumarket:runner:seq:<node id>` on REDIS_URL; without it in the embedded
+default's channel-layer file (core/sqlite_layer.py), in-process with the in-memory layer.
 With the in-memory layer the send runs on the event loop of each local runner connection
 (register_loop), where its queues live; a notice carries `ns` (namespace()).
 """
@@ -18,6 +19,7 @@ import time
 
 import redis
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from core.after_commit import (
     AfterCommitThread,
@@ -29,6 +31,7 @@ from core.after_commit import (
     redis_url,
 )
 from core.after_commit import is_local as _is_local
+from core.sqlite_layer import Store
 
 log = logging.getLogger("gpumarket.runner_push")
 
@@ -42,7 +45,8 @@ SEQ_KEY = "gpumarket:runner:seq:"
 
 def completeness(layer) -> str:
     """What `hello` tells the runner of its notices: "complete" when the channel layer is
-    shared by every marketplace process (Redis), so every change is pushed, whichever
+    shared by every marketplace process (Redis, the embedded default's SQLite file), so
+    every change is pushed, whichever
     process made it; "partial" with the in-memory layer (no REDIS_URL), where only this
     process's own changes reach its runner connections, not the Celery worker's (auction
     close, preemption, silent nodes, overdue leases): the runner then keeps polling."""
@@ -70,12 +74,37 @@ class _RedisCounter:
         return int(self._redis.get(f"{SEQ_KEY}{node_id}") or 0)
 
 
-def _make_counter() -> LocalCounter | _RedisCounter:
+class _FileCounter:
+    """Without Redis, on the embedded default's channel-layer file (core/sqlite_layer.py):
+    shared by every process on it, as the layer is."""
+
+    def __init__(self, path: str) -> None:
+        self._store = Store(path)
+
+    def incr_many(self, node_ids: list[int]) -> list[int]:
+        return self._store.numbers([f"{SEQ_KEY}{n}" for n in node_ids], 0, take=True)[1]
+
+    def get(self, node_id: int) -> int:
+        return self._store.numbers([f"{SEQ_KEY}{node_id}"], 0, take=False)[1][0]
+
+
+def _layer_file() -> str | None:
+    config = settings.CHANNEL_LAYERS.get("default", {})
+    if str(config.get("BACKEND", "")).endswith("sqlite_layer.SQLiteChannelLayer"):
+        return str(config.get("CONFIG", {})["path"])
+    return None
+
+
+def _make_counter() -> LocalCounter | _RedisCounter | _FileCounter:
     url = redis_url()
-    return _RedisCounter(url) if url else LocalCounter()
+    if url:
+        return _RedisCounter(url)
+    path = _layer_file()
+    return _FileCounter(path) if path else LocalCounter()
 
 
-_counter: PerProcess[LocalCounter | _RedisCounter] = PerProcess(_make_counter)
+_counter: PerProcess[LocalCounter | _RedisCounter | _FileCounter] = PerProcess(
+    _make_counter, key=lambda: (redis_url(), _layer_file()))
 
 
 def _the_counter() -> LocalCounter | _RedisCounter:

@@ -17,7 +17,12 @@ from django.utils import timezone
 from core import metrics
 from providers import cuda_driver, mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
-from providers.signals import gpu_health_changed, node_cuda_changed, units_changed
+from providers.signals import (
+    gpu_health_changed,
+    node_cuda_changed,
+    node_runtime_changed,
+    units_changed,
+)
 
 MAX_GPUS_PER_NODE = 64
 MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
@@ -62,9 +67,7 @@ class NewNode:
 
 def node_create(*, provider: Provider, name: str) -> NewNode:
     """Create a node and its runner token. Raises ProviderError for a duplicate name."""
-    name = name.strip()
-    if not name or len(name) > 100:
-        raise ProviderError("must be 1 to 100 characters", field="name")
+    name = _name(name)
     if Node.objects.filter(provider=provider, name=name).exists():
         raise ProviderError(f"you already have a node named '{name}'", field="name")
     token = new_token()
@@ -89,6 +92,9 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
                 .filter(pk=node_id, provider__user_id=user_id).first())
         if node is None:
             raise NodeNotFound(f"no node {node_id} of yours", field="node")
+        if node.retired_at is not None:
+            raise ProviderConflict("this node is retired: it has no runner token",
+                                   field="node")
         token = new_token()
         node.token_hash = hash_token(token)
         node.token_rotated_at = timezone.now()
@@ -98,8 +104,58 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
     return NewNode(node=node, runner_token=token)
 
 
+def _name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 100:
+        raise ProviderError("must be 1 to 100 characters", field="name")
+    return name
+
+
+def node_rename(*, user_id: int, node_id: int, name: str) -> Node:
+    """Rename the node `node_id` of the provider `user_id` (names are unique per provider,
+    retired nodes included). Raises NodeNotFound (404) for a node not the user's,
+    ProviderError naming `name` for an empty, too long (over 100) or taken name, and
+    ProviderConflict for a retired node. The same name again changes nothing."""
+    name = _name(name)
+    with transaction.atomic():
+        node = (Node.objects.select_for_update(of=("self",)).select_related("provider")
+                .filter(pk=node_id, provider__user_id=user_id).first())
+        if node is None:
+            raise NodeNotFound(f"no node {node_id} of yours", field="node")
+        if node.retired_at is not None:
+            raise ProviderConflict("this node is retired: it cannot be renamed", field="node")
+        if node.name == name:
+            return node
+        if Node.objects.filter(provider=node.provider, name=name).exists():
+            raise ProviderError(f"you already have a node named '{name}'", field="name")
+        old, node.name = node.name, name
+        try:
+            with transaction.atomic():
+                node.save(update_fields=["name"])
+        except IntegrityError:  # the same name taken meanwhile
+            raise ProviderError(f"you already have a node named '{name}'",
+                                field="name") from None
+    log.info("node %s renamed by user %s (%r → %r)", node.pk, user_id, old, name)
+    return node
+
+
+def node_retire_mark(node: Node, *, now=None) -> Node:
+    """Inside the caller's transaction, with the node's row locked and its asks already
+    withdrawn (marketplace/node_retire.py does both, under the market locks): mark `node`
+    retired and replace its runner token by one nobody knows, so that the runner's HTTP
+    calls get 401 and its `/ws/runner/` closes with 4401 after commit (as after a
+    rotation). Its GPUs, leases, logs and earnings stay."""
+    node.retired_at = now or timezone.now()
+    node.token_hash = hash_token(new_token())  # never shown: the old token is dead
+    node.save(update_fields=["retired_at", "token_hash"])
+    push.token_rotated(node.pk)
+    return node
+
+
 def node_for_token(token: str) -> Node | None:
-    return Node.objects.select_related("provider").filter(token_hash=hash_token(token)).first()
+    """The node in service whose current runner token this is (a retired node's: None)."""
+    return (Node.objects.select_related("provider")
+            .filter(token_hash=hash_token(token), retired_at__isnull=True).first())
 
 
 def _gpu_class_model():
@@ -322,8 +378,11 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
                       getattr(settings, "GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS", 30))
     with transaction.atomic():
         node.last_heartbeat_at = now
-        node.runtime = runtime[:16]
+        old_runtime, node.runtime = node.runtime, runtime[:16]
         node.save(update_fields=["last_heartbeat_at", "runtime"])
+        if old_runtime != node.runtime:
+            transaction.on_commit(lambda: node_runtime_changed.send(
+                sender=Node, node=node, old=old_runtime, new=node.runtime))
         locked = units.select_for_update(of=("self",)).select_related("parent").order_by("pk")
         for gpu in locked:
             # a MIG slice carries its parent GPU's findings: a fatal one takes it out too
@@ -367,3 +426,4 @@ def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:
         defaults={"node": node, "tail": data.decode("utf-8"), "updated_at": timezone.now()},
     )
     return log
+

@@ -13,3 +13,7 @@ units_changed = Signal()
 # Sent after an inventory changed the CUDA version `node` reports (kwargs: node, old, new):
 # the market's cached order books hold each ask's node CUDA version (docs/MATCHING.md).
 node_cuda_changed = Signal()
+# Sent after a heartbeat announced another runtime for `node` than before (kwargs: node,
+# old, new; "docker" | "process"): the cached order books hold whether each ask's node runs
+# images (marketplace/runtimes.py).
+node_runtime_changed = Signal()

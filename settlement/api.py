@@ -106,6 +106,40 @@ class LedgerEntries(generics.ListAPIView):
                 .distinct().prefetch_related("postings__account").order_by("-pk"))
 
 
+class HistoryRowSerializer(serializers.Serializer):
+    """One journal entry of your wallet: what it changed and your balances after it."""
+
+    id = serializers.IntegerField(source="entry_id", help_text="the journal entry's id")
+    created_at = serializers.DateTimeField()
+    kind = serializers.CharField(help_text="the journal entry's kind, e.g. hold_place")
+    description = serializers.CharField(source="words", help_text='e.g. "hold placed"')
+    reference = serializers.CharField(help_text='what caused it, e.g. "order:12"')
+    available = UsdField(positive=False, help_text="change of the available balance")
+    held = UsdField(positive=False, help_text="change of the held balance")
+    owed = UsdField(positive=False, help_text="change of what you owe (negative: more)")
+    available_after = UsdField(positive=False)
+    held_after = UsdField(positive=False)
+    owed_after = UsdField(positive=False)
+
+
+class WalletHistoryView(APIView):
+    """Your wallet's journal entries, newest first, with running balances; `?kind=`
+    topup | credit | hold | charge | refund (anything else: 400 naming `kind`)."""
+
+    pagination_class = Pagination
+
+    @extend_schema(responses=HistoryRowSerializer(many=True))
+    def get(self, request):
+        from settlement import selectors
+
+        try:
+            rows = selectors.wallet_history(user_id=request.user.pk,
+                                            group=request.query_params.get("kind"))
+        except selectors.UnknownKind as exc:
+            raise serializers.ValidationError({"kind": [str(exc)]}) from None
+        return paginated(self, request, rows, HistoryRowSerializer)
+
+
 class TopUpIn(StrictInputSerializer):
     amount = UsdField()
 

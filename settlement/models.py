@@ -74,6 +74,7 @@ class JournalEntry(models.Model):
         PAYOUT_RESERVE = "payout_reserve", "payout reserved"
         PAYOUT_SENT = "payout_sent", "payout sent"
         PAYOUT_REVERSED = "payout_reversed", "payout failed, reversed"
+        FAULT_CREDIT = "fault_credit", "fault credit (provider to buyer)"
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     memo = models.CharField(max_length=200, blank=True)
@@ -82,6 +83,9 @@ class JournalEntry(models.Model):
     reference = models.CharField(max_length=64, blank=True,
                                  help_text="what caused it, e.g. 'lease:12'")
     idempotency_key = models.CharField(max_length=100, null=True, blank=True, unique=True)
+    evidence = models.TextField(
+        blank=True, default="",
+        help_text="fault credit: the finding that made the provider pay (docs/FAULTS.md)")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:

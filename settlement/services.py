@@ -14,7 +14,7 @@ nothing and says so.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
@@ -341,6 +341,7 @@ class Settled:
     entry_id: int
     captured_total: int  # micro-USD captured from the hold so far, this capture included
     fee_total: int       # of which the platform's
+    carried_hold_id: int | None = None  # hold_settle_many with carry_reference
 
 
 def _locked_active_holds(hold_ids: list[int]) -> list[Hold]:
@@ -356,11 +357,12 @@ def _locked_active_holds(hold_ids: list[int]) -> list[Hold]:
 
 
 def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool, kind: str,
-             reference: str, idempotency_key: str) -> Settled:
+             reference: str, idempotency_key: str, carry: bool = False) -> Settled:
     """Capture `amount` micro-USD from `holds` (filled in the order given: the first hold
     first), split once over the whole amount, and, with `release`, return every hold's rest
-    to the buyer: one journal entry. Each hold keeps its own share of the capture and of the
-    fee (cumulative floors, so the shares sum to the split's fee exactly)."""
+    to the buyer — or, with `carry` too, keep it held (the caller puts it on a new hold):
+    one journal entry. Each hold keeps its own share of the capture and of the fee
+    (cumulative floors, so the shares sum to the split's fee exactly)."""
     parts = split(amount, settings.GPUMARKET_TAKE_RATE_BPS)
     bps, left, through, fee_through = settings.GPUMARKET_TAKE_RATE_BPS, amount, 0, 0
     shares = []
@@ -372,17 +374,19 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
         fee_through += fee
         shares.append((hold, take, fee, hold.amount - take if release else 0))
     released = sum(rest for *_, rest in shares)
+    freed = 0 if carry else released  # carried: stays in buyer_held, on the new hold
     buyer_id = holds[0].buyer_id
     entry = post_entry(
         kind=kind,
         postings=[
-            (account(Kind.BUYER_HELD, buyer_id), -(amount + released)),
+            (account(Kind.BUYER_HELD, buyer_id), -(amount + freed)),
             (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
             (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
-            (account(Kind.BUYER_AVAILABLE, buyer_id), released),
+            (account(Kind.BUYER_AVAILABLE, buyer_id), freed),
         ],
         memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
-             f"platform {format_usd(parts.platform_fee)}; released {format_usd(released)}",
+             f"platform {format_usd(parts.platform_fee)}; "
+             f"{'carried' if carry else 'released'} {format_usd(released)}",
         reference=reference, hold=holds[0], idempotency_key=idempotency_key,
     )
     metrics.ledger_captured(amount, parts.platform_fee)
@@ -445,11 +449,15 @@ def hold_settle(*, hold_id: int, cost: int, provider_id: int, reference: str) ->
 
 
 def hold_settle_many(*, hold_ids: list[int], cost: int, provider_id: int,
-                     reference: str) -> Settled:
+                     reference: str, carry_reference: str = "") -> Settled:
     """Final settlement: the lease's whole cost is `cost` micro-USD over its holds
     `hold_ids` (filled in that order); capture what periodic captures have not yet paid,
     split it (settlement.split, GPUMARKET_TAKE_RATE_BPS), return the rest of every hold to
     the buyer and close them all — one journal entry.
+
+    With `carry_reference`, the rest is not returned but stays held on one new hold of
+    that reference (a failed lease's unused hold moving to its continuation, issue 15):
+    `Settled.carried_hold_id` (None when there is no rest).
 
     Exactly once: the entry's idempotency key is `settle:<reference>`, and a closed hold
     raises HoldClosed. Raises ValueError when cost is below what was already captured or
@@ -464,13 +472,19 @@ def hold_settle_many(*, hold_ids: list[int], cost: int, provider_id: int,
                              f"{sum(h.amount for h in holds)} held)")
         settled = _capture(holds, amount=amount, provider_id=provider_id, release=True,
                            kind=JournalEntry.Kind.LEASE_SETTLE, reference=reference,
-                           idempotency_key=f"settle:{reference}")
+                           idempotency_key=f"settle:{reference}",
+                           carry=bool(carry_reference))
         closed_at = timezone.now()
         for hold in holds:
             hold.status = Hold.Status.CAPTURED
             hold.closed_at = closed_at
             hold.save(update_fields=["captured", "captured_fee", "released", "amount",
                                      "status", "closed_at"])
+        if carry_reference and settled.released:
+            carried = Hold.objects.create(buyer_id=holds[0].buyer_id,
+                                          original=settled.released,
+                                          amount=settled.released, reference=carry_reference)
+            settled = replace(settled, carried_hold_id=carried.pk)
     return settled
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 import stripe
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -56,6 +57,32 @@ def connect_onboard(*, user_id: int, return_url: str, refresh_url: str) -> str:
         "return_url": return_url, "refresh_url": refresh_url,
     })
     return link.url
+
+
+def connect_status(*, user_id: int) -> str:
+    """The provider's Connect account as Stripe reports it (Stripe docs, "The Account
+    object": details_submitted, payouts_enabled): "not set up" (no account), "onboarding
+    not finished", "payouts enabled", "payouts not enabled yet" (details submitted, Stripe
+    still verifying), or "Stripe did not answer" (an error: the page still works).
+    Raises StripeDisabled."""
+    client()  # refuse early when Stripe is off
+    connected = ConnectedAccount.objects.filter(user_id=user_id).first()
+    if connected is None:
+        return "not set up"
+    # a page waits on this read: a short timeout, no retries (it changes nothing)
+    quick = stripe.StripeClient(settings.STRIPE_SECRET_KEY,
+                                base_addresses={"api": settings.STRIPE_API_BASE},
+                                max_network_retries=0,
+                                http_client=stripe.new_default_http_client(timeout=5))
+    try:
+        acct = quick.v1.accounts.retrieve(connected.stripe_account_id)
+    except stripe.StripeError as exc:
+        log.warning("connect status of user %s: %s", user_id, exc.__class__.__name__)
+        return "Stripe did not answer"
+    if not getattr(acct, "details_submitted", False):
+        return "onboarding not finished"
+    return "payouts enabled" if getattr(acct, "payouts_enabled", False) \
+        else "payouts not enabled yet"
 
 
 def payout_create(*, provider_id: int) -> Payout:

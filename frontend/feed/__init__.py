@@ -14,12 +14,15 @@ from frontend.feed.local import _hubs
 from frontend.feed.payloads import (
     auction_payload,
     auction_snapshot,
+    auction_summary_payload,
     depth_payload,
     lease_payload,
     market_snapshot,
+    market_summary_payload,
     me_snapshot,
     order_payload,
     sealed_bid_payload,
+    summary_snapshot,
     trade_payload,
     wallet_payload,
     wallet_payloads,
@@ -29,6 +32,7 @@ from frontend.feed.protocol import (
     EVENT_TYPE,
     LAST_TRADES,
     SNAPSHOT_CACHE_S,
+    SUMMARY_GROUP,
     auction_group,
     market_group,
     user_group,
@@ -36,10 +40,11 @@ from frontend.feed.protocol import (
 from frontend.feed.publisher import Publisher, flush, publisher, send_events
 
 __all__ = [
-    "DEPTH_LEVELS", "EVENT_TYPE", "LAST_TRADES", "SNAPSHOT_CACHE_S", "Batch", "Hub",
-    "Publisher", "Subscriber", "_hubs", "auction_group", "auction_payload",
-    "auction_snapshot", "batch", "counter", "current", "current_batch", "current_seq",
-    "depth_payload", "flush", "hub", "lease_payload", "market_group", "market_snapshot",
-    "me_snapshot", "namespace", "note", "order_payload", "publisher", "sealed_bid_payload",
-    "send_events", "trade_payload", "user_group", "wallet_payload", "wallet_payloads",
+    "DEPTH_LEVELS", "EVENT_TYPE", "LAST_TRADES", "SNAPSHOT_CACHE_S", "SUMMARY_GROUP", "Batch",
+    "Hub", "Publisher", "Subscriber", "_hubs", "auction_group", "auction_payload",
+    "auction_snapshot", "auction_summary_payload", "batch", "counter", "current",
+    "current_batch", "current_seq", "depth_payload", "flush", "hub", "lease_payload",
+    "market_group", "market_snapshot", "market_summary_payload", "me_snapshot", "namespace",
+    "note", "order_payload", "publisher", "sealed_bid_payload", "send_events",
+    "summary_snapshot", "trade_payload", "user_group", "wallet_payload", "wallet_payloads",
 ]

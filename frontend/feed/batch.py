@@ -13,13 +13,14 @@ from typing import Any
 from core import after_commit
 from frontend.feed.payloads import (
     auction_payload,
+    auction_summary_payload,
     lease_payload,
     order_payload,
     sealed_bid_payload,
     trade_payload,
     wallet_payloads,
 )
-from frontend.feed.protocol import auction_group, market_group, user_group
+from frontend.feed.protocol import SUMMARY_GROUP, auction_group, market_group, user_group
 from frontend.feed.publisher import publisher
 from marketplace import telemetry
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
@@ -80,6 +81,7 @@ class Batch:
             for auction in Auction.objects.filter(pk__in=self.auctions) \
                     .select_related("market"):
                 out.append((auction_group(auction.pk), auction_payload(auction), None))
+                out.append((SUMMARY_GROUP, auction_summary_payload(auction), None))
         orders = Order.objects.filter(pk__in=self.orders)
         if listening is not None:  # nobody else would receive them: not even read
             orders = orders.filter(owner_id__in=listening)

@@ -1,11 +1,13 @@
 """The live feed's sequence numbers, one counter per group, tagged with the Redis run id
-(the epoch), and the cross-process depth slot; on the channel layer's Redis (REDIS_URL) or,
-without it, in this process. Why numbers only grow across a Redis restart, and how the
+(the epoch), and the cross-process depth slot; on the channel layer's Redis (REDIS_URL),
+without it in the embedded default layer's SQLite file (its id the epoch), or in this
+process (the in-memory layer). Why numbers only grow across a Redis restart, and how the
 depth slot works: docs/FEED_PROTOCOL.md (Epochs; Depth coalescing).
 
 Shapes: `next_many(groups) -> (epoch, [seq, ...])`, `read(group) -> (epoch, seq)`;
 epoch "" for the in-process counter (it never resets while the process lives).
-Errors: redis.exceptions.ConnectionError / TimeoutError while Redis is unreachable.
+Errors: redis.exceptions.ConnectionError / TimeoutError while Redis is unreachable;
+sqlite3.OperationalError while the layer's file stays locked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis
 from django.conf import settings
 
 from core.after_commit import LocalCounter, PerProcess, redis_url
+from core.sqlite_layer import Store
 from frontend.feed.local import _hubs
 
 DEPTH_PUBLISH, DEPTH_COVERED, DEPTH_WAIT = "publish", "covered", "wait"
@@ -168,17 +171,66 @@ return 0
         return cache[name]
 
 
+class _FileCounter(_LocalCounter):
+    """Numbers in the SQLite file of the embedded default's channel layer
+    (core/sqlite_layer.py), shared by every process using that file; its epoch is the
+    file's id. Depth is coalesced per process (each publishes a depth read after its own
+    changes: correct, at most one depth per interval per process)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.store = Store(path)
+
+    def read(self, group: str) -> tuple[str, int]:
+        epoch, [seq] = self.store.numbers([group], _floor(), take=False)
+        return epoch, seq
+
+    def get(self, group: str) -> int:
+        return self.read(group)[1]
+
+    def next_many(self, groups: list[str]) -> tuple[str, list[int]]:
+        return self.store.numbers(groups, _floor(), take=True)
+
+    def incr_many(self, groups: list[str]) -> list[int]:
+        return self.next_many(groups)[1]
+
+    def run_id(self) -> str:
+        return self.store.epoch()
+
+    def listening_users(self) -> set[int]:
+        """Users with a /ws/me/ subscriber in any process using the file."""
+        return {int(group[len("user."):]) for group in self.store.groups_like("user.")
+                if group[len("user."):].isdigit()}
+
+
+def _file_layer_path() -> str | None:
+    """The file of the default channel layer when it is core/sqlite_layer.py's."""
+    config = settings.CHANNEL_LAYERS.get("default", {})
+    if str(config.get("BACKEND", "")).endswith("sqlite_layer.SQLiteChannelLayer"):
+        return str(config.get("CONFIG", {})["path"])
+    return None
+
+
 def _make_counter() -> _LocalCounter | _RedisCounter:
     url = redis_url()
-    return _RedisCounter(url) if url else _LocalCounter()
+    if url:
+        return _RedisCounter(url)
+    path = _file_layer_path()
+    return _FileCounter(path) if path else _LocalCounter()
 
 
-_counter: PerProcess[_LocalCounter | _RedisCounter] = PerProcess(_make_counter, key=redis_url)
+def _counter_key() -> tuple[str, str | None]:
+    return redis_url(), _file_layer_path()
+
+
+_counter: PerProcess[_LocalCounter | _RedisCounter] = PerProcess(_make_counter,
+                                                                 key=_counter_key)
 
 
 def counter() -> _LocalCounter | _RedisCounter:
-    """The sequence counter: Redis (REDIS_URL, the channel layer's server) or in-process;
-    made again whenever REDIS_URL changes (a hub's thread never keeps an old server's)."""
+    """The sequence counter: Redis (REDIS_URL, the channel layer's server), the embedded
+    default's layer file, or in-process (the in-memory layer); made again whenever those
+    settings change (a hub's thread never keeps an old server's)."""
     return _counter.get()
 
 

@@ -82,6 +82,39 @@ def auction_payload(auction) -> dict[str, Any]:
     return data
 
 
+def market_summary_payload(market) -> dict[str, Any]:
+    """A market's line on the home page: best bid and ask, GPUs offered (in the depth's
+    levels)."""
+    return summary_of_depth(depth_payload(market))
+
+
+def summary_of_depth(depth: dict[str, Any]) -> dict[str, Any]:
+    return {"market": depth["market"], "best_bid": depth["best_bid"],
+            "best_ask": depth["best_ask"],
+            "gpus_offered": sum(gpus for _, gpus in depth["asks"])}
+
+
+def auction_summary_payload(auction) -> dict[str, Any]:
+    """An auction's line in the lists: status, public bid count, clock, clearing price."""
+    return {"type": "auction_summary", "auction": auction.pk, "market": auction.market.slug,
+            "status": auction.status, "bids": selectors.bid_count(auction),
+            "closes_at": _iso(auction.closes_at),
+            "clearing_price": _usd(auction.clearing_price)}
+
+
+def summary_snapshot() -> dict[str, Any]:
+    """The markets with a resting order and the open auctions."""
+    from marketplace.models import Auction, GpuClass
+
+    trading = Order.objects.filter(status__in=Order.ACTIVE, remaining_gpus__gt=0) \
+        .values_list("market_id", flat=True).distinct()
+    markets = GpuClass.objects.filter(pk__in=trading).order_by("slug")
+    auctions = Auction.objects.filter(status="open").select_related("market").order_by("pk")
+    return {"type": "snapshot", "feed": "summary",
+            "markets": [market_summary_payload(m) for m in markets],
+            "auctions": [auction_summary_payload(a) for a in auctions]}
+
+
 def auction_snapshot(auction) -> dict[str, Any]:
     return {**auction_payload(auction), "type": "snapshot", "feed": "auction",
             "event": auction_payload(auction)["type"]}

@@ -11,6 +11,9 @@ EVENT_TYPE = "feed.event"  # the channel layer message type → consumer.feed_ev
 SNAPSHOT_CACHE_S = 0.5  # seconds a snapshot is reused for clients that (re)sync together
 
 
+SUMMARY_GROUP = "summary"  # /ws/summary/: every market's best prices, every auction's state
+
+
 def market_group(slug: str) -> str:
     return f"market.{slug}"
 

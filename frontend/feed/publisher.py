@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +20,8 @@ from core.after_commit import AfterCommitThread, PerProcess, group_send_all, nam
 from core.after_commit import is_local as _is_local
 from frontend.feed.counters import DEPTH_COVERED, DEPTH_WAIT, counter
 from frontend.feed.local import _hubs
-from frontend.feed.payloads import depth_payload
-from frontend.feed.protocol import EVENT_TYPE, _setting, market_group
+from frontend.feed.payloads import depth_payload, summary_of_depth
+from frontend.feed.protocol import EVENT_TYPE, SUMMARY_GROUP, _setting, market_group
 
 if TYPE_CHECKING:
     from frontend.feed.batch import Batch
@@ -29,7 +30,8 @@ log = logging.getLogger("gpumarket.feed")
 
 
 #: errors of an unreachable (restarting, loading) Redis: the publisher keeps the batch
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError)
+#: (or a layer file locked past its busy timeout: core/sqlite_layer.py)
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, sqlite3.OperationalError)
 
 
 class Publisher(AfterCommitThread["Batch"]):
@@ -152,6 +154,8 @@ class Publisher(AfterCommitThread["Batch"]):
             out.append((market_group(market.slug),
                         {"type": "depth", "_depth_of": market, "_covers": (pk, value)},
                         None, committed_at))
+            out.append((SUMMARY_GROUP, {"type": "market_summary", "_summary_of": market},
+                        None, committed_at))
             self._last_depth[pk] = now
         if out:
             self._send(out)
@@ -159,11 +163,16 @@ class Publisher(AfterCommitThread["Batch"]):
     def _send(self, messages: list[tuple[str, dict[str, Any], int | None, float]]) -> None:
         epoch, seqs = counter().next_many([group for group, *_ in messages])
         events, covers, ns = [], [], namespace()
+        depths: dict[int, dict[str, Any]] = {}  # market pk → the depth just read
         for (group, payload, user_id, committed_at), seq in zip(messages, seqs, strict=True):
             depth_of = payload.pop("_depth_of", None)
             if depth_of is not None:  # read after its seq was taken (FEED_PROTOCOL.md)
                 covers.append(payload.pop("_covers"))
-                payload.update(depth_payload(depth_of))
+                depths[depth_of.pk] = depth_payload(depth_of)
+                payload.update(depths[depth_of.pk])
+            summary_of = payload.pop("_summary_of", None)
+            if summary_of is not None:  # from the depth read just before it (its seq - 1)
+                payload.update(summary_of_depth(depths[summary_of.pk]))
             ts = time.time()
             payload = {**payload, "seq": seq, "ts": ts}
             if self.delays is not None:
@@ -192,9 +201,10 @@ def flush(timeout: float = 10.0) -> bool:
 
 
 def send_events(events: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
-    """Deliver numbered events: through the channel layer (Redis pub/sub: every process's
-    hub that subscribed the group), or, with the in-memory layer, straight to this
-    process's hubs (the embedded default runs web and publisher in one process)."""
+    """Deliver numbered events: through the channel layer (Redis pub/sub or the embedded
+    default's SQLite file: every process's hub that subscribed the group), or, with the
+    in-memory layer, straight to this process's hubs (where web and publisher are one
+    process)."""
     layer = get_channel_layer()
     if layer is None or _is_local(layer):
         for hub in list(_hubs.values()):

@@ -22,7 +22,7 @@ import sys
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import OperationalError
-from django.http import HttpResponseServerError, JsonResponse
+from django.http import HttpResponseNotFound, HttpResponseServerError, JsonResponse
 from django.template.loader import render_to_string
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
@@ -152,10 +152,17 @@ def permission_denied(request, exception):
     return defaults.permission_denied(request, exception)
 
 
-def page_not_found(request, exception):
+def not_found(request):
+    """The 404: `{"detail": "nothing at <path>"}` under /api/, else the friendly page
+    404.html (frontend/templates/); with DEBUG on too (frontend/not_found.py)."""
     if is_api(request):
         return JsonResponse({"detail": f"nothing at {request.path}"}, status=404)
-    return defaults.page_not_found(request, exception)
+    return HttpResponseNotFound(render_to_string("404.html", {"request_path": request.path},
+                                                 request=request))
+
+
+def page_not_found(request, exception):
+    return not_found(request)
 
 
 def server_error(request):

@@ -4,6 +4,7 @@ GPU-hour (UsdField); durations are whole hours in, seconds inside."""
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
@@ -21,6 +22,7 @@ from marketplace import checkpoint_reports, env_templates, interconnect, selecto
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
+from marketplace.chains import chain_body
 from marketplace.checkpoint_reports import SCHEMA as CHECKPOINTS_SCHEMA
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
@@ -164,6 +166,9 @@ class OfferSerializer(serializers.Serializer):
     node_gpus = serializers.IntegerField()
     interconnect = serializers.CharField()
     summary = serializers.CharField()
+    reliability = serializers.CharField(
+        allow_null=True, help_text='the node\'s 30-day reliability, "0.950" (docs/FAULTS.md); '
+                                   "null: no record yet")
 
 
 class GpuClassDetailSerializer(GpuClassSerializer):
@@ -272,14 +277,30 @@ class TemplateFields(serializers.Serializer):
         return attrs
 
 
+class FailoverFields(serializers.Serializer):
+    """A bid's failover terms (issue 15, docs/FAULTS.md): `failover` (a lease failed by a
+    provider-side cause continues on another node; absent: true unless interruptible),
+    `min_reliability` (decimal string "0.95", 0–1: only nodes at least this reliable over
+    30 days, marketplace/reliability.py; absent or null: any)."""
+
+    failover = StrictBooleanField(required=False, allow_null=True, default=None)
+    min_reliability = serializers.DecimalField(
+        max_digits=4, decimal_places=3, min_value=Decimal("0"), max_value=Decimal("1"),
+        required=False, allow_null=True, default=None)
+
+
+FAILOVER_TERMS = ("failover", "min_reliability")
 TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
+COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the image's own "
+                "command, which only a node with Docker runs: a node whose runner uses "
+                "--runtime process needs a command (docs/MATCHING.md, \"Runtimes\")")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect", "checkpoint")
+            "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS)
 ASK_ONLY = ("node", "available_until")
 
 
-class OrderInSerializer(TemplateFields, StrictInputSerializer):
+class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
@@ -300,7 +321,8 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
     time_in_force = serializers.ChoiceField(choices=Order.TimeInForce.choices, default="GTC")
     image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
-                                    allow_null=True, max_length=64, default=None)
+                                    allow_null=True, max_length=64, default=None,
+                                    help_text=COMMAND_HELP)
     node = StrictIntegerField(min_value=1, required=False)
     available_until = serializers.DateTimeField(required=False)
     expires_at = serializers.DateTimeField(required=False)
@@ -352,6 +374,7 @@ class OrderInSerializer(TemplateFields, StrictInputSerializer):
             expires_at=v.get("expires_at"), client_order_id=v.get("client_order_id"),
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
             interconnect=v["interconnect"], checkpoint=v["checkpoint"],
+            failover=v.get("failover"), min_reliability=v.get("min_reliability"),
             **{name: v[name] for name in TEMPLATE_TERMS})
 
 
@@ -379,7 +402,7 @@ class OrderSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  "secret_names", "checkpoint", "match_note"]
+                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note"]
 
     match_note = serializers.SerializerMethodField()
 
@@ -452,6 +475,8 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
     checkpoint = serializers.SerializerMethodField()
     checkpoints = serializers.SerializerMethodField()
     idle = serializers.SerializerMethodField()
+    fault_credit = UsdField(positive=False, read_only=True)
+    chain = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -459,8 +484,25 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", "events", "created_at",
-                  "checkpoint", "checkpoints", "idle"]
+                  "buyer", "provider", "interruptible", "preempt_at", *FAILOVER_TERMS,
+                  "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
+                  "continues", "chain", "events", "created_at", "checkpoint", "checkpoints",
+                  "idle"]
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "id": {"type": "integer"},
+        "leases": {"type": "array", "items": {"type": "object"}},
+        "story": {"type": "array", "items": {"type": "string"}}}})
+    def get_chain(self, lease) -> dict | None:
+        """The lease's chain (chains.chain_body), for its buyer only (a provider never
+        reads another provider's node names): null for a lease alone that did not fail,
+        or for anyone else; else {"id", "leases": [{id, node, status, fault,
+        failure_code}], "story": ["lease 41 failed on node A (GPU 3: XID 79, …) at
+        12:03:10; continued as lease 42 on node B at 12:03:14"]}."""
+        request = self.context.get("request")
+        if getattr(getattr(request, "user", None), "pk", None) != lease.buyer_id:
+            return None
+        return chain_body(lease)
 
     def get_gpu_uuids(self, lease) -> list[str]:
         return [lg.gpu.uuid for lg in lease.lease_gpus.all()]
@@ -587,7 +629,7 @@ class AuctionSerializer(serializers.ModelSerializer):
         ]
 
 
-class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
+class SealedBidInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
     ports, and TemplateFields)."""
 
@@ -596,7 +638,8 @@ class SealedBidInSerializer(TemplateFields, StrictInputSerializer):
     min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
     image = DockerImageField(required=False, allow_blank=True, default="")
     command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
-                                    allow_null=True, max_length=64, default=None)
+                                    allow_null=True, max_length=64, default=None,
+                                    help_text=COMMAND_HELP)
     ports = ports_field()
     interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
 
@@ -630,7 +673,8 @@ class SealedBidSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.Mode
         model = SealedBid
         fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
                   "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
-                  "secret_names", "checkpoint", "interconnect", "created_at", "replaced"]
+                  "secret_names", "checkpoint", "interconnect", *FAILOVER_TERMS, "created_at",
+                  "replaced"]
 
 
 _templates = threading.local()

@@ -214,6 +214,7 @@ class SealedBidCreate(APIView):
             min_gpus=v.get("min_gpus"), image=v["image"], command=v["command"],
             ports=v["ports"], secrets=v["secrets"], interconnect=v["interconnect"],
             checkpoint=v["checkpoint"],
+            failover=v.get("failover") is not False, min_reliability=v.get("min_reliability"),
             **{name: v[name] for name in s.TEMPLATE_TERMS},
         )
         return Response(s.SealedBidSerializer(bid).data, status=201)

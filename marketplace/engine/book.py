@@ -12,7 +12,9 @@ engine brief):
 * A resting order the incoming one cannot use is skipped and stays in the book: the
   lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
   the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
-  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``).
+  node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and its
+  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, and run
+  the bid's workload (an ``image_only`` bid needs an ask whose node ``runs_images``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
@@ -248,6 +250,9 @@ class OrderBook:
         bid_id = bid.id
         end = now + bid.duration_s
         need = bid.min_cuda
+        mrel = bid.min_rel
+        avoid = bid.avoid_node
+        image = bid.image_only
         left = bid.gpus
         nv = bid.nvlink
         dead = 0
@@ -276,7 +281,9 @@ class OrderBook:
                     del ix[a.id]
                     tot -= ag
                     stc.append(a.id)
-                elif ag < gang or end > a.available_until or (need and a.cuda < need):
+                elif (ag < gang or end > a.available_until or (need and a.cuda < need)
+                      or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
+                      or (image and not a.runs_images)):
                     j += 1
                     continue
                 else:
@@ -338,6 +345,8 @@ class OrderBook:
         node = ask.node
         window = ask.available_until - now
         cuda = ask.cuda
+        rel = ask.rel
+        processes = not ask.runs_images
         left = ask.gpus
         nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
         dead = 0
@@ -368,7 +377,9 @@ class OrderBook:
                     stc.append(b.id)
                 else:
                     gang = b.gang
-                    if gang > left or b.duration_s > window or b.min_cuda > cuda:
+                    if (gang > left or b.duration_s > window or b.min_cuda > cuda
+                            or b.min_rel > rel or b.avoid_node == node
+                            or (processes and b.image_only)):
                         j += 1
                         continue
                     k = left // gang
@@ -424,6 +435,7 @@ class OrderBook:
         owner = bid.owner
         end = now + bid.duration_s
         need = bid.min_cuda
+        image = bid.image_only
         got = 0
         seen: list[Fill] = []
         qs = self._ask_q
@@ -433,7 +445,9 @@ class OrderBook:
             for cell in qs[p]:
                 a = cell[0]
                 if (a is None or a.owner == owner or a.gpus < gang
-                        or end > a.available_until or (need and a.cuda < need)):
+                        or end > a.available_until or (need and a.cuda < need)
+                        or a.rel < bid.min_rel or a.node == bid.avoid_node
+                        or (image and not a.runs_images)):
                     continue
                 k = a.gpus // gang
                 if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs

@@ -35,6 +35,11 @@ class Bid:
             (12.4 → 12004); 0: none. It fills only against asks with ``cuda >= min_cuda``.
         nvlink: each gang must be NVLink-connected (every pair of its GPUs linked); the
             book asks its ``links`` how many such gangs a node can give.
+        min_rel: lowest node reliability, per mille (0.95 → 950); 0: none. It fills only
+            against asks with ``rel >= min_rel``.
+        avoid_node: a node it never fills on (a failed lease's); 0: none.
+        image_only: it gives no command (its image's own command runs), so it fills only
+            against asks whose node runs container images (``Ask.runs_images``).
     """
 
     id: int
@@ -47,6 +52,9 @@ class Bid:
     tif: str = "GTC"
     min_cuda: int = 0
     nvlink: bool = False
+    min_rel: int = 0
+    avoid_node: int = 0
+    image_only: bool = False
 
 
 @dataclass(slots=True)
@@ -64,6 +72,10 @@ class Ask:
         seq: arrival sequence (time priority); smaller = earlier.
         cuda: the node's CUDA version, major * 1000 + minor; 0: unknown (then it fills
             only bids with no ``min_cuda``).
+        rel: the node's reliability, per mille; 1000 when it has no record yet.
+        runs_images: the node's runner runs container images (Docker); False: only local
+            processes (``--runtime process``), which need the bid's command, so it fills no
+            ``image_only`` bid.
     """
 
     id: int
@@ -74,6 +86,8 @@ class Ask:
     available_until: int
     seq: int
     cuda: int = 0
+    rel: int = 1000
+    runs_images: bool = True
 
 
 @dataclass(frozen=True, slots=True)

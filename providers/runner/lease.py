@@ -67,7 +67,7 @@ class RunnerLease:
             ssh_authorized_keys=[str(k) for k in item.get("ssh_authorized_keys") or []],
             secrets={str(k): str(v) for k, v in (item.get("secrets") or {}).items()},
             stop_requested=item.get("stop_requested") is True,
-            chain_id=item.get("chain_id"),
+            chain_id=int(item["chain_id"]) if item.get("chain_id") is not None else None,
             checkpoint=dict(item["checkpoint"]) if isinstance(item.get("checkpoint"), Mapping)
             else None,
         )

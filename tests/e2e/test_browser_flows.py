@@ -149,7 +149,7 @@ def test_buyer_funds_bids_and_sees_fill_and_lease_without_reload(live_server, br
     expect(page.locator("#wallet-available")).to_have_text("$100.00")
 
     page.goto(f"{live_server.url}/markets/{MARKET}/")
-    expect(page.locator("#best-ask")).to_have_text("$2.00")
+    expect(page.locator("#best-ask")).to_have_text("$2.00 /GPU-h")
     page.get_by_label("GPUs", exact=True).fill("4")
     page.get_by_label("Hours").fill("1")
     page.get_by_label("Limit price (USD per GPU-hour)").fill("2.50")
@@ -159,7 +159,7 @@ def test_buyer_funds_bids_and_sees_fill_and_lease_without_reload(live_server, br
     expect(page.get_by_text("2 of 4 GPUs filled")).to_be_visible()
     first = Lease.objects.get(buyer__username="buyer1")
     expect(page.locator(f"#lease-{first.pk}")).to_contain_text("pending")
-    expect(page.locator("#best-bid")).to_have_text("$2.50")  # the rest of the bid stands
+    expect(page.locator("#best-bid")).to_have_text("$2.50 /GPU-h")  # the rest of the bid stands
     expect(page.locator("#depth-rows")).to_contain_text("2.50")
     browser.shot("browser-buyer-depth")
 
@@ -277,7 +277,7 @@ def test_buyer_tops_up_with_a_test_card_in_the_page_and_sees_the_credit(
         for _ in range(2):
             page.get_by_role("button", name="Complete authentication").click()
     page.wait_for_url(re.compile(r"/wallet/$"))
-    expect(page.get_by_text("Stripe confirmed your payment: 25.00 USD added.")).to_be_visible()
+    expect(page.get_by_text("Stripe confirmed your payment: $25.00 added.")).to_be_visible()
     expect(page.locator("#wallet-available")).to_have_text("$25.00")
     browser.shot(f"browser-stripe-topup-credited-{card[-4:]}")
     topup = TopUp.objects.get()
@@ -352,7 +352,7 @@ def test_sealed_auction_counts_down_and_shows_its_result(live_server, browser):
                every=0.1)
     auctions.close_auction(auction_id=lot.pk)  # None if the worker closed it first
 
-    expect(page.locator("#clearing-price")).to_have_text("$3.00")  # second price
+    expect(page.locator("#clearing-price")).to_have_text("$3.00 /GPU-h")  # second price
     expect(page.locator("#auction-status")).to_have_text("closed")
     expect(page.locator("#my-bid")).to_contain_text("lost")
     expect(page.locator("#auction-result")).to_contain_text("8")
@@ -391,7 +391,7 @@ def test_market_page_follows_the_websocket_feed(asgi_server, browser):
 
     page.goto(f"{asgi_server}/markets/{MARKET}/")
     expect(page.locator("#live-status")).to_have_text("live")  # both sockets open
-    expect(page.locator("#best-bid")).to_have_text("$2.40")
+    expect(page.locator("#best-bid")).to_have_text("$2.40 /GPU-h")
     marker = page.evaluate("window.__noReload = Math.random()")
 
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,

@@ -39,7 +39,7 @@ def test_the_cost_counts_live_and_stop_shows_the_exact_charge(live_server, brows
     page.goto(f"{live_server.url}/leases/")
     cost = page.locator("[data-live-cost]")
     first = cost.inner_text()
-    assert re.fullmatch(r"0\.000\d{1,3} so far", first), first  # 120-odd micro-USD
+    assert re.fullmatch(r"\$0\.000\d{1,3} so far", first), first  # 120-odd micro-USD
     wait_until("the cost to count on", lambda: cost.inner_text() != first, timeout=10)
     left = page.locator("[data-live-left]").inner_text()
     assert re.fullmatch(r"0:5[78]:\d\d", left), left  # the server renders it so too

@@ -102,7 +102,7 @@ def test_result_after_close_is_anonymous(client, lot, rival):
     auctions.place_sealed_bid(bidder_id=me.pk, auction_id=lot.pk, price=3_000_000)
     auctions.close_auction(auction_id=lot.pk, now=lot.closes_at + timedelta(seconds=1))
     html = client.get(reverse("auction", args=[lot.pk])).content.decode()
-    assert 'id="clearing-price">$3.00<' in html  # second price: the rival pays my bid
+    assert 'id="clearing-price">$3.00 /GPU-h<' in html  # second price: the rival pays my bid
     assert "lost" in html
     assert rival.username not in html and "7.77" not in html
     assert "Submit sealed bid" not in html

@@ -98,7 +98,7 @@ def test_extend_shows_the_price_refuses_bad_hours_and_extends(client):
     _buyer, lease = _lease(client, until=timezone.now() + timedelta(hours=4))
     url = reverse("lease-extend-page", args=[lease.pk])
     page = client.get(url).content.decode()
-    assert "4.98 USD" in page  # 2 GPUs × 2.49 per hour more
+    assert "$4.98, held now" in page  # 2 GPUs × 2.49 per hour more
     for bad in ("0", "-1", "1.5", "two", ""):
         before = snapshot()
         r = client.post(url, {"hours": bad})

@@ -91,7 +91,7 @@ def test_card_set_up_then_paid_is_credited_once_from_stripes_answer(client, buye
     assert ledger.wallet(user_id=buyer.pk).available == 25_000_000
     # the page's return, a repeated pay: nothing more
     r = client.get(reverse("wallet-topup-return", args=[topup.pk]), follow=True)
-    assert "Stripe confirmed your payment: 25.00 USD added." in r.content.decode()
+    assert "Stripe confirmed your payment: $25.00 added." in r.content.decode()
     assert _pay(client, topup, seti).json() == {"status": "succeeded"}
     assert ledger.wallet(user_id=buyer.pk).available == 25_000_000
     assert JournalEntry.objects.filter(kind="stripe_topup").count() == 1

@@ -1,7 +1,7 @@
 """A small HTTP stand-in for the Stripe Connect endpoints localstripe lacks
-(/v1/accounts, /v1/account_links, /v1/transfers), serving responses recorded in the
-shape of Stripe's API reference (Account, AccountLink, Transfer objects and its error
-object), and honouring Idempotency-Key like Stripe: the same key returns the first
+(/v1/accounts, GET /v1/accounts/<id>, /v1/account_links, /v1/transfers), serving responses
+recorded in the shape of Stripe's API reference (Account, AccountLink, Transfer objects and
+its error object), and honouring Idempotency-Key like Stripe: the same key returns the first
 response. It listens on 127.0.0.1 only. Used by tests/settlement/test_stripe_payouts.py.
 """
 
@@ -39,11 +39,26 @@ class ConnectStandIn:
         self.fail_transfers = False      # answer 400 balance_insufficient
         self.drop_next_transfer = False  # close the connection without answering, once
         self.ids = itertools.count(1)
+        self.accounts: dict[str, dict] = {}  # id → Account object (GET /v1/accounts/<id>)
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):
+                standin.requests.append({"path": self.path, "form": {}, "key": None,
+                                         "method": "GET"})
+                acct = standin.accounts.get(self.path.rsplit("/", 1)[-1])
+                status, body = (200, acct) if self.path.startswith("/v1/accounts/") and acct \
+                    else (404, {"error": {"type": "invalid_request_error",
+                                          "message": f"No such account: {self.path}"}})
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
@@ -76,7 +91,9 @@ class ConnectStandIn:
         n = next(self.ids)
         now = int(time.time())
         if path == "/v1/accounts":
-            return 200, {**ACCOUNT, "id": f"acct_standin{n:08d}", "created": now}
+            acct = {**ACCOUNT, "id": f"acct_standin{n:08d}", "created": now}
+            self.accounts[acct["id"]] = acct
+            return 200, acct
         if path == "/v1/account_links":
             return 200, {**ACCOUNT_LINK, "created": now, "expires_at": now + 300,
                          "url": f"https://connect.stripe.com/setup/e/{form.get('account')}/x"}

@@ -35,7 +35,7 @@
       var ran = Math.floor((Date.now() + skew(el) - started) / 1000);
       ran = Math.max(0, Math.min(ran, Number(el.dataset.duration)));
       var micros = Math.floor(Number(el.dataset.price) * Number(el.dataset.gpus) * ran / 3600);
-      set(el, usd(micros) + " so far");
+      set(el, "$" + usd(micros) + " so far");
     });
   }
   setInterval(tick, 1000);

@@ -74,8 +74,8 @@
       td.colSpan = 4; td.className = "empty"; tr0.appendChild(td); frag.appendChild(tr0);
     }
     body.replaceChildren(frag);
-    GM.text("best-bid", depth.bids.length ? "$" + GM.usd(depth.bids[0][0]) : "—");
-    GM.text("best-ask", depth.asks.length ? "$" + GM.usd(depth.asks[0][0]) : "—");
+    GM.text("best-bid", depth.bids.length ? GM.price(depth.bids[0][0]) : "—");
+    GM.text("best-ask", depth.asks.length ? GM.price(depth.asks[0][0]) : "—");
     drawChart();
   }
 

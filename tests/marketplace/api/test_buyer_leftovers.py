@@ -54,7 +54,7 @@ def test_the_auction_page_says_a_re_bid_replaced_the_earlier_one(client, lot):
     earlier = SealedBid.objects.get(bidder=buyer)
     r = client.post(reverse("auction", args=[lot.pk]), {"price": "3.20"}, follow=True)
     later = SealedBid.objects.get(bidder=buyer, status="active")
-    assert f"Your sealed bid #{later.pk} is in: 3.20 USD per GPU-hour. It replaces your bid " \
+    assert f"Your sealed bid #{later.pk} is in: $3.20 /GPU-h. It replaces your bid " \
            f"#{earlier.pk}, whose hold is released." in _messages(r.content.decode())
     assert Hold.objects.get(pk=earlier.hold_id).status == "released"
 

@@ -84,8 +84,9 @@ def test_a_continuation_restores_from_its_chains_prefix(store):
     second = _post_bid(buyer, checkpoint=store, gpus=1)
     assert second.status_code == 201, second.content
     (lease_id,) = second.json()["leases"]
-    # as failover makes it: same chain, continuing the first
-    Lease.objects.filter(pk=lease_id).update(chain_id=first, continues_id=first)
+    # in the first lease's chain, as failover makes a continuation (which also sets
+    # `continues`, for a lease failed by the provider on another node: checks.py)
+    Lease.objects.filter(pk=lease_id).update(chain_id=first)
     listed = {x["id"]: x for x in runner_client(token).get("/api/v1/runner/leases/")
               .json()["leases"]}
     assert listed[lease_id]["chain_id"] == first

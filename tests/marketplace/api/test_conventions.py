@@ -270,7 +270,7 @@ def test_every_operation_documents_its_answer_body_and_takes_json_only():
 
 LISTS = ["/api/v1/gpu-classes/", "/api/v1/fills/", "/api/v1/orders/", "/api/v1/auctions/",
          "/api/v1/sealed-bids/", "/api/v1/leases/", "/api/v1/nodes/", "/api/v1/payouts/",
-         "/api/v1/ledger/entries/", "/api/v1/auth/tokens/"]
+         "/api/v1/ledger/entries/", "/api/v1/auth/tokens/", "/api/v1/wallet/history/"]
 
 
 def test_every_list_in_the_schema_is_paginated_and_tested_here():

@@ -81,7 +81,7 @@ def test_open_auction_hides_every_bid_from_everyone_but_its_bidder():
         _assert_hidden(body_text(r), ALICE_PRICE, BOB_PRICE, where=where)
 
     home = APIClient().get("/").content.decode()
-    assert "$1.100000" in home and "Open sealed-bid auctions" in home  # the lot is listed
+    assert "$1.10 /GPU-h" in home and "Open sealed-bid auctions" in home  # the lot is listed
 
     detail = APIClient().get(f"/api/v1/auctions/{auction_id}/").json()
     assert set(detail) == PUBLIC_AUCTION_KEYS

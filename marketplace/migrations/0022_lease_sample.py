@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0020_checkpoint'),
+        ('marketplace', '0021_failover_faults'),
     ]
 
     operations = [
