@@ -189,6 +189,8 @@ class BidForm(_CommandHelp, forms.Form):
                                help_text='optional, e.g. 0.95: only nodes with at least that '
                                          "share of leases not failed by the provider's fault "
                                          "over 30 days (new nodes qualify)")
+    node = _whole(OrderInSerializer, "node", "Only on node (id)",
+                  help_text="empty: any node; an offer's \u201cBid for this node\u201d sets it")
 
     def clean(self):
         data = super().clean()

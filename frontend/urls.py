@@ -6,6 +6,7 @@ from django.urls import path
 from frontend import (
     lease_views,
     login,
+    market_views,
     portal_views,
     ssh_views,
     stripe_views,
@@ -34,7 +35,7 @@ urlpatterns = [
     path("wallet/topup/<int:pk>/pay/", stripe_views.wallet_topup_pay, name="wallet-topup-pay"),
     path("wallet/topup/<int:pk>/return/", stripe_views.wallet_topup_return,
          name="wallet-topup-return"),
-    path("markets/<gpuclass:slug>/", views.market, name="market"),
+    path("markets/<gpuclass:slug>/", market_views.market, name="market"),
     path("orders/", views.my_orders, name="orders-page"),
     path("orders/<int:pk>/cancel/", views.order_cancel, name="order-cancel-page"),
     path("leases/", views.my_leases, name="leases-page"),

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from core import metrics
 from core.bulk import execute_arrays, insert_all
-from marketplace import locking, matching, preemption, runtimes
+from marketplace import locking, matching, offers, preemption, runtimes
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
@@ -228,7 +228,8 @@ class BidRequest:
     added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
     secrets in clear here, sealed when written: never in a log or an answer);
     checkpoint: the bid's store (checkpoints.Checkpoint, probed by the API; None: none),
-    its credentials sealed when written (`checkpoint_sealed`), never in a repr.
+    its credentials sealed when written (`checkpoint_sealed`), never in a repr; node: the
+    one node it fills on (a node of the offers; None: any).
     """
 
     buyer_id: int
@@ -255,6 +256,7 @@ class BidRequest:
     failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
     min_reliability: Decimal | None = None
     avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
+    node: int | None = None  # fill only on this node (offers.check_bid_node)
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -275,7 +277,8 @@ class BidRequest:
                 "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
                 "failover": (not self.interruptible) if self.failover is None
                 else bool(self.failover),
-                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id}
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id,
+                "node_id": self.node}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -344,6 +347,9 @@ def place_bids(requests: list[BidRequest], *,
                 if not images[market.pk]:
                     raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
                                        field="command")
+            if r.node is not None:
+                offers.check_bid_node(r.node, market, r.gpus if r.gang_size is None
+                                      else r.gang_size)
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue

@@ -137,7 +137,8 @@ def engine_bid(order: Order) -> engine.Bid:
                       tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda),
                       nvlink=order.interconnect == "nvlink",
                       min_rel=rel_key(order.min_reliability),
-                      avoid_node=order.avoid_node_id or 0, image_only=not order.command)
+                      avoid_node=order.avoid_node_id or 0, image_only=not order.command,
+                      node=order.node_id or 0)
 
 
 def engine_ask(order: Order) -> engine.Ask:
@@ -158,7 +159,8 @@ def _node_rel(value) -> int:
 
 # a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility");
 # a bid's min_reliability and avoid_node_id, an ask's node's reliability (docs/FAULTS.md);
-# a bid's command, an ask's node's runtime (docs/MATCHING.md, "Runtimes")
+# a bid's command, an ask's node's runtime (docs/MATCHING.md, "Runtimes");
+# node_id: an ask's node, or the one node a bid fills on (null: any)
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
         "interconnect", "min_reliability", "avoid_node_id", "node__reliability", "command",
@@ -180,7 +182,7 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
                          nvlink=link == "nvlink", min_rel=rel_key(mrel),
-                         avoid_node=avoid or 0, image_only=not command))
+                         avoid_node=avoid or 0, image_only=not command, node=node or 0))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                          available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or ""),
@@ -202,7 +204,7 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
                                  duration_s=duration, seq=pk, tif=tif,
                                  min_cuda=cuda_key(need), nvlink=link == "nvlink",
                                  min_rel=rel_key(mrel), avoid_node=avoid or 0,
-                                 image_only=not command))
+                                 image_only=not command, node=node or 0))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
                                  available_until=epoch(until), seq=pk,

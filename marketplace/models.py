@@ -175,7 +175,7 @@ class Order(StateMachine):
         null=True, blank=True,
         help_text="bid: resting for the remaining time of this failed lease (failover); "
                   "its lease joins that lease's chain")
-    # ask only
+    # ask: its node; bid: the one node it fills on (null: any node); ask only:
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
     available_until = models.DateTimeField(null=True, blank=True)

@@ -161,7 +161,8 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
                 and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
                 and cuda_ok(ask.node.cuda_version, bid.min_cuda)
-                and can_run(ask.node.runtime, bid.command))
+                and can_run(ask.node.runtime, bid.command)
+                and bid.node_id in (None, ask.node_id))
 
     offered: dict[int, int] = {}
     mine: dict[int, list[Lease]] = {}

@@ -10,6 +10,7 @@ from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import (  # noqa: F401
     accounts,
     errors,
+    market_data,
     nodes,
     reliability,
     runner,
@@ -37,6 +38,10 @@ api_v1 = [
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
     path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("gpu-classes/<gpuclass:slug>/offers/", market_data.MarketOffers.as_view(),
+         name="market-offers"),
+    path("gpu-classes/<gpuclass:slug>/history/", market_data.MarketHistory.as_view(),
+         name="market-history"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
     path("templates/", market.TemplateList.as_view(), name="templates"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),

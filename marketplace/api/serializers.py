@@ -297,14 +297,15 @@ COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
             "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS)
-ASK_ONLY = ("node", "available_until")
+ASK_ONLY = ("node", "available_until")  # (a bid may name a node: it fills only there)
 
 
 class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
-    interconnect: "nvlink" for gangs all NVLink-connected) or
+    interconnect: "nvlink" for gangs all NVLink-connected; node: fill only on that node,
+    a node id of the offers) or
     an ask (node, gpus, price, available_until, optional gpu_class); either with an
     optional client_order_id (yours, unique per user: placing it again returns the first
     order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
@@ -338,7 +339,7 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
         given = self.initial_data
         if attrs["side"] == Order.Side.BID:
             for name in ASK_ONLY:
-                if name in given:
+                if name in given and name != "node":
                     raise serializers.ValidationError({name: "is for asks, not bids"})
             if "gpu_class" not in attrs:
                 raise serializers.ValidationError({"gpu_class": "is required for a bid"})
@@ -375,6 +376,7 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
             interconnect=v["interconnect"], checkpoint=v["checkpoint"],
             failover=v.get("failover"), min_reliability=v.get("min_reliability"),
+            node=v.get("node"),
             **{name: v[name] for name in TEMPLATE_TERMS})
 
 

@@ -13,8 +13,9 @@ engine brief):
   lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
   the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
   node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and its
-  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, and run
-  the bid's workload (an ``image_only`` bid needs an ask whose node ``runs_images``).
+  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, be the
+  bid's ``node`` when it names one, and run the bid's workload (an ``image_only`` bid needs
+  an ask whose node ``runs_images``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is
@@ -255,6 +256,7 @@ class OrderBook:
         image = bid.image_only
         left = bid.gpus
         nv = bid.nvlink
+        only = bid.node
         dead = 0
         i = 0
         while i < len(px):
@@ -283,7 +285,7 @@ class OrderBook:
                     stc.append(a.id)
                 elif (ag < gang or end > a.available_until or (need and a.cuda < need)
                       or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
-                      or (image and not a.runs_images)):
+                      or (image and not a.runs_images) or (only and a.node != only)):
                     j += 1
                     continue
                 else:
@@ -379,7 +381,7 @@ class OrderBook:
                     gang = b.gang
                     if (gang > left or b.duration_s > window or b.min_cuda > cuda
                             or b.min_rel > rel or b.avoid_node == node
-                            or (processes and b.image_only)):
+                            or (processes and b.image_only) or (b.node and b.node != node)):
                         j += 1
                         continue
                     k = left // gang
@@ -436,6 +438,7 @@ class OrderBook:
         end = now + bid.duration_s
         need = bid.min_cuda
         image = bid.image_only
+        only = bid.node
         got = 0
         seen: list[Fill] = []
         qs = self._ask_q
@@ -447,7 +450,7 @@ class OrderBook:
                 if (a is None or a.owner == owner or a.gpus < gang
                         or end > a.available_until or (need and a.cuda < need)
                         or a.rel < bid.min_rel or a.node == bid.avoid_node
-                        or (image and not a.runs_images)):
+                        or (image and not a.runs_images) or (only and a.node != only)):
                     continue
                 k = a.gpus // gang
                 if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs

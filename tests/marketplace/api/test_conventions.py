@@ -155,7 +155,7 @@ def test_a_body_that_is_not_json_has_no_field_to_name():
 # --- 3. the other side's fields; image references ----------------------------------------
 
 @pytest.mark.parametrize(("changes", "field"), [
-    ({"node": 1}, "node"),
+    # (`node` is a bid's too: the one node it fills on, tests/marketplace/api/test_offers_api.py)
     ({"available_until": "2030-01-01T00:00:00Z"}, "available_until"),
 ])
 def test_ask_fields_on_a_bid_are_refused(changes, field):
