@@ -153,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep printing new lines until the lease ends")
     p.add_argument("--interval", type=_seconds, default=2.0, metavar="S",
                    help="seconds between reads of the tail (default 2)")
+    p = command("metrics", commands.metrics, "a lease's GPU telemetry: the latest reading "
+                "and the range's utilisation per GPU, and whether it is idle")
+    p.add_argument("lease", type=_positive, metavar="LEASE")
+    p.add_argument("--range", choices=["1h", "24h"], default="1h", dest="range_",
+                   help="1h: 10 s buckets (default); 24h: 1 min buckets")
     p = command("extend", commands.extend, "run a lease longer, at its price")
     p.add_argument("lease", type=_positive, metavar="LEASE")
     more = p.add_mutually_exclusive_group(required=True)

@@ -256,6 +256,11 @@ def logs(args) -> int:
     return EXIT_OK
 
 
+def metrics(args) -> int:
+    return _emit(args, _api(args).get(f"/leases/{args.lease}/metrics/?range={args.range_}"),
+                 render.metrics)
+
+
 def stop(args) -> int:
     data = _api(args).post(f"/leases/{args.lease}/stop/")
     return _emit(args, data, lambda le: f"lease {le.get('id')}: {le.get('status')}; cost "

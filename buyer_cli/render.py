@@ -204,3 +204,31 @@ def ssh_keys(items: list[dict]) -> str:
     return table([[k.get("id"), k.get("name"), k.get("type"), k.get("fingerprint"),
                    k.get("created_at")] for k in items],
                  ["ID", "NAME", "TYPE", "FINGERPRINT", "ADDED"])
+
+
+def _last(values: list):
+    return next((v for v in reversed(values) if v is not None), None)
+
+
+def metrics(body: dict) -> str:
+    """GET /leases/<id>/metrics/: a row per GPU (latest bucket; the range's mean and peak
+    utilisation), then the idle line."""
+    rows = []
+    for g in body.get("gpus", []):
+        util = [v for v in g["utilization_pct"] if v is not None]
+        reasons = _last(g["throttle_reasons"]) or []
+        rows.append([g["uuid"], (g["at"] or [None])[-1], _last(g["utilization_pct"]),
+                     round(sum(util) / len(util), 1) if util else None,
+                     max(util) if util else None, _last(g["fb_used_mib"]), _last(g["power_w"]),
+                     _last(g["temperature_c"]), _last(g["sm_clock_mhz"]),
+                     _last(g["mem_clock_mhz"]), ",".join(reasons) or "none"])
+    lines = [f"lease {body['lease']}: {body['range']} in {body['resolution_seconds']} s "
+             "buckets",
+             table(rows, ["GPU", "LAST AT", "UTIL %", "MEAN %", "PEAK %", "MEM MiB", "POWER W",
+                          "TEMP C", "SM MHz", "MEM MHz", "THROTTLE"])]
+    idle = body.get("idle") or {}
+    if idle.get("idle"):
+        lines.append(f"idle: {idle['text']}")
+    elif not rows:
+        lines.append("no readings yet (the lease is not running, or its runner sent none)")
+    return "\n".join(lines)

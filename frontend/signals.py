@@ -5,7 +5,8 @@ Lease and JournalEntry (and Posting, should one be saved alone; the ledger
 bulk-creates them, which sends no signal, so the entry is what we hook) is noted in
 the current transaction's batch, which is published once, after commit
 (`transaction.on_commit`, like zulip's send_event_on_commit). A rolled-back
-transaction publishes nothing. Connected in FrontendConfig.ready().
+transaction publishes nothing. New GPU readings of a lease (marketplace.telemetry's
+`telemetry_recorded`) are noted the same way. Connected in FrontendConfig.ready().
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ def _posting_saved(sender, instance, created, **kwargs):
         feed.note(entries=instance.entry_id)
 
 
+def _telemetry_recorded(sender, lease_ids, **kwargs):
+    for lease_id in lease_ids:
+        feed.note(telemetry=lease_id)
+
+
 def connect() -> None:
+    from marketplace.telemetry import telemetry_recorded
+
+    telemetry_recorded.connect(_telemetry_recorded, weak=False,
+                               dispatch_uid=DISPATCH + "telemetry")
     from marketplace.models import Auction, Fill, Lease, Order, SealedBid
     from settlement.models import JournalEntry, Posting
 

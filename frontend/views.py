@@ -37,6 +37,7 @@ from marketplace import (
     env_templates,
     runtimes,
     selectors,
+    telemetry,
 )
 from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
@@ -256,6 +257,8 @@ def _lease_rows(leases, *, role: str):
     tails = dict(LeaseLog.objects.filter(lease_id__in=[x.pk for x in leases])
                  .values_list("lease_id", "tail"))
     saved = checkpoint_reports.by_lease([x.pk for x in leases])  # issue 15
+    # idle detection (issue 16) from the GPU telemetry: the buyer's page only
+    idle = telemetry.idle_states(leases) if role == "buyer" else {}
     rows = []
     now = timezone.now()
     for x in leases:
@@ -302,6 +305,8 @@ def _lease_rows(leases, *, role: str):
             "chain": (chains.story(chains.chain_of(x))  # the buyer's: other nodes' names
                       if role == "buyer" and (x.chain_id or x.status == "failed") else []),
             "fault_credit": usd(x.fault_credit) if x.fault_credit else "",
+            "idle": idle.get(x.pk),
+            "charted": role == "buyer" and x.status == Lease.Status.RUNNING,
         })
     return rows
 

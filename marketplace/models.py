@@ -599,3 +599,33 @@ class SshKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.key_type} {self.fingerprint})"
+
+
+class LeaseSample(models.Model):
+    """One GPU of a running lease over one bucket of time (marketplace/telemetry.py):
+    `resolution` 10 s buckets for the last hour, 60 s for the last day, older ones deleted
+    as new ones are written, so a lease keeps at most 360 + 1440 rows per GPU. Each value
+    is the mean of the bucket's readings (None: the runner could not read it);
+    `throttle_reasons` the OR of their bits (telemetry.THROTTLE_REASONS)."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="samples")
+    gpu_uuid = models.CharField(max_length=64)
+    resolution = models.PositiveSmallIntegerField(help_text="bucket length, seconds")
+    bucket_at = models.DateTimeField(help_text="start of the bucket (UTC)")
+    samples = models.PositiveIntegerField(default=1, help_text="readings averaged")
+    utilization_pct = models.FloatField(null=True)
+    fb_used_mib = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+    sm_clock_mhz = models.FloatField(null=True)
+    mem_clock_mhz = models.FloatField(null=True)
+    throttle_reasons = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["lease", "resolution", "bucket_at", "gpu_uuid"],
+                                    name="lease_sample_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.lease_id} {self.gpu_uuid} @{self.bucket_at} /{self.resolution}s"

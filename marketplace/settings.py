@@ -36,6 +36,10 @@ Variables (default in brackets):
   buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
+- GPUMARKET_IDLE_UTILIZATION_PCT [5]: a running lease whose GPUs all stay under this
+  utilisation for GPUMARKET_IDLE_AFTER_SECONDS [900] is shown idle (marketplace/telemetry.py).
+- GPUMARKET_TELEMETRY_KEEP_SECONDS [86400]: how long an ended lease's GPU series is kept
+  (then the worker deletes it; a running lease keeps its last day).
 - GPUMARKET_API_TOKEN_TTL_DAYS [30]: how long an API token is valid (marketplace/api_tokens.py);
   GPUMARKET_API_TOKEN_TOUCH_SECONDS [60]: how stale a token's "last used" may get.
 - GPUMARKET_WS_TICKET_SECONDS [30]: how long a websocket ticket (POST /api/v1/ws-tickets/)
@@ -262,6 +266,8 @@ CELERY_BEAT_SCHEDULE = {
     "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
                              "schedule": 60.0},
     "fail-silent-nodes": {"task": "marketplace.tasks.fail_silent_nodes", "schedule": 15.0},
+    "drop-ended-telemetry": {"task": "marketplace.tasks.drop_ended_telemetry",
+                             "schedule": 300.0},
     # exports gpumarket_ledger_check_ok (docs/METRICS.md); 0: not scheduled
     "ledger-check": {"task": "settlement.tasks.ledger_check",
                      "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
@@ -426,6 +432,12 @@ if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
 GPUMARKET_FAULT_CREDIT_MINUTES = env.int("GPUMARKET_FAULT_CREDIT_MINUTES", default=30)
+GPUMARKET_IDLE_UTILIZATION_PCT = env.int("GPUMARKET_IDLE_UTILIZATION_PCT", default=5)
+GPUMARKET_IDLE_AFTER_SECONDS = env.int("GPUMARKET_IDLE_AFTER_SECONDS", default=900)
+GPUMARKET_TELEMETRY_KEEP_SECONDS = env.int("GPUMARKET_TELEMETRY_KEEP_SECONDS", default=86400)
+if not 0 <= GPUMARKET_IDLE_UTILIZATION_PCT <= 100 or GPUMARKET_IDLE_AFTER_SECONDS < 1:
+    raise ImproperlyConfigured("GPUMARKET_IDLE_UTILIZATION_PCT must be 0-100 and "
+                               "GPUMARKET_IDLE_AFTER_SECONDS at least 1")
 GPUMARKET_API_TOKEN_TTL_DAYS = env.int("GPUMARKET_API_TOKEN_TTL_DAYS", default=30)
 if GPUMARKET_API_TOKEN_TTL_DAYS < 1:
     raise ImproperlyConfigured("GPUMARKET_API_TOKEN_TTL_DAYS must be at least 1")

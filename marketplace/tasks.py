@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, failover, health, lease_end, leases, maintenance
+from marketplace import auctions, book, failover, health, lease_end, leases, maintenance, telemetry
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -93,3 +93,10 @@ def resume_failovers() -> list[int]:
     for lease_id in ids:
         failover_lease.delay(lease_id)
     return ids
+
+
+@shared_task(name="marketplace.tasks.drop_ended_telemetry")
+def drop_ended_telemetry() -> int:
+    """Beat sweep (every 5 min): delete the GPU series of leases ended longer than
+    GPUMARKET_TELEMETRY_KEEP_SECONDS ago (marketplace/telemetry.py)."""
+    return telemetry.drop_ended()

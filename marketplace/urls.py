@@ -21,6 +21,7 @@ from marketplace.api import (  # noqa: F401
     tokens,
 )
 from marketplace.api import maintenance as maintenance_api
+from marketplace.api import telemetry as telemetry_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
@@ -58,6 +59,7 @@ api_v1 = [
     path("leases/", market.LeaseList.as_view(), name="leases"),
     path("leases/<int:pk>/", market.LeaseDetail.as_view(), name="lease-detail"),
     path("leases/<int:pk>/logs/", runner.LeaseLogs.as_view(), name="lease-logs"),
+    path("leases/<int:pk>/metrics/", telemetry_api.LeaseMetrics.as_view(), name="lease-metrics"),
     path("leases/<int:pk>/stop/", market.LeaseStop.as_view(), name="lease-stop"),
     path("leases/<int:pk>/extend/", market.LeaseExtend.as_view(), name="lease-extend"),
     path("providers/", providers_api.ProviderOnboard.as_view(), name="providers"),
@@ -89,7 +91,7 @@ api_v1 = [
     path("alert-rules/", alerts_api.AlertRuleList.as_view(), name="alert-rules"),
     path("alert-rules/<int:pk>/", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
-    path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
+    path("runner/heartbeat/", telemetry_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),
          name="runner-benchmarks"),
     path("runner/leases/", runner.RunnerLeases.as_view(), name="runner-leases"),

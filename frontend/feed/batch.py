@@ -22,6 +22,7 @@ from frontend.feed.payloads import (
 )
 from frontend.feed.protocol import SUMMARY_GROUP, auction_group, market_group, user_group
 from frontend.feed.publisher import publisher
+from marketplace import telemetry
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SealedBid
 from settlement.models import Posting
 
@@ -39,9 +40,11 @@ class Batch:
     sealed_bids: set[int] = field(default_factory=set)
     leases: set[int] = field(default_factory=set)
     entries: set[int] = field(default_factory=set)
+    telemetry: set[int] = field(default_factory=set)  # leases with new readings
     committed_at: float = 0.0
 
-    FIELDS = ("markets", "fills", "auctions", "orders", "sealed_bids", "leases", "entries")
+    FIELDS = ("markets", "fills", "auctions", "orders", "sealed_bids", "leases", "entries",
+              "telemetry")
 
     def __call__(self) -> None:  # the on_commit callback: cheap, no reads, no I/O
         self.committed_at = time.time()
@@ -99,6 +102,8 @@ class Batch:
                     out.append((user_group(user_id),
                                 {"type": "lease", "lease": lease_payload(lease, role)},
                                 user_id))
+        if self.telemetry and listening != set():
+            out.extend(_telemetry_messages(self.telemetry, listening))
         if self.entries and listening != set():
             per_user: dict[int, dict[int, str]] = defaultdict(dict)
             # accounts without an owner (platform, external) are not published
@@ -119,6 +124,22 @@ class Batch:
 
 
 
+def _telemetry_messages(lease_ids: set[int], listening: set[int] | None):
+    """`lease_metrics` for each lease's buyer only (docs/FEED_PROTOCOL.md): its GPUs'
+    newest 10 s bucket and its idle state."""
+    leases = Lease.objects.filter(pk__in=lease_ids).order_by("pk")
+    if listening is not None:
+        leases = leases.filter(buyer_id__in=listening)
+    leases = list(leases)
+    newest = telemetry.latest([lease.pk for lease in leases])
+    idle = telemetry.idle_states(leases)
+    for lease in leases:
+        if lease.pk in newest:
+            yield (user_group(lease.buyer_id),
+                   {"type": "lease_metrics", "lease": lease.pk, **newest[lease.pk],
+                    "idle": idle.get(lease.pk)}, lease.buyer_id)
+
+
 def current_batch() -> Batch | None:
     """The batch already registered with the current transaction's on_commit callbacks,
     if any. Looked up among the callbacks themselves, so a rolled-back savepoint that
@@ -134,7 +155,7 @@ def batch() -> Batch:
 
 def note(**changes: int) -> None:
     """Record changed rows (markets=, fills=, auctions=, orders=, sealed_bids=, leases=,
-    entries= ids) in the current transaction's batch; published after commit."""
+    entries=, telemetry= ids) in the current transaction's batch; published after commit."""
 
     def add(b: Batch) -> None:
         for name, pk in changes.items():

@@ -121,7 +121,8 @@ class Publisher(AfterCommitThread["Batch"]):
             # Order and balance messages only for users someone listens to (/ws/me/):
             # asked after commit and before reading, and a subscriber reads its snapshot
             # after subscribing, so a change it was not sent is in its snapshot.
-            listening = counter().listening_users() if (merged.orders or merged.entries) \
+            listening = counter().listening_users() if (
+                merged.orders or merged.entries or merged.telemetry) \
                 else None
             for group, payload, user_id in merged.messages(listening):
                 market = payload.pop("_depth_of", None)

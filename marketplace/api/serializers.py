@@ -18,7 +18,7 @@ from core.fields import (
     StrictIntegerField,
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
-from marketplace import checkpoint_reports, env_templates, interconnect, selectors
+from marketplace import checkpoint_reports, env_templates, interconnect, selectors, telemetry
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
@@ -490,6 +490,7 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
     connect = serializers.SerializerMethodField()
     checkpoint = serializers.SerializerMethodField()
     checkpoints = serializers.SerializerMethodField()
+    idle = serializers.SerializerMethodField()
     fault_credit = UsdField(positive=False, read_only=True)
     chain = serializers.SerializerMethodField()
     notice = serializers.SerializerMethodField()
@@ -502,7 +503,8 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "notice", *FAILOVER_TERMS,
                   "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
-                  "continues", "chain", "events", "created_at", "checkpoint", "checkpoints"]
+                  "continues", "chain", "events", "created_at", "checkpoint", "checkpoints",
+                  "idle"]
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "reason": {"type": "string"}, "deadline": {"type": "string", "format": "date-time"},
@@ -543,6 +545,15 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
         "ssh": {"type": "string", "nullable": True},
         "jupyter": {"type": "string", "nullable": True},
         "http": {"type": "array", "items": {"type": "string"}}}})
+    def get_idle(self, lease) -> dict | None:
+        """For the buyer of a running lease with GPU readings: telemetry.idle_states'
+        {"idle", "idle_seconds", "since", "threshold_pct", "paying_usd_per_hour", "text"};
+        null otherwise (and for anyone but the buyer)."""
+        request = self.context.get("request")
+        if getattr(getattr(request, "user", None), "pk", None) != lease.buyer_id:
+            return None
+        return telemetry.idle_states([lease]).get(lease.pk)
+
     def get_connect(self, lease) -> dict | None:
         """How the buyer connects (connect.connect_info): {"ssh": "ssh -p N root@host" |
         null, "jupyter": "http://host:port/lab?token=…" | null, "http": [links]}; null for

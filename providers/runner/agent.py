@@ -30,6 +30,7 @@ from .notice import NoticeDesk
 from .nvml import PROTOCOL_KEYS, GpuSource
 from .reconcile import Reconciler, _parse_time
 from .runtime_common import Runtime, RuntimeFailure
+from .telemetry import lease_telemetry
 
 MAX_BACKOFF_S = 30.0
 RESYNC_S = 30.0  # with push up, the lease list is still fetched this often
@@ -90,6 +91,8 @@ class Agent(Reconciler):
         # no process may hold a lease's GPUs after its workload (source None: no check)
         self.guard = ReleaseGuard(units, source_for(gpus), self._describe, log)
         self._lease_gpus: dict[int, list[str]] = {}  # lease id → its GPUs, as last listed
+        self._running: set[int] = set()  # leases running here (their telemetry is sent)
+        self.telemetry_errors: list[str] = []  # the last heartbeat's refused readings
         # benchmark.BenchmarkSchedule, or None: `run` sets it (benchmarks while idle)
         self.benchmark_schedule = None
         # a MIG slice is benchmarked in a child that sees only it (benchmark.run_slices)
@@ -219,9 +222,15 @@ class Agent(Reconciler):
             for key in ("temperature_c", "utilization_pct", "ecc_uncorrectable"):
                 if isinstance(item[key], float):
                     item[key] = round(item[key])
+        items = lease_telemetry(readings, self._lease_gpus, self._running)
         sent = datetime.now(UTC)
         answer = self.client.heartbeat(self.runtime.name, gpus,
-                                       findings=[f.as_protocol() for f in findings])
+                                       findings=[f.as_protocol() for f in findings],
+                                       telemetry=items)
+        errors = answer.get("telemetry_errors") or []
+        if errors and errors != self.telemetry_errors:  # logged once, not every beat
+            self.log("telemetry refused: " + "; ".join(str(e) for e in errors[:5]))
+        self.telemetry_errors = list(errors)
         received = datetime.now(UTC)
         server_time = _parse_time(answer.get("server_time"))
         if server_time is not None:

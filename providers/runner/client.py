@@ -103,13 +103,16 @@ class MarketplaceClient:
         """POST /api/v1/runner/inventory/ → {"node": {"id", "name", "gpus": [...]}}."""
         return self._call("POST", "/api/v1/runner/inventory/", inventory)
 
-    def heartbeat(self, runtime: str, gpus: list[dict], findings: list[dict] | None = None
-                  ) -> dict:
-        """POST /api/v1/runner/heartbeat/ → {"server_time": ISO 8601 UTC}. `findings`
-        (health findings, not ok ones) is sent when given."""
+    def heartbeat(self, runtime: str, gpus: list[dict], findings: list[dict] | None = None,
+                  telemetry: list[dict] | None = None) -> dict:
+        """POST /api/v1/runner/heartbeat/ → {"server_time": ISO 8601 UTC, and
+        "telemetry_errors" when readings were refused}. `findings` (health findings, not
+        ok ones) and `telemetry` (telemetry.lease_telemetry) are sent when given."""
         body = {"runtime": runtime, "gpus": gpus}
         if findings is not None:
             body["findings"] = findings
+        if telemetry:
+            body["telemetry"] = telemetry
         return self._call("POST", "/api/v1/runner/heartbeat/", body)
 
     def leases(self) -> list[RunnerLease]:

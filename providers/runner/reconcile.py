@@ -62,6 +62,7 @@ class Reconciler:
         checkpoint_reports.REASONS or a notice.py reason), then check that no process still
         holds its GPUs (check_released)."""
         uuids = self._lease_gpus.pop(lease_id, None)
+        self._running.discard(lease_id)
         if uuids is None:  # ended while the runner was down: the container knows its GPUs
             uuids = next((w["gpus"].split(",") for w in self._describe()
                           if w["lease"] == lease_id and w.get("gpus")), [])
@@ -109,6 +110,8 @@ class Reconciler:
                      f"container {_short(handles[lease_id])} stopped and removed")
         for lease_id in list(self._lease_gpus.keys() - listed.keys()):
             del self._lease_gpus[lease_id]  # ended without a workload here
+        self._running = {i for i, lease in listed.items()
+                         if lease.status == "running" and i in handles}
         for lease_id in list(self._secret_values.keys() - listed.keys()):
             del self._secret_values[lease_id]  # its last tail was sent by _stop
         for lease_id, lease in listed.items():
@@ -181,6 +184,7 @@ class Reconciler:
                 self.log(f"lease {lease_id}: re-adopted container {_short(handle)}")
             endpoints = self._endpoints(lease)
             if self._event(lease_id, "running", container_id=handle, endpoints=endpoints):
+                self._running.add(lease_id)
                 self.log(f"lease {lease_id}: running")
             return
         if status != "running":

@@ -173,7 +173,11 @@
     GM.text("wallet-earned", GM.money(w.earned));
   }
 
-  /* The signed-in user's own orders, leases and balances (/ws/me/). */
+  /* Functions called with every /ws/me/ message (lease-charts.js: lease_metrics). */
+  GM.meListeners = GM.meListeners || [];
+
+  /* The signed-in user's own orders, leases and balances (/ws/me/). A lease_metrics
+   * message goes to GM.meListeners only: the page is not fetched again for it. */
   GM.watchMe = function (opts) {
     if (!document.body.dataset.user) return;
     var ids = opts.fragments || [];
@@ -187,7 +191,14 @@
     }
     GM.feed("/ws/me/", {
       pollMs: opts.pollMs || 2000,
-      onMessage: function (msg) { if (msg.wallet) showWallet(msg.wallet); refresh(); },
+      onMessage: function (msg) {
+        GM.meListeners.forEach(function (fn) {
+          try { fn(msg); } catch (e) { console.warn("listener failed:", e.message); }
+        });
+        if (msg.type === "lease_metrics") return;
+        if (msg.wallet) showWallet(msg.wallet);
+        refresh();
+      },
       poll: function () {
         var jobs = [];
         if (opts.wallet) jobs.push(GM.getJSON("/api/v1/wallet/").then(showWallet));
