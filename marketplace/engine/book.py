@@ -44,6 +44,7 @@ from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 __all__ = ["OrderBook"]
 
 _COMPACT_MIN = 1024
+_BIG = 1 << 62
 
 
 def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
@@ -55,9 +56,11 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
         tots[price] = gpus
         return
     tots[price] += gpus
+    while q and q[-1][0] is None:  # dead cells at the tail: drop them, no scan
+        q.pop()
     if q:
         last = q[-1][0]
-        if last is None or last.seq > seq:
+        if last.seq > seq:
             # Rare: out-of-order seq (e.g. a re-matched order keeps its priority).
             j = len(q)
             while j:
@@ -70,10 +73,23 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
     q.append(cell)
 
 
-def _drop_level(px: list[int], qs: dict, tots: dict, price: int) -> None:
+def _drop_level(px: list[int], qs: dict, tots: dict, price: int, bound: dict) -> None:
     del px[bisect_left(px, price)]
     del qs[price]
     del tots[price]
+    bound.pop(price, None)
+
+
+def _inc(own: dict, owner: int) -> None:
+    own[owner] = own.get(owner, 0) + 1
+
+
+def _dec(own: dict, owner: int) -> None:
+    n = own[owner] - 1
+    if n:
+        own[owner] = n
+    else:
+        del own[owner]
 
 
 class OrderBook:
@@ -85,13 +101,17 @@ class OrderBook:
     """
 
     __slots__ = (
+        "_ask_cap",
         "_ask_dead",
         "_ask_ix",
+        "_ask_own",
         "_ask_px",
         "_ask_q",
         "_ask_tot",
         "_bid_dead",
         "_bid_ix",
+        "_bid_mingang",
+        "_bid_own",
         "_bid_px",
         "_bid_q",
         "_bid_tot",
@@ -105,11 +125,17 @@ class OrderBook:
         self._bid_tot: dict[int, int] = {}
         self._bid_ix: dict[int, list] = {}
         self._bid_dead = 0
+        #: per bid price: a lower bound of its resting bids' gangs (exact after a walk)
+        self._bid_mingang: dict[int, int] = {}
+        self._bid_own: dict[int, int] = {}  # owner -> resting bids
         self._ask_px: list[int] = []
         self._ask_q: dict[int, deque[list]] = {}
         self._ask_tot: dict[int, int] = {}
         self._ask_ix: dict[int, list] = {}
         self._ask_dead = 0
+        #: per ask price: an upper bound of its resting asks' GPUs (exact after a walk)
+        self._ask_cap: dict[int, int] = {}
+        self._ask_own: dict[int, int] = {}  # owner -> resting asks
         #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
         #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
         #: it, in order); None: no node can (an NVLink bid then never fills).
@@ -163,6 +189,7 @@ class OrderBook:
             cell = [bid]
             _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
             self._bid_ix[bid_id] = cell
+            self._rested_bid(bid)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, left)
 
@@ -196,6 +223,7 @@ class OrderBook:
             cell = [ask]
             _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
             self._ask_ix[ask_id] = cell
+            self._rested_ask(ask)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
@@ -219,6 +247,7 @@ class OrderBook:
         cell = [bid]
         _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
         self._bid_ix[bid.id] = cell
+        self._rested_bid(bid)
 
     def rest_ask(self, ask: Ask) -> None:
         """Put an ask straight into the book, WITHOUT matching (rebuilding a saved book).
@@ -235,6 +264,25 @@ class OrderBook:
         cell = [ask]
         _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
         self._ask_ix[ask.id] = cell
+        self._rested_ask(ask)
+
+    def _rested_bid(self, bid: Bid) -> None:
+        """Book-keeping of a bid just rested: its owner's count, its level's gang bound."""
+        own = self._bid_own
+        own[bid.owner] = own.get(bid.owner, 0) + 1
+        mg = self._bid_mingang
+        m = mg.get(bid.price)
+        if m is None or m > bid.gang:
+            mg[bid.price] = bid.gang
+
+    def _rested_ask(self, ask: Ask) -> None:
+        """Book-keeping of an ask just (re)rested: owner's count, its level's GPU bound."""
+        own = self._ask_own
+        own[ask.owner] = own.get(ask.owner, 0) + 1
+        cap = self._ask_cap
+        c = cap.get(ask.price)
+        if c is None or c < ask.gpus:
+            cap[ask.price] = ask.gpus
 
     # ------------------------------------------------------------------ matching
 
@@ -255,14 +303,21 @@ class OrderBook:
         image = bid.image_only
         left = bid.gpus
         nv = bid.nvlink
+        caps = self._ask_cap
+        own = self._ask_own
+        mine = owner in own
         dead = 0
         i = 0
         while i < len(px):
             p = px[i]
             if p > limit:
                 break
+            if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
+                i += 1
+                continue
             q = qs[p]
             tot = tots[p]
+            mx = 0
             j = 0
             n = len(q)
             while j < n:
@@ -279,11 +334,14 @@ class OrderBook:
                 if a.owner == owner:
                     cell[0] = None
                     del ix[a.id]
+                    _dec(own, owner)
                     tot -= ag
                     stc.append(a.id)
                 elif (ag < gang or end > a.available_until or (need and a.cuda < need)
                       or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
                       or (image and not a.runs_images)):
+                    if ag > mx:
+                        mx = ag
                     j += 1
                     continue
                 else:
@@ -294,6 +352,8 @@ class OrderBook:
                     if nv:
                         k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
                         if not k:
+                            if ag > mx:
+                                mx = ag
                             j += 1
                             continue
                     g = k * gang
@@ -304,10 +364,13 @@ class OrderBook:
                         a.gpus = ag - g
                         if not left:
                             break
+                        if ag - g > mx:
+                            mx = ag - g
                         j += 1
                         continue
                     cell[0] = None
                     del ix[a.id]
+                    _dec(own, a.owner)
                 # the cell at j is now dead
                 if j:
                     j += 1
@@ -319,11 +382,14 @@ class OrderBook:
                     break
             if tot:
                 tots[p] = tot
+                if left:  # walked the whole level: its bound is now exact
+                    caps[p] = mx
                 i += 1
             else:
                 del px[i]
                 del qs[p]
                 del tots[p]
+                del caps[p]
             if not left:
                 break
         if dead:
@@ -349,14 +415,21 @@ class OrderBook:
         processes = not ask.runs_images
         left = ask.gpus
         nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
+        mgs = self._bid_mingang
+        own = self._bid_own
+        mine = owner in own
         dead = 0
         i = len(px) - 1
         while i >= 0:
             p = px[i]
             if p < limit:
                 break
+            if left < mgs[p] and not mine:  # every bid of this level wants a bigger gang
+                i -= 1
+                continue
             q = qs[p]
             tot = tots[p]
+            mn = _BIG
             j = 0
             n = len(q)
             while j < n:
@@ -373,6 +446,7 @@ class OrderBook:
                 if b.owner == owner:
                     cell[0] = None
                     del ix[b.id]
+                    _dec(own, owner)
                     tot -= bg
                     stc.append(b.id)
                 else:
@@ -380,6 +454,8 @@ class OrderBook:
                     if (gang > left or b.duration_s > window or b.min_cuda > cuda
                             or b.min_rel > rel or b.avoid_node == node
                             or (processes and b.image_only)):
+                        if gang < mn:
+                            mn = gang
                         j += 1
                         continue
                     k = left // gang
@@ -390,6 +466,8 @@ class OrderBook:
                         nvg[b.id] = gang
                         k = self._nvlink_gangs(node, gang, k, fills, nvg)
                         if not k:
+                            if gang < mn:
+                                mn = gang
                             j += 1
                             continue
                     g = k * gang
@@ -401,9 +479,12 @@ class OrderBook:
                         j += 1
                         if not left:
                             break
+                        if gang < mn:
+                            mn = gang
                         continue
                     cell[0] = None
                     del ix[b.id]
+                    _dec(own, b.owner)
                 if j:
                     j += 1
                     dead += 1
@@ -414,10 +495,13 @@ class OrderBook:
                     break
             if tot:
                 tots[p] = tot
+                if left:  # walked the whole level: its bound is now exact
+                    mgs[p] = mn
             else:
                 del px[i]
                 del qs[p]
                 del tots[p]
+                del mgs[p]
             i -= 1
             if not left:
                 break
@@ -479,10 +563,12 @@ class OrderBook:
         """Remove a resting bid or ask by id; ``False`` if no such order rests."""
         cell = self._bid_ix.pop(order_id, None)
         if cell is not None:
+            _dec(self._bid_own, cell[0].owner)
             self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
             return True
         cell = self._ask_ix.pop(order_id, None)
         if cell is not None:
+            _dec(self._ask_own, cell[0].owner)
             self._unlink(cell, self._ask_px, self._ask_q, self._ask_tot, bid=False)
             return True
         return False
@@ -494,7 +580,7 @@ class OrderBook:
         p = o.price
         tot = tots[p] - o.gpus
         if not tot:
-            _drop_level(px, qs, tots, p)
+            _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
             return
         tots[p] = tot
         q = qs[p]
@@ -529,6 +615,8 @@ class OrderBook:
         a = cell[0]
         a.gpus += gpus
         self._ask_tot[a.price] += gpus
+        if self._ask_cap[a.price] < a.gpus:
+            self._ask_cap[a.price] = a.gpus
         return True
 
     def rematch_ask(self, ask_id: int, now: int) -> MatchResult:
@@ -543,6 +631,7 @@ class OrderBook:
         """
         cell = self._ask_ix.pop(ask_id)
         a = cell[0]
+        _dec(self._ask_own, a.owner)
         cell[0] = None
         p = a.price
         tot = self._ask_tot[p] - a.gpus
@@ -554,7 +643,7 @@ class OrderBook:
                     del q[j]
                     break
         else:
-            _drop_level(self._ask_px, self._ask_q, self._ask_tot, p)
+            _drop_level(self._ask_px, self._ask_q, self._ask_tot, p, self._ask_cap)
         fills: list[Fill] = []
         stc: list[int] = []
         bpx = self._bid_px
@@ -564,6 +653,7 @@ class OrderBook:
             cell = [a]
             _rest(self._ask_px, self._ask_q, self._ask_tot, cell, p, a.seq, left)
             self._ask_ix[ask_id] = cell
+            self._rested_ask(a)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
