@@ -189,7 +189,12 @@ class OrderBook:
             cell = [bid]
             _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
             self._bid_ix[bid_id] = cell
-            self._rested_bid(bid)
+            own = self._bid_own  # inline _rested_bid (the hot path)
+            owner = bid.owner
+            own[owner] = own.get(owner, 0) + 1
+            mg = self._bid_mingang
+            if mg.get(price, _BIG) > gang:
+                mg[price] = gang
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, left)
 
@@ -223,7 +228,12 @@ class OrderBook:
             cell = [ask]
             _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
             self._ask_ix[ask_id] = cell
-            self._rested_ask(ask)
+            own = self._ask_own  # inline _rested_ask (the hot path)
+            owner = ask.owner
+            own[owner] = own.get(owner, 0) + 1
+            cap = self._ask_cap
+            if cap.get(price, 0) < left:
+                cap[price] = left
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
@@ -563,7 +573,13 @@ class OrderBook:
         """Remove a resting bid or ask by id; ``False`` if no such order rests."""
         cell = self._bid_ix.pop(order_id, None)
         if cell is not None:
-            _dec(self._bid_own, cell[0].owner)
+            own = self._bid_own
+            owner = cell[0].owner
+            n = own[owner] - 1
+            if n:
+                own[owner] = n
+            else:
+                del own[owner]
             self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
             return True
         cell = self._ask_ix.pop(order_id, None)
