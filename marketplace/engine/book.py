@@ -30,8 +30,12 @@ Implementation: per side, a sorted list of the prices that have resting GPUs, an
 price a deque of one-element list "cells" ``[order]`` in seq order plus the total GPUs at
 that price. Cancels are lazy (the cell is emptied, ``[None]``) and dead cells are
 dropped when they reach the head of a level, when the level empties, or by an amortised
-compaction. Bids and asks passed in are mutated: their ``gpus`` always mean "still
-wanted / still available".
+compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid level a
+lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
+level), and each side counts resting orders per owner: a walk skips a level in O(1) when
+no order there can trade (no whole gang) and none is the incoming order's owner's (so
+self-trade prevention still cancels it). Bids and asks passed in are mutated: their
+``gpus`` always mean "still wanted / still available".
 """
 
 from __future__ import annotations
