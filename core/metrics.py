@@ -70,6 +70,9 @@ LEASES_ENDED = Counter("gpumarket_leases_ended_total", "Leases ended, by final s
 FAILURES = Counter("gpumarket_lease_failures_total",
                    "Leases failed, by cause (node_silent, xid, ecc, thermal, gpu_lost, "
                    "workload_exit, image, other)", ["cause"])
+WEBHOOK_DELIVERIES = Counter("gpumarket_webhook_deliveries_total",
+                             "Webhook delivery attempts (outcome: delivered, failed)",
+                             ["outcome"])
 HEARTBEATS = Counter("gpumarket_heartbeats_total", "Runner heartbeats received")
 HEARTBEATS_LATE = Counter("gpumarket_heartbeats_late_total",
                           "Heartbeats that came more than GPUMARKET_METRICS_HEARTBEAT_LATE_"
@@ -301,3 +304,8 @@ def feed_messages(events) -> None:
     """Feed events published (each a dict with its `group`)."""
     for event in events:
         FEED_MESSAGES.labels(_channel(event["group"])).inc()
+
+
+def webhook_attempt(delivered: bool) -> None:
+    """One webhook delivery attempt's outcome (webhooks/delivery.py records it)."""
+    WEBHOOK_DELIVERIES.labels("delivered" if delivered else "failed").inc()

@@ -189,6 +189,8 @@ class BidForm(_CommandHelp, forms.Form):
                                help_text='optional, e.g. 0.95: only nodes with at least that '
                                          "share of leases not failed by the provider's fault "
                                          "over 30 days (new nodes qualify)")
+    node = _whole(OrderInSerializer, "node", "Only on node (id)",
+                  help_text="empty: any node; an offer's \u201cBid for this node\u201d sets it")
 
     def clean(self):
         data = super().clean()
@@ -255,6 +257,18 @@ class RotateTokenForm(forms.Form):
               "runner needs the new one",
         error_messages={"required": "tick the box to confirm: the current runner token "
                                     "stops working at once"})
+
+
+class MaintenanceForm(forms.Form):
+    """The node page's "Announce maintenance": the window's start and end (UTC) and an
+    optional reason; the service (marketplace/maintenance.py) checks them."""
+
+    starts_at = forms.DateTimeField(label="From (UTC)", widget=forms.DateTimeInput(
+        attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    ends_at = forms.DateTimeField(label="Until (UTC)", widget=forms.DateTimeInput(
+        attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    reason = forms.CharField(label="Reason (shown to the buyers of leases it ends)",
+                             max_length=200, required=False)
 
 
 class _NodeChoice(forms.Form):

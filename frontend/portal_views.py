@@ -28,7 +28,7 @@ from frontend.views import (
     usd,
 )
 from marketplace import auctions as auction_services
-from marketplace import book, interconnect, node_retire, reliability, selectors
+from marketplace import book, interconnect, maintenance, node_retire, reliability, selectors
 from marketplace.errors import MarketError
 from marketplace.models import Auction, Lease, Order
 from providers.benchmarks import gpu_score, latest_results
@@ -188,6 +188,29 @@ def node_rename_page(request, pk: int):
 
 @member
 @require_POST
+def node_maintenance(request, pk: int):
+    """The node page's "Announce maintenance" (POST, CSRF): the window, or the node page
+    again with the refusal on its field, 400. Not your node: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    form = f.MaintenanceForm(request.POST)
+    if form.is_valid():
+        v = form.cleaned_data
+        try:
+            maintenance.announce(user_id=request.user.pk, node_id=node.pk,
+                                 starts_at=v["starts_at"], ends_at=v["ends_at"],
+                                 reason=v["reason"])
+        except MarketError as exc:
+            _service_error(form, exc)
+        else:
+            messages.success(request, "Maintenance window announced: its time is no longer "
+                                      "sold, and leases that would overlap it get their notice.")
+            return redirect("node", pk=node.pk)
+    return node_detail(request, pk, maintenance_form=form, status=400)
+
+
+@member
+@require_POST
 def node_retire_page(request, pk: int):
     """The node page's "Retire node" (the box ticked): PRG to the portal, saying which asks
     were cancelled; refused (active leases, open auctions): PRG to the node page, saying
@@ -209,8 +232,28 @@ def node_retire_page(request, pk: int):
     return node_detail(request, pk, retire_form=form, status=400)
 
 
+
+
+@member
+@require_POST
+def node_maintenance_withdraw(request, pk: int, window_id: int):
+    """Withdraw a window (POST, CSRF); its notices are taken back. Not yours: 404."""
+    provider = _require_provider(request)
+    node = get_object_or_404(Node, pk=pk, provider=provider)
+    try:
+        maintenance.withdraw(user_id=request.user.pk, node_id=node.pk, window_id=window_id)
+    except MarketError as exc:
+        if getattr(exc, "status", 400) == 404:
+            raise Http404(str(exc)) from None
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Maintenance window withdrawn.")
+    return redirect("node", pk=node.pk)
+
+
 @member
 def node_detail(request, pk: int, *, rotate_form=None, rename_form=None, retire_form=None,
+                maintenance_form=None,
                 status: int = 200):
     provider = _require_provider(request)
     node = get_object_or_404(Node, pk=pk, provider=provider)
@@ -257,6 +300,8 @@ def node_detail(request, pk: int, *, rotate_form=None, rename_form=None, retire_
         "rename_form": rename_form or f.RenameNodeForm(initial={"name": node.name}),
         "retire_form": retire_form or f.RetireNodeForm(),
         "retire_refusal": None if node.retired_at else node_retire.refusal(node),
+        "windows": maintenance.upcoming([node.pk]).get(node.pk, []),
+        "maintenance_form": maintenance_form or f.MaintenanceForm(),
     }, status=status)
 
 

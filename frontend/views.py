@@ -1,6 +1,7 @@
 """Server-rendered pages: the home page, sign up / log in, the buyer's bidding UI
-(wallet, markets, sealed auctions, orders, leases) and the helpers the other page
-modules share (the provider portal: frontend/portal_views.py; Stripe: stripe_views.py).
+(wallet, sealed auctions, orders, leases) and the helpers the other page
+modules share (the market page: frontend/market_views.py; the provider portal:
+frontend/portal_views.py; Stripe: stripe_views.py).
 
 Views stay thin: a form parses the input, one service does the work, and a refusal of
 the service (MarketError, ProviderError, SettlementError) is shown next to the field
@@ -34,7 +35,6 @@ from marketplace import (
     chains,
     checkpoint_reports,
     env_templates,
-    interconnect,
     runtimes,
     selectors,
 )
@@ -45,7 +45,6 @@ from marketplace.jupyter import jupyter_link
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SshKey
 from marketplace.ports import endpoint_text, ssh_command
 from marketplace.sealing import sealed_names
-from providers.benchmarks import class_summary
 from providers.models import LeaseLog, Provider
 from settlement import services as ledger
 from settlement.models import Hold
@@ -229,88 +228,6 @@ def container_terms(v: dict) -> dict:
         "secrets": v.get("secrets") or {}}
 
 
-def template_compatibility(market: GpuClass) -> list[dict]:
-    """Per template of the catalog: {id, title, image, ports ("22 ssh, 8888 jupyter"),
-    min_cuda, note: "needs CUDA 12.4: 3 of 5 nodes with asks qualify" (or, with no
-    need, "runs on any node")} over the market's nodes with standing asks."""
-    cudas = selectors.ask_node_cudas(market.pk)
-    return [{"id": t.id, "title": t.title, "image": t.image or "your own",
-             "ports": ", ".join(f"{p} {r}" for p, r in t.ports) or "—",
-             "min_cuda": t.min_cuda,
-             "note": selectors.cuda_note(t.min_cuda, cudas) if t.min_cuda
-             else f"runs on any node ({len(cudas)} with asks)"}
-            for t in env_templates.templates().values()]
-
-
-def _depth_rows(levels):
-    return [[usd(p), q] for p, q in levels]
-
-
-def _market_context(request, market: GpuClass, form):
-    bids, asks = book.depth(market)
-    trades = [{"id": x.pk, "price": usd(x.price), "gpus": x.gpus,
-               "at": x.created_at.isoformat()}
-              for x in Fill.objects.filter(market=market).order_by("-pk")[:20]]
-    ctx = {
-        "market": market, "form": form,
-        "reference": usd(market.reference_price) if market.reference_price else None,
-        "bids": _depth_rows(bids), "asks": _depth_rows(asks),
-        "depth_json": _rows_json({"bids": _depth_rows(bids), "asks": _depth_rows(asks)}),
-        "trades": trades, "trades_json": _rows_json(trades),
-        "best_bid": usd(bids[0][0]) if bids else None,
-        "best_ask": usd(asks[0][0]) if asks else None,
-        "crossed": selectors.crossed_note(market.pk, asks[0][0]) if bids and asks
-        and bids[0][0] >= asks[0][0] else "",
-        "gpus_offered": sum(q for _, q in asks),
-        "markets": GpuClass.objects.all(),
-        "benchmark": class_summary(market),  # None: "not benchmarked yet"
-        "slice": slice_label(market),  # "1/7 of an H100: 10 GB, 16 SMs"; "" for a whole GPU
-        "slice_markets": [(c, slice_label(c)) for c in
-                          market.slices.select_related("parent").order_by("memory_gb", "slug")],
-        "templates": template_compatibility(market),
-        "offers": [{**o, "price": usd(o["price"])} for o in interconnect.offers(market)],
-    }
-    if request.user.is_authenticated:
-        ctx["my_orders"] = _order_rows(Order.objects.filter(owner=request.user, market=market)
-                                       .select_related("market", "node").order_by("-pk")[:20])
-        ctx["my_leases"] = _lease_rows(Lease.objects.filter(buyer=request.user, market=market)
-                                       .select_related("market", "node").order_by("-pk")[:20],
-                                       role="buyer")
-    return ctx
-
-
-def market(request, slug: str):
-    gpu_class = get_object_or_404(GpuClass, slug=slug)
-    form = f.BidForm(request.POST or None, images=runtimes.market_runs_images(gpu_class.pk),
-                     where=f"every node of {gpu_class.slug}")
-    if request.method == "POST":
-        if not request.user.is_authenticated:
-            return redirect(f"{reverse(LOGIN)}?next={request.path}")
-        if form.is_valid():
-            v = form.cleaned_data
-            try:
-                placed = book.place_bid(
-                    buyer_id=request.user.pk, market_slug=slug, price=v["price"],
-                    gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
-                    gang_size=v["gang_size"], time_in_force=v["time_in_force"],
-                    interconnect=v["interconnect"] or "any",
-                    min_reliability=v.get("min_reliability"), **container_terms(v))
-            except (MarketError, ledger.SettlementError) as exc:
-                _service_error(form, exc)
-            else:
-                order = placed.order
-                order.refresh_from_db()
-                filled = order.gpus - order.remaining_gpus
-                messages.success(request, f"Bid #{order.pk} placed: "
-                                          f"{money.status_word(order.status)}, "
-                                          f"{filled} of {money.gpus(order.gpus)} filled, "
-                                          f"{len(placed.leases)} lease(s).")
-                return redirect("market", slug=slug)
-        return _page(request, "frontend/market.html",
-                     _market_context(request, gpu_class, form), status=400)
-    return _page(request, "frontend/market.html", _market_context(request, gpu_class, form))
-
-
 # ---------------------------------------------------------------- orders and leases
 
 def _order_rows(orders):
@@ -354,6 +271,10 @@ def _lease_rows(leases, *, role: str):
             "platform_fee": usd(x.platform_fee), "image": x.image, "role": role,
             "log_tail": tails.get(x.pk, ""),
             "preempt_at": x.preempt_at if x.status in Lease.ACTIVE else None,
+            # another deadline its workload was told of (docs/LEASE_CONTRACT.md)
+            "notice_deadline": x.notice_deadline if x.status in Lease.ACTIVE
+            and x.notice_reason and x.notice_reason != "preemption" else None,
+            "notice_reason": x.notice_reason,
             "ports": [_port_label(p, x.port_roles) for p in x.ports or []],
             "template": x.template,
             # unended: the time left and the cost so far, counted on by leases.js

@@ -28,6 +28,7 @@ from marketplace.book import (
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from marketplace.lease_notice import check_stop_terms
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, Interconnect, Order, SealedBid
@@ -39,6 +40,7 @@ from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.auctions")
 
@@ -133,7 +135,9 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                      env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
                      interconnect: str = Interconnect.ANY,
                      checkpoint: Checkpoint | None = None, failover: bool = True,
-                     min_reliability=None, now: datetime | None = None) -> SealedBid:
+                     min_reliability=None, notice_signal: str = "",
+                     stop_grace_seconds: int = 10,
+                     now: datetime | None = None) -> SealedBid:
     """Place (or replace) the bidder's sealed bid, holding price × gpus × hours.
 
     Under second_price a bid is for the whole lot (gpus defaults to the lot size).
@@ -154,8 +158,10 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
     set of min_gpus; at close, an award the node cannot connect any more is lost:
     docs/MATCHING.md, "Interconnect"). The bid's `replaced_bid_id` (not stored): the id of
     the bidder's earlier active bid on this auction that it replaced (withdrawn, its hold
-    released), or None.
+    released), or None. notice_signal, stop_grace_seconds: the lease's stop terms
+    (lease_notice.check_stop_terms: InvalidInput naming the field).
     """
+    check_stop_terms(notice_signal, stop_grace_seconds)
     if interconnect not in Interconnect.values:
         raise InvalidInput("must be any or nvlink", field="interconnect")
     now = now or timezone.now()
@@ -218,7 +224,8 @@ def place_sealed_bid(*, bidder_id: int, auction_id: int, price: int, gpus: int |
                         checkpoint=dict(checkpoint.terms) if checkpoint else {},
                         checkpoint_sealed=checkpoint.sealed() if checkpoint else "",
                         interconnect=interconnect, failover=failover,
-                        min_reliability=min_reliability, hold_id=0)
+                        min_reliability=min_reliability, notice_signal=notice_signal,
+                        stop_grace_seconds=stop_grace_seconds, hold_id=0)
         hold = ledger.hold_place(buyer_id=bidder_id, amount=hold_amount,
                                  reference=f"auction:{auction.pk}")
         bid.hold_id = hold.pk
@@ -273,6 +280,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                      f"below the bid's {bid.min_cuda}")
             ledger.hold_release(hold_id=bid.hold_id, cause=cause)
             bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
+            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
         runtime = auction.node.runtime  # so may its runtime (runtimes.py)
         for bid in [b for b in bids if not can_run(runtime, b.command)]:
             bids.remove(bid)
@@ -280,6 +288,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                      "(--runtime process) and the bid gives no command")
             ledger.hold_release(hold_id=bid.hold_id, cause=cause)
             bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
+            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
         clearing = engine.clear(
             auction.rule,
             [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
@@ -300,6 +309,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             if award is None:
                 ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
                 bid.set_status(SealedBid.Status.LOST, cause=f"auction {auction.pk} lost", at=now)
+                webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, "lost"))
                 continue
             cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
             ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
@@ -308,6 +318,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
             bid.paid_price = award.price
             bid.set_status(SealedBid.Status.WON, cause=f"auction {auction.pk} won", at=now,
                            update_fields=("awarded_gpus", "paid_price"))
+            webhooks.emit(bid.bidder_id, "auction.won", _bid_event(auction, bid, "won"))
             metrics.fill(auction.market.slug, "sealed", award.gpus, auction.duration_seconds)
             create_lease(
                 market=auction.market, buyer_id=bid.bidder_id, provider_id=auction.provider_id,
@@ -316,6 +327,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 command=bid.command, ports=bid.ports, now=now, sealed_bid=bid,
                 template=bid.template, min_cuda=bid.min_cuda, port_roles=bid.port_roles,
                 ssh=bid.ssh, env=bid.env, secrets_sealed=bid.secrets_sealed,
+                notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
                 checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
                 hold_id=bid.hold_id, nvlink_gang=award.gpus if nvlink else 0,
                 failover=bid.failover, min_reliability=bid.min_reliability,
@@ -332,6 +344,13 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
     log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
              len(bids), clearing.clearing_price, winners)
     return auction
+
+
+def _bid_event(auction: Auction, bid: SealedBid, cause: str) -> dict:
+    """A sealed bid's webhook payload at close (its own bid only: no other bid's content)."""
+    return {"auction": auction.pk, "sealed_bid": bid.pk, "status": bid.status,
+            "cause": cause[:300], "gpus": bid.awarded_gpus or 0,
+            "price_usd_micros": bid.paid_price}
 
 
 def interconnect_possible(auction: Auction, gpus: int) -> bool:

@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from core import metrics
 from core.bulk import execute_arrays, insert_all
-from marketplace import locking, matching, preemption, runtimes
+from marketplace import locking, matching, offers, preemption, runtimes
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
+from marketplace.lease_notice import check_stop_terms
 from marketplace.models import GpuClass, Interconnect, Lease, Order
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
@@ -227,8 +228,10 @@ class BidRequest:
     (ports.clean_port_roles); ssh: its leases get the buyer's SSH keys, port 22 (role ssh)
     added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
     secrets in clear here, sealed when written: never in a log or an answer);
+    notice_signal, stop_grace_seconds: its leases' stop terms (lease_notice.py).
     checkpoint: the bid's store (checkpoints.Checkpoint, probed by the API; None: none),
-    its credentials sealed when written (`checkpoint_sealed`), never in a repr.
+    its credentials sealed when written (`checkpoint_sealed`), never in a repr; node: the
+    one node it fills on (a node of the offers; None: any).
     """
 
     buyer_id: int
@@ -255,6 +258,9 @@ class BidRequest:
     failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
     min_reliability: Decimal | None = None
     avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
+    node: int | None = None  # fill only on this node (offers.check_bid_node)
+    notice_signal: str = ""
+    stop_grace_seconds: int = 10
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -275,7 +281,9 @@ class BidRequest:
                 "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
                 "failover": (not self.interruptible) if self.failover is None
                 else bool(self.failover),
-                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id}
+                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id,
+                "node_id": self.node, "notice_signal": self.notice_signal,
+                "stop_grace_seconds": self.stop_grace_seconds}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -344,6 +352,9 @@ def place_bids(requests: list[BidRequest], *,
                 if not images[market.pk]:
                     raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
                                        field="command")
+            if r.node is not None:
+                offers.check_bid_node(r.node, market, r.gpus if r.gang_size is None
+                                      else r.gang_size)
         except Exception as exc:  # each refusal is that bid's answer
             results[i] = exc
             continue
@@ -398,6 +409,7 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
     ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
     ports = clean_ports(ports)
     check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
+    check_stop_terms(r.notice_signal, r.stop_grace_seconds)
     clean_port_roles(roles, ports)
     clean_env_and_secrets(r.env, r.secrets)
     require_key(r.buyer_id, r.ssh)

@@ -29,8 +29,9 @@ from marketplace.errors import Conflict
 from marketplace.lease_end import end_lease
 from marketplace.locking import lock_market
 from marketplace.matching import return_gpus_to_ask
-from marketplace.models import Auction, Lease, Order
+from marketplace.models import Auction, Lease, LeaseGpu, Order
 from providers.models import Gpu, Node
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.health")
 
@@ -103,7 +104,33 @@ def on_gpu_health_changed(sender, *, node: Node, unhealthy: list[str], recovered
         log.warning("node %s: heartbeating again after missing heartbeats", node.pk)
     if unhealthy or recovered:
         log.warning("node %s: GPUs unhealthy %s, recovered %s", node.pk, unhealthy, recovered)
+        tell_health(node=node, unhealthy=unhealthy, recovered=recovered)
     rebalance_asks(node=node)
+
+
+def tell_health(*, node: Node, unhealthy: list[str], recovered: list[str]) -> None:
+    """`health.finding` webhooks: to the node's provider (every changed GPU) and to the
+    buyer of each active lease on one (its GPUs only): {node, lease?, gpus: [{uuid,
+    healthy, findings}]}."""
+    healthy = {**dict.fromkeys(unhealthy, False), **dict.fromkeys(recovered, True)}
+    findings = dict(Gpu.every.filter(node=node, uuid__in=healthy)
+                    .values_list("uuid", "findings"))
+
+    def gpus(uuids):
+        return [{"uuid": u, "healthy": healthy[u], "findings": findings.get(u) or []}
+                for u in uuids]
+
+    held: dict[tuple[int, int], list[str]] = {}
+    for lease_id, buyer_id, uuid in (LeaseGpu.objects
+                                     .filter(active=True, gpu__node=node, gpu__uuid__in=healthy)
+                                     .values_list("lease_id", "lease__buyer_id", "gpu__uuid")):
+        held.setdefault((lease_id, buyer_id), []).append(uuid)
+    with transaction.atomic():
+        webhooks.emit(node.provider.user_id, "health.finding",
+                      {"node": node.pk, "gpus": gpus(healthy)})
+        for (lease_id, buyer_id), uuids in held.items():
+            webhooks.emit(buyer_id, "health.finding",
+                          {"node": node.pk, "lease": lease_id, "gpus": gpus(sorted(uuids))})
 
 
 def on_units_changed(sender, *, node: Node, **kwargs) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from django.utils import timezone
+
 from marketplace.engine import topology
 from marketplace.models import GpuClass, Order
-from providers.models import Gpu
+from providers.models import Gpu, MaintenanceWindow
 from providers.services import normal_bus_id
 
 
@@ -109,7 +111,9 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
     who offers it: [{"price": micro-USD per GPU-hour, "gpus": still offered, "node_gpus":
     the node's GPUs of the class, "interconnect": "NVLink full mesh" (topology.describe),
     "summary": "8 × H100 SXM 80GB, NVLink full mesh", "reliability": the node's 30-day
-    reliability, "0.950", or None without a record (docs/FAULTS.md)}]."""
+    reliability, "0.950", or None without a record (docs/FAULTS.md), "maintenance": the
+    node's windows not yet over, [{"starts_at", "ends_at"}] by start (the ask sells no time
+    past the first one's start: marketplace/maintenance.py)}]."""
     asks = list(Order.objects.filter(market=market, side=Order.Side.ASK,
                                      status__in=Order.ACTIVE, remaining_gpus__gt=0)
                 .order_by("price", "pk").values_list("price", "remaining_gpus", "node_id",
@@ -118,10 +122,17 @@ def offers(market: GpuClass, limit: int = 50) -> list[dict]:
     for gpu in (Gpu.objects.filter(node_id__in={a[2] for a in asks}, gpu_class=market)
                 .select_related("gpu_class")):
         by_node.setdefault(gpu.node_id, []).append(gpu)
+    windows: dict[int, list[dict]] = {}
+    for node, starts_at, ends_at in (
+            MaintenanceWindow.objects.filter(node_id__in={a[2] for a in asks},
+                                             ends_at__gt=timezone.now())
+            .order_by("starts_at").values_list("node_id", "starts_at", "ends_at")):
+        windows.setdefault(node, []).append({"starts_at": starts_at, "ends_at": ends_at})
     out = []
     for price, gpus, node, reliability in asks:
         mine = by_node.get(node, [])
         out.append({"price": price, "gpus": gpus, "node_gpus": len(mine),
                     "interconnect": interconnect_words(mine), "summary": describe_gpus(mine),
-                    "reliability": None if reliability is None else str(reliability)})
+                    "reliability": None if reliability is None else str(reliability),
+                    "maintenance": windows.get(node, [])})
     return out

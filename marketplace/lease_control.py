@@ -170,8 +170,10 @@ def _check_window(lease: Lease, new_end: datetime, now: datetime) -> None:
             raise Conflict(f"the window is closed: the provider offers node "
                            f"{lease.node.name} in no standing ask beyond the auction's lot")
         where = f"the provider's ask {ask.pk} on node {lease.node.name}"
-    if ask.available_until < new_end:
-        raise Conflict(f"the window ends at {ask.available_until.isoformat()} ({where}): the "
+    until = locking.sells_until(ask.available_until, ask.node.maintenance_from)
+    if until < new_end:
+        why = "" if until == ask.available_until else ", where the node's maintenance starts"
+        raise Conflict(f"the window ends at {until.isoformat()} ({where}{why}): the "
                        f"lease can run until then at most, {new_end.isoformat()} was asked")
     if lease.ask_id is not None:
         return

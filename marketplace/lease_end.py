@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from core import metrics
-from marketplace import faults, locking, matching, preemption, reliability
+from marketplace import faults, lease_notice, locking, matching, preemption, reliability
 from marketplace.errors import Conflict
 from marketplace.leases import hold_ids as lease_hold_ids
 from marketplace.leases import move
@@ -33,10 +33,11 @@ def end_lease(*, lease_id: int, status: str, cause: str, now: datetime | None = 
               detail: dict | None = None) -> Lease:
     """End a lease (completed, failed, preempted or cancelled) and settle it, once.
 
-    Charged seconds: from started_at to `now`, at most the leased duration (0 if it
-    never ran). One journal entry pays provider and platform by the take-rate split and
-    releases the rest of the hold. The GPUs become free and return to the ask they were
-    sold from. Raises Conflict if the lease has already ended.
+    Charged seconds: from started_at to `now` (or to a notice or preemption deadline
+    already past: the stop after the deadline is the provider's, docs/LEASE_CONTRACT.md),
+    at most the leased duration (0 if it never ran). One journal entry pays provider and
+    platform by the take-rate split and releases the rest of the hold. The GPUs become
+    free and return to the ask they were sold from. Raises Conflict if the lease has already ended.
     """
     now = now or timezone.now()
     market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
@@ -57,7 +58,9 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
     (lease, seconds charged, micro-USD released to the buyer)."""
     seconds = 0
     if lease.started_at is not None:
-        seconds = int(min((now - lease.started_at).total_seconds(), lease.duration_seconds))
+        end = min([now, *(at for at in (lease.notice_deadline, lease.preempt_at)
+                          if at is not None)])
+        seconds = int(min((end - lease.started_at).total_seconds(), lease.duration_seconds))
         seconds = max(seconds, 0)
         reported = (detail or {}).get("runner_usage_seconds")
         if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
@@ -175,8 +178,9 @@ def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None
         if bid.status not in Order.ACTIVE or (bid.expires_at and bid.expires_at <= now):
             gone = bid.status if bid.status not in Order.ACTIVE else "expired"
             lease.preempt_at = None
+            cleared = lease_notice.cleared_fields(lease, lease_notice.PREEMPTION)
             lease.note(cause=f"preemption called off: the bid it was for is {gone}", at=now,
-                       update_fields=("preempt_at",))
+                       update_fields=("preempt_at", *cleared))
             log.info("lease %s: preemption called off (bid %s %s)", lease.pk, bid.pk, gone)
             preemption.reconsider_preemptions(market_id, now)  # it may be another resting bid's now
             return None

@@ -29,6 +29,7 @@ from marketplace.states import IllegalTransition
 from providers.models import Gpu, Node
 from settlement import services as ledger
 from settlement.money import lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.leases")
 
@@ -95,14 +96,16 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
                  env: dict[str, str] | None = None, secrets_sealed: str = "",
                  nvlink_gang: int = 0, checkpoint: dict | None = None,
                  checkpoint_sealed: str = "", failover: bool = False,
-                 min_reliability=None) -> Lease:
+                 min_reliability=None, notice_signal: str = "",
+                 stop_grace_seconds: int = 10) -> Lease:
     """Create a pending lease on `gpus` free GPUs of `node` (in NVLink-connected gangs of
     `nvlink_gang` when given), secured by a hold of its full cost at `price` (a new hold
     unless `hold_id` is given). Runs in the caller's transaction, under the market lock;
     Conflict (nothing written) when the node cannot give them. The hold is named
     "lease:<id>" (a given one, a sealed bid's, is renamed so). The bid's workload terms
     are copied (template, min_cuda, port_roles, ssh, env, its sealed secrets and its
-    checkpoint store with its sealed credentials, as they are);
+    checkpoint store with its sealed credentials, as they are, the stop terms
+    notice_signal and stop_grace_seconds);
     a node below `min_cuda` is refused (Conflict naming min_cuda: matching never gets here
     with one, docs/MATCHING.md), and so is a process-only node without `command`
     (runtimes.py); with `ssh`, the buyer's SSH public keys as they are now
@@ -134,6 +137,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         ssh_public_keys=ssh_keys.authorized_lines(buyer_id) if ssh else [],
         env=dict(env or {}), secrets_sealed=secrets_sealed,
         checkpoint=dict(checkpoint or {}), checkpoint_sealed=checkpoint_sealed,
+        notice_signal=notice_signal, stop_grace_seconds=stop_grace_seconds,
         jupyter_token_sealed=new_jupyter_token(port_roles),
         failover=failover, min_reliability=min_reliability,
     )
@@ -154,6 +158,7 @@ def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lea
         port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
         secrets_sealed=bid.secrets_sealed,
         checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
+        notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
         nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
         failover=bid.failover, min_reliability=bid.min_reliability,
     )
@@ -230,6 +235,24 @@ def move(lease: Lease, to: str, *, cause: str, at: datetime | None = None,
         lease.set_status(to, cause=cause, at=at, update_fields=update_fields, detail=detail)
     except IllegalTransition as exc:
         raise Conflict(str(exc)) from None
+    if to in LEASE_WEBHOOKS:
+        webhooks.emit(lease.buyer_id, LEASE_WEBHOOKS[to], lease_event(lease, cause))
+
+
+# a lease's move → the webhook event its buyer gets (docs/WEBHOOKS.md)
+LEASE_WEBHOOKS = {"running": "lease.started", "completed": "lease.stopped",
+                  "cancelled": "lease.stopped", "preempted": "lease.stopped",
+                  "failed": "lease.failed"}
+
+
+def lease_event(lease: Lease, cause: str) -> dict:
+    """A lease's webhook payload: ids, status and cause, integer micro-USD, ISO times."""
+    def iso(t):
+        return t.isoformat() if t else None
+    return {"lease": lease.pk, "status": lease.status, "cause": cause[:300],
+            "node": lease.node_id, "gpus": lease.gpu_count, "price_usd_micros": lease.price,
+            "started_at": iso(lease.started_at), "ends_at": iso(lease.ends_at),
+            "ended_at": iso(lease.ended_at), "cost_usd_micros": lease.cost}
 
 
 def meter_lease(*, lease_id: int, now: datetime | None = None) -> int | None:

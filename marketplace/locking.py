@@ -137,16 +137,26 @@ def engine_bid(order: Order) -> engine.Bid:
                       tif=order.time_in_force, min_cuda=cuda_key(order.min_cuda),
                       nvlink=order.interconnect == "nvlink",
                       min_rel=rel_key(order.min_reliability),
-                      avoid_node=order.avoid_node_id or 0, image_only=not order.command)
+                      avoid_node=order.avoid_node_id or 0, image_only=not order.command,
+                      node=order.node_id or 0)
+
+
+def sells_until(available_until: datetime, maintenance_from: datetime | None) -> datetime:
+    """The end of the time an ask sells: its available_until, cut at the start of its
+    node's next maintenance window (Node.maintenance_from; docs/LEASE_CONTRACT.md)."""
+    if maintenance_from is not None and maintenance_from < available_until:
+        return maintenance_from
+    return available_until
 
 
 def engine_ask(order: Order) -> engine.Ask:
-    """The ask with its node's CUDA version, reliability and runtime (reads the node
-    unless it is loaded)."""
+    """The ask with its node's CUDA version, reliability, runtime and maintenance cut
+    (reads the node unless it is loaded)."""
     return engine.Ask(id=order.pk, owner=order.owner_id, price=order.price,
                       gpus=order.remaining_gpus, node=order.node_id,
-                      available_until=epoch(order.available_until), seq=order.pk,
-                      cuda=cuda_key(order.node.cuda_version),
+                      available_until=epoch(sells_until(order.available_until,
+                                                        order.node.maintenance_from)),
+                      seq=order.pk, cuda=cuda_key(order.node.cuda_version),
                       rel=_node_rel(order.node.reliability),
                       runs_images=runs_images(order.node.runtime))
 
@@ -158,11 +168,12 @@ def _node_rel(value) -> int:
 
 # a bid's min_cuda, an ask's node's cuda_version (docs/MATCHING.md, "CUDA compatibility");
 # a bid's min_reliability and avoid_node_id, an ask's node's reliability (docs/FAULTS.md);
-# a bid's command, an ask's node's runtime (docs/MATCHING.md, "Runtimes")
+# a bid's command, an ask's node's runtime (docs/MATCHING.md, "Runtimes");
+# node_id: an ask's node, or the one node a bid fills on (null: any)
 ROW = ("pk", "side", "owner_id", "price", "remaining_gpus", "gang_size", "duration_seconds",
         "time_in_force", "node_id", "available_until", "min_cuda", "node__cuda_version",
         "interconnect", "min_reliability", "avoid_node_id", "node__reliability", "command",
-        "node__runtime")
+        "node__runtime", "node__maintenance_from")
 
 
 def build_book(market: GpuClass, *, exclude: int | None = None,
@@ -175,16 +186,17 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     rows = resting.values_list(*ROW)
     rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
     for (pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link,
-         mrel, avoid, rel, command, runtime) in rows:
+         mrel, avoid, rel, command, runtime, cut) in rows:
         if side == Order.Side.BID:
             rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
                          duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
                          nvlink=link == "nvlink", min_rel=rel_key(mrel),
-                         avoid_node=avoid or 0, image_only=not command))
+                         avoid_node=avoid or 0, image_only=not command, node=node or 0))
         elif gpus > 0:
             rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(until), seq=pk, cuda=cuda_key(cuda or ""),
-                         rel=_node_rel(rel), runs_images=runtime != "process"))
+                         available_until=epoch(sells_until(until, cut)), seq=pk,
+                         cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
+                         runs_images=runtime != "process"))
     return book
 
 
@@ -192,7 +204,8 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
              gpus: int, gang: int | None, duration: int | None, tif: str, node: int | None,
              until: datetime | None, need: str, cuda: str | None,
              link: str = "any", mrel=None, avoid: int | None = None,
-             rel=None, command: list | None = None, runtime: str | None = None) -> None:
+             rel=None, command: list | None = None, runtime: str | None = None,
+             cut: datetime | None = None) -> None:
     """Make `book` hold order `pk` as the database now has it (resting or not)."""
     book.cancel(pk)
     if status not in Order.ACTIVE or gpus <= 0:
@@ -202,10 +215,10 @@ def _restate(book: engine.OrderBook, pk: int, status: str, side: str, owner: int
                                  duration_s=duration, seq=pk, tif=tif,
                                  min_cuda=cuda_key(need), nvlink=link == "nvlink",
                                  min_rel=rel_key(mrel), avoid_node=avoid or 0,
-                                 image_only=not command))
+                                 image_only=not command, node=node or 0))
     else:
         book.rest_ask(engine.Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                                 available_until=epoch(until), seq=pk,
+                                 available_until=epoch(sells_until(until, cut)), seq=pk,
                                  cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
                                  runs_images=runs_images(runtime)))
 
@@ -277,7 +290,8 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
                          o.node.cuda_version if o.node_id else None, o.interconnect,
                          o.min_reliability, o.avoid_node_id,
                          o.node.reliability if o.node_id else None,
-                         o.command, o.node.runtime if o.node_id else None)
+                         o.command, o.node.runtime if o.node_id else None,
+                         o.node.maintenance_from if o.node_id else None)
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed

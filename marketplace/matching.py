@@ -21,6 +21,7 @@ from marketplace.models import Fill, GpuClass, Lease, Order
 from settlement import services as ledger
 from settlement.models import Hold
 from settlement.money import format_usd, lease_cost
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.market")
 
@@ -95,6 +96,10 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
             order.set_status(status, cause=f"fill {fill.pk}: {f.gpus} GPUs at "
                              f"{format_usd(f.price)} USD/GPU-hour",
                              at=now, update_fields=("remaining_gpus", *locking.touch(order)))
+            webhooks.emit(order.owner_id, "order.filled", {
+                "order": order.pk, "side": order.side, "status": status, "fill": fill.pk,
+                "lease": leases[-1].pk, "gpus": f.gpus, "price_usd_micros": f.price,
+                "remaining_gpus": order.remaining_gpus})
         if bid.remaining_gpus == 0:
             ledger.hold_release(hold_id=bid.hold_id, cause=f"order {bid.pk} filled")
         log.info("fill %s: bid %s × ask %s, %s GPUs at %s", fill.pk, bid.pk, ask.pk,
@@ -102,7 +107,25 @@ def apply_result(market: GpuClass, incoming: Order, result: engine.MatchResult,
     if incoming.status in Order.ACTIVE and not result.rested:
         close_order(incoming, "cancelled", f"{incoming.time_in_force}: remainder not rested",
                      now)
+    if incoming.side == Order.Side.ASK and result.fills and incoming.remaining_gpus == 0:
+        tell_outbid(market, incoming, {f.bid_id for f in result.fills})
     return leases
+
+
+OUTBID_MAX = 100  # the most resting bids told per ask taken
+
+
+def tell_outbid(market: GpuClass, ask: Order, winners: set[int]) -> None:
+    """`order.outbid` to the resting bids that could pay `ask` but whose GPUs a better bid
+    took (the ask is used up): {order, ask, price_usd_micros (the ask's), remaining_gpus}."""
+    waiting = (Order.objects.filter(market=market, side=Order.Side.BID,
+                                    status__in=Order.ACTIVE, price__gte=ask.price)
+               .exclude(pk__in=winners).exclude(owner_id=ask.owner_id)
+               .order_by("-price", "pk")[:OUTBID_MAX])
+    for bid in waiting:
+        webhooks.emit(bid.owner_id, "order.outbid", {
+            "order": bid.pk, "ask": ask.pk, "price_usd_micros": ask.price,
+            "remaining_gpus": bid.remaining_gpus})
 
 
 def _hold_amount(hold_id: int) -> int:

@@ -87,7 +87,8 @@ class Order(StateMachine):
         FOK = "FOK"
 
     TRANSITIONS = {
-        "open": {"partially_filled", "filled", "cancelled", "expired"},
+        # open → open: GPUs back on an ask that had been sold out and freed again
+        "open": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask all of whose GPUs came back from ended leases is "open" again
         "partially_filled": {"open", "partially_filled", "filled", "cancelled", "expired"},
         # an ask whose GPUs come back from an ended lease stands again; its provider may
@@ -143,6 +144,12 @@ class Order(StateMachine):
         help_text="bid: its leases get the buyer's SSH public keys (port 22, role ssh)")
     env = models.JSONField(default=dict, blank=True,
                            help_text="bid: {NAME: value} for its leases' workloads (plain)")
+    notice_signal = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text='signal its leases\' workloads get with a notice ("SIGUSR1", …; empty: '
+                  'none): docs/LEASE_CONTRACT.md')
+    stop_grace_seconds = models.PositiveSmallIntegerField(
+        default=10, help_text="seconds between SIGTERM and SIGKILL at the stop (0–300)")
     secrets_sealed = models.TextField(
         blank=True, default="",
         help_text="bid: Fernet token of its secrets' JSON (marketplace/sealing.py); never "
@@ -175,7 +182,7 @@ class Order(StateMachine):
         null=True, blank=True,
         help_text="bid: resting for the remaining time of this failed lease (failover); "
                   "its lease joins that lease's chain")
-    # ask only
+    # ask: its node; bid: the one node it fills on (null: any node); ask only:
     node = models.ForeignKey("providers.Node", null=True, blank=True, on_delete=models.PROTECT,
                              related_name="asks")
     available_until = models.DateTimeField(null=True, blank=True)
@@ -303,6 +310,11 @@ class SealedBid(StateMachine):
     port_roles = models.JSONField(default=dict, blank=True, help_text="as Order.port_roles")
     ssh = models.BooleanField(default=False, help_text="as Order.ssh")
     env = models.JSONField(default=dict, blank=True, help_text="as Order.env")
+    notice_signal = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text="as Order.notice_signal")
+    stop_grace_seconds = models.PositiveSmallIntegerField(
+        default=10, help_text="as Order.stop_grace_seconds")
     secrets_sealed = models.TextField(blank=True, default="",
                                       help_text="as Order.secrets_sealed: sealed with the bid")
     checkpoint = models.JSONField(default=dict, blank=True, help_text="as Order.checkpoint")
@@ -405,6 +417,11 @@ class Lease(StateMachine):
         help_text="the buyer's SSH public keys (OpenSSH one-line form), copied when the "
                   "lease was created; the runner mounts them read-only as authorized_keys")
     env = models.JSONField(default=dict, blank=True, help_text="from the bid")
+    notice_signal = models.CharField(
+        max_length=8, blank=True, default="",
+        help_text="from the bid")
+    stop_grace_seconds = models.PositiveSmallIntegerField(
+        default=10, help_text="from the bid")
     secrets_sealed = models.TextField(blank=True, default="", help_text="from the bid")
     checkpoint = models.JSONField(default=dict, blank=True,
                                   help_text="from the bid (as Order.checkpoint)")
@@ -460,6 +477,13 @@ class Lease(StateMachine):
         null=True, blank=True,
         help_text="settlement.Hold id carrying this failed lease's unused hold to its "
                   "continuation (or resting bid) while failover_state is pending")
+
+    # The notice (docs/LEASE_CONTRACT.md): a deadline the lease did not have (a preemption,
+    # a maintenance window), told to its workload by the runner; empty: none.
+    notice_reason = models.CharField(max_length=32, blank=True, default="",
+                                     help_text='"preemption" | "maintenance"; empty: none')
+    notice_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    notice_since = models.DateTimeField(null=True, blank=True)
 
     @property
     def chain(self) -> int:

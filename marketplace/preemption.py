@@ -13,9 +13,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F, Q
 
+from marketplace import lease_notice
 from marketplace.env_templates import cuda_ok
+from marketplace.locking import sells_until
 from marketplace.models import GpuClass, Lease, Order
 from marketplace.runtimes import can_run
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.market")
 
@@ -36,8 +39,9 @@ def call_off_preemptions(bid: Order, now: datetime) -> None:
                            status__in=Lease.ACTIVE))
     for lease in victims:
         lease.preempt_at = None
+        cleared = lease_notice.cleared_fields(lease, lease_notice.PREEMPTION)
         lease.note(cause=f"preemption called off: the bid it was for is {bid.status}", at=now,
-                   update_fields=("preempt_at",))
+                   update_fields=("preempt_at", *cleared))
     if victims:
         log.info("bid %s %s: preemption of leases %s called off", bid.pk, bid.status,
                  [lease.pk for lease in victims])
@@ -159,9 +163,11 @@ def _choose_victims(bid: Order, candidates: list[Lease], asks: dict[int, Order],
 
     def usable(ask: Order, at: datetime) -> bool:
         return (ask.status in (*Order.ACTIVE, "filled") and ask.price <= bid.price
-                and ask.owner_id != bid.owner_id and ask.available_until >= at + hours
+                and ask.owner_id != bid.owner_id
+                and sells_until(ask.available_until, ask.node.maintenance_from) >= at + hours
                 and cuda_ok(ask.node.cuda_version, bid.min_cuda)
-                and can_run(ask.node.runtime, bid.command))
+                and can_run(ask.node.runtime, bid.command)
+                and bid.node_id in (None, ask.node_id))
 
     offered: dict[int, int] = {}
     mine: dict[int, list[Lease]] = {}
@@ -211,8 +217,14 @@ def _mark_preempted(bid: Order, chosen: list[Lease], now: datetime, deadline: da
     for lease in chosen:
         lease.preempt_at = deadline
         lease.preempted_for = bid
-        lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for"),
+        # the workload's notice (docs/LEASE_CONTRACT.md), unless it has an earlier one
+        told = lease_notice.set_fields(lease, reason=lease_notice.PREEMPTION,
+                                       deadline=deadline, now=now)
+        lease.note(cause=cause, at=now, update_fields=("preempt_at", "preempted_for", *told),
                    detail={"preempt_at": deadline.isoformat(), "notice_seconds": notice})
+        webhooks.emit(lease.buyer_id, "lease.preemption_notice", {
+            "lease": lease.pk, "preempt_at": deadline.isoformat(), "notice_seconds": notice,
+            "cause": cause})
     log.info("bid %s at %s: preemption of leases %s scheduled at %s", bid.pk, bid.price,
              [lease.pk for lease in chosen], deadline.isoformat())
 

@@ -40,6 +40,15 @@ Variables (default in brackets):
   GPUMARKET_API_TOKEN_TOUCH_SECONDS [60]: how stale a token's "last used" may get.
 - GPUMARKET_WS_TICKET_SECONDS [30]: how long a websocket ticket (POST /api/v1/ws-tickets/)
   is valid; it is good for one connection.
+- Webhooks (docs/WEBHOOKS.md): GPUMARKET_WEBHOOK_ALLOW_PRIVATE [0: a URL whose host
+  resolves to a private, loopback or link-local address is refused]; timeouts
+  GPUMARKET_WEBHOOK_CONNECT_TIMEOUT_SECONDS [3] and …_READ_TIMEOUT_SECONDS [5]; retries
+  after GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS [10] doubling up to …_RETRY_MAX_SECONDS
+  [3600], for …_RETRY_WINDOW_SECONDS [86400] after the event; GPUMARKET_WEBHOOK_SWEEP_SECONDS
+  [2]: how often the beat queues due retries; GPUMARKET_WEBHOOK_MAX_ENDPOINTS [20] per user;
+  GPUMARKET_WEBHOOK_KEEP_DAYS [30]: events (and their log) older than this are deleted.
+  Alert rules: GPUMARKET_ALERT_EVALUATE_SECONDS [15]: how often the worker evaluates them;
+  GPUMARKET_ALERT_MAX_RULES [50] per user.
 - LOG_LEVEL [INFO]: gpumarket's own loggers; DJANGO_LOG_LEVEL [ERROR]: Django's.
 - GPUMARKET_VAR_DIR [var/]: local state (SQLite file, secret key, demo logs).
 - GPUMARKET_CHAIN_RPC_URL, GPUMARKET_CHAIN_SETTLEMENT_ADDRESS, GPUMARKET_CHAIN_OPERATOR
@@ -155,6 +164,8 @@ INSTALLED_APPS = [
     "settlement",
     "providers",
     "marketplace",
+    "webhooks",
+    "alerts",
     "frontend",
 ]
 
@@ -245,6 +256,7 @@ CELERY_BEAT_SCHEDULE = {
     "end-overdue-leases": {"task": "marketplace.tasks.end_overdue_leases", "schedule": 5.0},
     "expire-orders": {"task": "marketplace.tasks.expire_orders", "schedule": 5.0},
     "preempt-due-leases": {"task": "marketplace.tasks.preempt_due_leases", "schedule": 1.0},
+    "maintenance-sweep": {"task": "marketplace.tasks.maintenance_sweep", "schedule": 1.0},
     "meter-running-leases": {"task": "marketplace.tasks.meter_running_leases",
                              "schedule": 60.0},
     "fail-silent-nodes": {"task": "marketplace.tasks.fail_silent_nodes", "schedule": 15.0},
@@ -252,9 +264,32 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-check": {"task": "settlement.tasks.ledger_check",
                      "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
     "resume-failovers": {"task": "marketplace.tasks.resume_failovers", "schedule": 10.0},
+    "deliver-due-webhooks": {"task": "webhooks.tasks.deliver_due_webhooks",
+                             "schedule": env.float("GPUMARKET_WEBHOOK_SWEEP_SECONDS",
+                                                   default=2.0)},
+    "prune-webhook-events": {"task": "webhooks.tasks.prune_webhook_events",
+                             "schedule": 3600.0},
+    "evaluate-alert-rules": {"task": "alerts.tasks.evaluate_alert_rules",
+                             "schedule": env.float("GPUMARKET_ALERT_EVALUATE_SECONDS",
+                                                   default=15.0)},
 }
 if not CELERY_BEAT_SCHEDULE["ledger-check"]["schedule"]:
     del CELERY_BEAT_SCHEDULE["ledger-check"]
+# Webhooks (docs/WEBHOOKS.md; variables in this module's docstring)
+GPUMARKET_WEBHOOK_ALLOW_PRIVATE = env.bool("GPUMARKET_WEBHOOK_ALLOW_PRIVATE", default=False)
+GPUMARKET_WEBHOOK_CONNECT_TIMEOUT_SECONDS = env.float(
+    "GPUMARKET_WEBHOOK_CONNECT_TIMEOUT_SECONDS", default=3.0)
+GPUMARKET_WEBHOOK_READ_TIMEOUT_SECONDS = env.float("GPUMARKET_WEBHOOK_READ_TIMEOUT_SECONDS",
+                                                   default=5.0)
+GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS = env.float("GPUMARKET_WEBHOOK_RETRY_BASE_SECONDS",
+                                                 default=10.0)
+GPUMARKET_WEBHOOK_RETRY_MAX_SECONDS = env.float("GPUMARKET_WEBHOOK_RETRY_MAX_SECONDS",
+                                                default=3600.0)
+GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS = env.int("GPUMARKET_WEBHOOK_RETRY_WINDOW_SECONDS",
+                                                 default=86400)
+GPUMARKET_WEBHOOK_MAX_ENDPOINTS = env.int("GPUMARKET_WEBHOOK_MAX_ENDPOINTS", default=20)
+GPUMARKET_WEBHOOK_KEEP_DAYS = env.int("GPUMARKET_WEBHOOK_KEEP_DAYS", default=30)
+GPUMARKET_ALERT_MAX_RULES = env.int("GPUMARKET_ALERT_MAX_RULES", default=50)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 REST_FRAMEWORK = {

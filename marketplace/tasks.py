@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, failover, health, lease_end, leases
+from marketplace import auctions, book, failover, health, lease_end, leases, maintenance
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -45,6 +45,13 @@ def preempt_due_leases() -> list[int]:
     deadline (preempt_at) has come; its GPUs go back to the ask and fill the waiting bid.
     Idempotent: an ended lease is left alone."""
     return lease_end.preempt_due_leases()
+
+
+@shared_task(name="marketplace.tasks.maintenance_sweep")
+def maintenance_sweep() -> dict[str, list[int]]:
+    """Beat sweep (every second): maintenance notices due, leases at a maintenance
+    deadline ended, asks of nodes whose window is over selling again (maintenance.py)."""
+    return maintenance.sweep()
 
 
 @shared_task(name="marketplace.tasks.expire_orders")

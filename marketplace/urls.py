@@ -6,10 +6,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from alerts import api as alerts_api
 from marketplace import converters  # noqa: F401 (registers <gpuclass:…>)
 from marketplace.api import (  # noqa: F401
     accounts,
     errors,
+    market_data,
     nodes,
     reliability,
     runner,
@@ -18,11 +20,13 @@ from marketplace.api import (  # noqa: F401
     ssh_keys,
     tokens,
 )
+from marketplace.api import maintenance as maintenance_api
 from marketplace.api import views as market
 from marketplace.api.errors import api_not_found
 from marketplace.metrics_view import metrics_view
 from providers import api as providers_api
 from settlement import api as settlement_api
+from webhooks import api as webhooks_api
 
 api_v1 = [
     path("signup/", accounts.Signup.as_view(), name="signup"),
@@ -36,6 +40,10 @@ api_v1 = [
     path("gpu-classes/", market.GpuClassList.as_view(), name="gpu-classes"),
     path("gpu-classes/<gpuclass:slug>/", market.GpuClassDetail.as_view(), name="gpu-class-detail"),
     path("gpu-classes/<gpuclass:slug>/book/", market.OrderBookDepth.as_view(), name="order-book"),
+    path("gpu-classes/<gpuclass:slug>/offers/", market_data.MarketOffers.as_view(),
+         name="market-offers"),
+    path("gpu-classes/<gpuclass:slug>/history/", market_data.MarketHistory.as_view(),
+         name="market-history"),
     path("fills/", market.RecentFills.as_view(), name="fills"),
     path("templates/", market.TemplateList.as_view(), name="templates"),
     path("orders/", market.OrderListCreate.as_view(), name="orders"),
@@ -60,6 +68,10 @@ api_v1 = [
     path("nodes/<int:pk>/retire/", nodes.NodeRetire.as_view(), name="node-retire"),
     path("nodes/<int:pk>/rotate-token/", providers_api.NodeRotateToken.as_view(),
          name="node-rotate-token"),
+    path("nodes/<int:pk>/maintenance/", maintenance_api.NodeMaintenance.as_view(),
+         name="node-maintenance"),
+    path("nodes/<int:pk>/maintenance/<int:window_id>/",
+         maintenance_api.NodeMaintenanceWindow.as_view(), name="node-maintenance-window"),
     path("wallet/", settlement_api.WalletView.as_view(), name="wallet"),
     path("wallet/history/", settlement_api.WalletHistoryView.as_view(), name="wallet-history"),
     path("wallet/dev-credit/", settlement_api.DevCreditView.as_view(), name="dev-credit"),
@@ -69,6 +81,13 @@ api_v1 = [
     path("chain/address/", settlement_api.ChainAddressView.as_view(), name="chain-address"),
     path("stripe/webhook/", settlement_api.StripeWebhook.as_view(), name="stripe-webhook"),
     path("ledger/entries/", settlement_api.LedgerEntries.as_view(), name="ledger-entries"),
+    path("webhooks/", webhooks_api.EndpointList.as_view(), name="webhooks"),
+    path("webhooks/<int:pk>/", webhooks_api.EndpointDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<int:pk>/deliveries/", webhooks_api.EndpointDeliveries.as_view(),
+         name="webhook-deliveries"),
+    path("webhooks/<int:pk>/test/", webhooks_api.EndpointTest.as_view(), name="webhook-test"),
+    path("alert-rules/", alerts_api.AlertRuleList.as_view(), name="alert-rules"),
+    path("alert-rules/<int:pk>/", alerts_api.AlertRuleDetail.as_view(), name="alert-rule-detail"),
     path("runner/inventory/", providers_api.RunnerInventory.as_view(), name="runner-inventory"),
     path("runner/heartbeat/", providers_api.RunnerHeartbeat.as_view(), name="runner-heartbeat"),
     path("runner/benchmarks/", providers_api.RunnerBenchmarks.as_view(),

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from core.admin import ReadOnlyAdmin, StrictAdmin
-from providers.models import Gpu, GpuBenchmark, Node, Provider
+from providers.models import Gpu, GpuBenchmark, MaintenanceWindow, Node, Provider
 
 
 @admin.register(Provider)
@@ -68,3 +68,11 @@ class GpuBenchmarkAdmin(ReadOnlyAdmin):
     list_filter = ["correct", "gpu__gpu_class"]
     search_fields = ["gpu__uuid", "gpu__node__name"]
     list_select_related = ["gpu"]
+
+
+@admin.register(MaintenanceWindow)
+class MaintenanceWindowAdmin(ReadOnlyAdmin):
+    """Announced through the API or the portal (marketplace/maintenance.py: the asks' cut
+    and the notices follow from it), so read-only here."""
+
+    list_display = ["id", "node", "starts_at", "ends_at", "reason", "created_at"]

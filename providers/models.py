@@ -61,6 +61,10 @@ class Node(models.Model):
         help_text="when the provider retired the node (empty: in service); a retired node "
                   "has no asks, no runner token and is listed nowhere, its history stays")
     created_at = models.DateTimeField(auto_now_add=True)
+    maintenance_from = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="start of the node's next maintenance window not yet over (empty: none); "
+                  "its asks sell no time past it (providers/maintenance.py keeps it)")
 
     class Meta:
         constraints = [
@@ -199,3 +203,26 @@ class GpuBenchmark(models.Model):
 
     def __str__(self) -> str:
         return f"benchmark of {self.gpu_id} at {self.measured_at:%Y-%m-%d %H:%M}"
+
+
+class MaintenanceWindow(models.Model):
+    """A provider's announced maintenance of a node, [starts_at, ends_at): its asks sell
+    no time that overlaps it, its running leases that would overlap get their notice at
+    starts_at minus the notice period and end at starts_at (docs/LEASE_CONTRACT.md)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE,
+                             related_name="maintenance_windows")
+    starts_at = models.DateTimeField(db_index=True)
+    ends_at = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["starts_at", "pk"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(ends_at__gt=models.F("starts_at")),
+                                   name="maintenance_ends_after_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"maintenance of node {self.node_id} {self.starts_at} – {self.ends_at}"

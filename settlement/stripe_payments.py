@@ -28,6 +28,7 @@ from django.db import IntegrityError, transaction
 from core import metrics
 from settlement.models import Account, JournalEntry, StripeEvent, TopUp
 from settlement.services import account, post_entry, wallet_credit_postings
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.stripe")
 
@@ -276,4 +277,5 @@ def credit_topup(topup: TopUp, cents: int) -> str:
     topup.status = TopUp.Status.SUCCEEDED
     topup.credited = micros
     topup.save(update_fields=["status", "credited"])
+    webhooks.emit(user_id, "topup.credited", {"topup": topup.pk, "amount_usd_micros": micros})
     return f"credited {micros} micro-USD to user {user_id}"

@@ -30,6 +30,7 @@ from django.utils import timezone
 from settlement.models import Account, ConnectedAccount, JournalEntry, Payout
 from settlement.services import SettlementError, account, post_entry
 from settlement.stripe_payments import MICROS_PER_CENT, client
+from webhooks import events as webhooks
 
 log = logging.getLogger("gpumarket.payouts")
 
@@ -153,6 +154,8 @@ def _close(payout: Payout, *, transfer_id: str = "", failure: str = "") -> Payou
                        memo=f"transfer {transfer_id}", reference=f"payout:{payout.pk}",
                        idempotency_key=payout.idempotency_key)
             payout.status, payout.transfer_id = Payout.Status.PAID, transfer_id
+            webhooks.emit(payout.provider_id, "payout.paid", {
+                "payout": payout.pk, "amount_usd_micros": payout.amount})
         payout.closed_at = timezone.now()
         payout.save(update_fields=["status", "failure", "transfer_id", "closed_at"])
     log.info("payout %s: %s", payout.pk, payout.status)

@@ -3,7 +3,8 @@
 directions of docs/ARCHITECTURE.md / DESIGN.md: `settlement` imports neither the market
 nor the pages, `providers` not the pages, `core`, `marketplace/engine` and
 `providers/runner` and the buyer CLI `buyer_cli` nothing of the project outside themselves
-(at any level), and the runner and the CLI no Django either.
+(at any level), and the runner and the CLI no Django either. `webhooks.events` (the
+`emit` that settlement calls too) imports nothing of the project outside its app.
 
 Reads the source with ast; run alone: `python -m pytest tests/test_import_graph.py`."""
 
@@ -13,7 +14,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "marketplace", "settlement", "providers", "frontend", "buyer_cli")
+PACKAGES = ("core", "marketplace", "settlement", "providers", "webhooks", "alerts", "frontend",
+            "buyer_cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -103,6 +105,12 @@ FORBIDDEN = [
     ("marketplace.engine", ("core", "marketplace", "settlement", "providers", "frontend")),
     ("providers.runner", ("core", "marketplace", "settlement", "providers", "frontend")),
     ("buyer_cli", ("core", "marketplace", "settlement", "providers", "frontend")),
+    # what the market's and settlement's services call (webhooks.emit): this app alone
+    ("webhooks.events", ("core", "marketplace", "settlement", "providers", "frontend")),
+    ("webhooks.models", ("core", "marketplace", "settlement", "providers", "frontend")),
+    ("webhooks", ("frontend", "settlement", "providers", "alerts")),
+    ("alerts.rules", ("core", "marketplace", "settlement", "providers", "frontend",
+                      "webhooks")),  # the parser: plain Python
 ]
 NO_DJANGO = ("providers.runner", "buyer_cli")  # programs on other machines: HTTP only
 

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.fields import StrictCharField, StrictIntegerField
-from marketplace import checkpoints, lease_end, selectors
+from marketplace import checkpoints, lease_end, lease_notice, selectors
 from marketplace import leases as lease_services
 from marketplace.errors import NotFound
 from marketplace.jupyter import JUPYTER_SECRET, jupyter_token
@@ -80,11 +80,22 @@ def runner_lease(lease: Lease) -> dict:
         # a buyer's stop ends the lease at once (it leaves this list), so a listed lease
         # is never stop_requested today; a runner stops a workload whose lease says true
         "stop_requested": False,
+        # a deadline the lease did not have, for its workload (docs/LEASE_CONTRACT.md):
+        # null or {reason, deadline, since}; the runner writes it to /run/gpumarket/notice
+        "notice": lease_notice.runner_notice(lease),
+        "notice_signal": lease.notice_signal,
+        "stop_grace_seconds": lease.stop_grace_seconds,
         # issue 15: the chain's id (the first lease's), and the bid's checkpoint store
         # with its credentials in clear (checkpoints.runner_payload) or null
         "chain_id": lease.chain,
         "checkpoint": checkpoints.runner_payload(lease),
     }
+
+
+class RunnerNoticeOut(serializers.Serializer):
+    reason = serializers.CharField()
+    deadline = serializers.DateTimeField()
+    since = serializers.DateTimeField()
 
 
 class RunnerLeaseOut(serializers.Serializer):
@@ -105,6 +116,9 @@ class RunnerLeaseOut(serializers.Serializer):
     port_roles = serializers.DictField(child=serializers.CharField())
     ssh_authorized_keys = serializers.ListField(child=serializers.CharField())
     stop_requested = serializers.BooleanField()
+    notice = RunnerNoticeOut(allow_null=True)
+    notice_signal = serializers.CharField(allow_blank=True)
+    stop_grace_seconds = serializers.IntegerField()
     chain_id = serializers.IntegerField()
     checkpoint = serializers.DictField(allow_null=True)
 

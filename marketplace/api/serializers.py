@@ -20,12 +20,14 @@ from core.fields import (
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
 from marketplace import checkpoint_reports, env_templates, interconnect, selectors
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
+from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
 from marketplace.catalog import slice_of
 from marketplace.chains import chain_body
 from marketplace.checkpoint_reports import SCHEMA as CHECKPOINTS_SCHEMA
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
+from marketplace.lease_notice import runner_notice
 from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
@@ -155,17 +157,26 @@ class TemplateSerializer(serializers.Serializer):
 
 class TemplateListSerializer(serializers.Serializer):
     results = TemplateSerializer(many=True)
+class MaintenanceSpanSerializer(serializers.Serializer):
+    """A maintenance window of an offer's node: it sells no time past starts_at."""
+
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
 class OfferSerializer(serializers.Serializer):
     """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
     class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
-    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU), and
-    `summary` ("8 × H100 SXM 80GB, NVLink full mesh")."""
+    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU),
+    `summary` ("8 × H100 SXM 80GB, NVLink full mesh") and `maintenance`: the node's
+    announced windows not yet over."""
 
     price = UsdField()
     gpus = serializers.IntegerField()
     node_gpus = serializers.IntegerField()
     interconnect = serializers.CharField()
     summary = serializers.CharField()
+    maintenance = MaintenanceSpanSerializer(many=True)
     reliability = serializers.CharField(
         allow_null=True, help_text='the node\'s 30-day reliability, "0.950" (docs/FAULTS.md); '
                                    "null: no record yet")
@@ -244,11 +255,12 @@ def check_env_and_secrets(attrs: dict) -> None:
         raise serializers.ValidationError({"secrets": {name: [exc.message]}}) from None
 
 
-class TemplateFields(serializers.Serializer):
+class TemplateFields(StopTermsFields):
     """A bid's workload terms (bids and sealed bids): `template` (an id of GET
     /api/v1/templates/; "" or absent: own image), `min_cuda` ("12.4"), `ssh` (its leases
     get your SSH keys, /api/v1/ssh-keys/, and port 22 published, role ssh; absent: the
-    template's), `env` and write-only `secrets` (WorkloadVarsField). `resolve_template`
+    template's), `env` and write-only `secrets` (WorkloadVarsField); the stop terms
+    (stop_terms.py). `resolve_template`
     resolves them with image, command and ports (env_templates.resolve: what was given
     overrides the template)."""
 
@@ -290,21 +302,22 @@ class FailoverFields(serializers.Serializer):
 
 
 FAILOVER_TERMS = ("failover", "min_reliability")
-TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env")
+TEMPLATE_TERMS = ("template", "min_cuda", "port_roles", "ssh", "env", *STOP_TERMS)
 COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the image's own "
                 "command, which only a node with Docker runs: a node whose runner uses "
                 "--runtime process needs a command (docs/MATCHING.md, \"Runtimes\")")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS)
-ASK_ONLY = ("node", "available_until")
+            "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS, *STOP_TERMS)
+ASK_ONLY = ("node", "available_until")  # (a bid may name a node: it fills only there)
 
 
 class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     """A bid (gpu_class, gpus, hours or duration_seconds, price, gang_size, time_in_force,
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
-    interconnect: "nvlink" for gangs all NVLink-connected) or
+    interconnect: "nvlink" for gangs all NVLink-connected; node: fill only on that node,
+    a node id of the offers) or
     an ask (node, gpus, price, available_until, optional gpu_class); either with an
     optional client_order_id (yours, unique per user: placing it again returns the first
     order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
@@ -338,7 +351,7 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
         given = self.initial_data
         if attrs["side"] == Order.Side.BID:
             for name in ASK_ONLY:
-                if name in given:
+                if name in given and name != "node":
                     raise serializers.ValidationError({name: "is for asks, not bids"})
             if "gpu_class" not in attrs:
                 raise serializers.ValidationError({"gpu_class": "is required for a bid"})
@@ -375,6 +388,7 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
             interconnect=v["interconnect"], checkpoint=v["checkpoint"],
             failover=v.get("failover"), min_reliability=v.get("min_reliability"),
+            node=v.get("node"),
             **{name: v[name] for name in TEMPLATE_TERMS})
 
 
@@ -459,7 +473,9 @@ class LeaseEventSerializer(serializers.Serializer):
 
 class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
     """A lease as its buyer or provider sees it; `connect` (how to reach the workload,
-    with the Jupyter token) for its buyer only, null for anyone else."""
+    with the Jupyter token) for its buyer only, null for anyone else; `notice`: the
+    deadline its workload was told of, {reason, deadline, since} or null
+    (docs/LEASE_CONTRACT.md)."""
 
     gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
     secret_names = secret_names_field()
@@ -476,6 +492,7 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
     checkpoints = serializers.SerializerMethodField()
     fault_credit = UsdField(positive=False, read_only=True)
     chain = serializers.SerializerMethodField()
+    notice = serializers.SerializerMethodField()
 
     class Meta:
         model = Lease
@@ -483,9 +500,15 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
                   "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
-                  "buyer", "provider", "interruptible", "preempt_at", *FAILOVER_TERMS,
+                  "buyer", "provider", "interruptible", "preempt_at", "notice", *FAILOVER_TERMS,
                   "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
                   "continues", "chain", "events", "created_at", "checkpoint", "checkpoints"]
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "reason": {"type": "string"}, "deadline": {"type": "string", "format": "date-time"},
+        "since": {"type": "string", "format": "date-time"}}})
+    def get_notice(self, lease) -> dict | None:
+        return runner_notice(lease)
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "id": {"type": "integer"},

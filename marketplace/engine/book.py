@@ -13,8 +13,9 @@ engine brief):
   lease must fit the ask's window (``now + bid.duration_s <= ask.available_until``),
   the ask must still hold at least one whole gang (``ask.gpus >= bid.gang``) and its
   node must meet the bid's CUDA requirement (``ask.cuda >= bid.min_cuda``) and its
-  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, and run
-  the bid's workload (an ``image_only`` bid needs an ask whose node ``runs_images``).
+  reliability floor (``ask.rel >= bid.min_rel``), not be the bid's ``avoid_node``, be the
+  bid's ``node`` when it names one, and run the bid's workload (an ``image_only`` bid needs
+  an ask whose node ``runs_images``).
 * Otherwise ``k = min(bid gangs left, ask.gpus // bid.gang)`` gangs trade at the RESTING
   order's price; a fill is always ``k * gang`` GPUs on the ask's one node.
 * Time in force (bids only; asks are always GTC): GTC remainder rests, IOC remainder is

@@ -40,6 +40,8 @@ class Bid:
         avoid_node: a node it never fills on (a failed lease's); 0: none.
         image_only: it gives no command (its image's own command runs), so it fills only
             against asks whose node runs container images (``Ask.runs_images``).
+        node: fill only against asks of this node id (a bid for one node picked from
+            the offers); 0: any node.
     """
 
     id: int
@@ -55,6 +57,7 @@ class Bid:
     min_rel: int = 0
     avoid_node: int = 0
     image_only: bool = False
+    node: int = 0
 
 
 @dataclass(slots=True)

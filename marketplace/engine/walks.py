@@ -79,6 +79,7 @@ class Walks:
         image = bid.image_only
         left = bid.gpus
         nv = bid.nvlink
+        only = bid.node
         caps = self._ask_cap
         own = self._ask_own
         mine = owner in own
@@ -115,7 +116,7 @@ class Walks:
                     stc.append(a.id)
                 elif (ag < gang or end > a.available_until or (need and a.cuda < need)
                       or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
-                      or (image and not a.runs_images)):
+                      or (image and not a.runs_images) or (only and a.node != only)):
                     if ag > mx:
                         mx = ag
                     j += 1
@@ -229,7 +230,7 @@ class Walks:
                     gang = b.gang
                     if (gang > left or b.duration_s > window or b.min_cuda > cuda
                             or b.min_rel > rel or b.avoid_node == node
-                            or (processes and b.image_only)):
+                            or (processes and b.image_only) or (b.node and b.node != node)):
                         if gang < mn:
                             mn = gang
                         j += 1
@@ -296,6 +297,7 @@ class Walks:
         end = now + bid.duration_s
         need = bid.min_cuda
         image = bid.image_only
+        only = bid.node
         got = 0
         seen: list[Fill] = []
         qs = self._ask_q
@@ -307,7 +309,7 @@ class Walks:
                 if (a is None or a.owner == owner or a.gpus < gang
                         or end > a.available_until or (need and a.cuda < need)
                         or a.rel < bid.min_rel or a.node == bid.avoid_node
-                        or (image and not a.runs_images)):
+                        or (image and not a.runs_images) or (only and a.node != only)):
                     continue
                 k = a.gpus // gang
                 if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs

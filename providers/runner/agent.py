@@ -26,6 +26,7 @@ from .gpu_processes import GpuProcess, source_for
 from .health import Finding, evaluate
 from .lease import RunnerLease
 from .logtail import LOG_LINES, lease_tail
+from .notice import NoticeDesk
 from .nvml import PROTOCOL_KEYS, GpuSource
 from .reconcile import Reconciler, _parse_time
 from .runtime_common import Runtime, RuntimeFailure
@@ -45,7 +46,8 @@ class Agent(Reconciler):
     runtime: a runtime_common.Runtime (DockerRuntime, ProcessRuntime). Intervals in seconds;
     grace_s: seconds between SIGTERM and SIGKILL when stopping a workload; push:
     push.PushListener (started and stopped by run()) or None to poll only; resync_interval:
-    seconds between lease-list fetches while push is connected and quiet. Attributes a
+    seconds between lease-list fetches while push is connected and quiet (a lease's own
+    stop_grace_seconds, when listed, wins over grace_s: notice.py). Attributes a
     caller may set: gpu_processes (gpu_processes.py source, None: no release check) and
     release_settle_s (seconds a GPU may stay held after its workload is removed). baseline:
     {uuid: processes already there at startup}, None until taken (take_baseline)."""
@@ -72,6 +74,7 @@ class Agent(Reconciler):
         # lease id → its secret values as last listed: redacted from its tails (logtail)
         self._secret_values: dict[int, list[str]] = {}
         self.log = log
+        self.notices = NoticeDesk(log)  # what each workload was told (notice.py)
         self.node: dict | None = None
         self._inventory = inventory = gpus.inventory()
         self._uuids = [g.uuid for g in inventory.gpus]  # the physical GPUs: read for health

@@ -480,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between log tails sent for the buyer (default 5)")
     run.add_argument("--grace", type=_non_negative, default=10.0, metavar="S",
                      help="seconds between SIGTERM and SIGKILL when stopping a lease's "
-                          "workload (default 10; 0: SIGKILL at once)")
+                          "workload, for a lease that names no stop_grace_seconds "
+                          "(default 10; 0: SIGKILL at once)")
     run.add_argument("--network", metavar="NAME", default="per-lease",
                      help="Docker network of lease containers (default per-lease: a bridge "
                           "of each lease's own, removed with it, so no lease reaches "

@@ -27,7 +27,11 @@ class RunnerLease:
     listed); chain_id: the id of the chain's first lease (its own on a first lease);
     checkpoint: the bid's checkpoint store with its credentials in clear ({endpoint_url,
     bucket, prefix, region, access_key_id, secret_access_key, path, max_bytes, restore};
-    checkpoint.py), None without one — never in repr."""
+    checkpoint.py), None without one — never in repr; notice: None or {"reason",
+    "deadline", "since"} (ISO 8601), a deadline the lease did not have, for its workload
+    (notice.py); notice_signal: "" or the signal its workload gets with a notice
+    ("SIGUSR1", …); stop_grace_seconds: seconds between SIGTERM and SIGKILL at the stop
+    (None: the runner's default; bounded by notice.py)."""
 
     id: int
     status: str | None = None
@@ -46,6 +50,9 @@ class RunnerLease:
     stop_requested: bool = False
     chain_id: int | None = None
     checkpoint: dict | None = field(default=None, repr=False)
+    notice: dict | None = None
+    notice_signal: str = ""
+    stop_grace_seconds: int | None = None
 
     @classmethod
     def parse(cls, item: Mapping) -> RunnerLease:
@@ -70,6 +77,9 @@ class RunnerLease:
             chain_id=int(item["chain_id"]) if item.get("chain_id") is not None else None,
             checkpoint=dict(item["checkpoint"]) if isinstance(item.get("checkpoint"), Mapping)
             else None,
+            notice=_notice(item.get("notice")),
+            notice_signal=str(item.get("notice_signal") or ""),
+            stop_grace_seconds=item.get("stop_grace_seconds"),
         )
 
     @classmethod
@@ -77,3 +87,11 @@ class RunnerLease:
         """`lease` itself, or a list item as the marketplace sends it, parsed (callers that
         hold the wire form: tests, the marketplace's own runner_lease)."""
         return lease if isinstance(lease, RunnerLease) else cls.parse(lease)
+
+
+def _notice(value) -> dict | None:
+    """The payload's `notice` as {reason, deadline, since} (strings), None when absent or
+    not an object with a deadline."""
+    if not isinstance(value, Mapping) or not value.get("deadline"):
+        return None
+    return {key: str(value.get(key) or "") for key in ("reason", "deadline", "since")}

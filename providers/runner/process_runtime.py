@@ -21,10 +21,14 @@ the host's network, and sees the host's processes and world-readable files.
 Each lease runs under a wrapper (`python -I`, the runner's user, an empty environment: the
 lease's env never reaches a process of the runner's user) that reads its spec on stdin,
 starts the command as the lease's user and writes the exit code into the state dir, so the
-code survives a runner restart. stop: SIGTERM to the wrapper's process group and to every
+code survives a runner restart; it outlives the notice signals and SIGTERM (only its
+workload acts on them). stop: SIGTERM to the wrapper's process group and to every
 process of the lease's uid, SIGKILL after the grace period; as root the signal is sent
 with kill(-1) from the lease's uid (`/bin/sh -c 'kill -- -1'`), which also reaches a
 process that left the group.
+
+The notice (notice.py): <outer directory>/notice, the runner's (0755; the file 0644), its
+file's path in the workload's GPUMARKET_NOTICE_FILE; `send_signal` signals as stop does.
 
 processes.json in <state dir>/processes: {lease id: {pid, start, log, status_file, gpus,
 uid, home}} (uid and home: None when not isolated, absent in an older runner's entries).
@@ -45,6 +49,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import notice
 from .lease import RunnerLease
 from .runtime_common import RuntimeFailure, lease_env
 
@@ -61,7 +66,11 @@ NOTICE = ("process runtime: each lease runs as a local process{who}, with only t
 
 # Runs as the runner's user with an empty environment; its spec arrives on stdin.
 _WRAPPER = r"""
-import json, os, subprocess, sys
+import json, os, signal, subprocess, sys
+# a notice's signal (and the stop's SIGTERM) is for the workload: the wrapper waits on; a
+# handler, not SIG_IGN, so that the workload gets the default disposition back at exec
+for name in ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGTERM"):
+    signal.signal(getattr(signal, name), lambda *_: None)
 spec = json.loads(sys.stdin.read())
 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 drop = spec["uid"] is not None
@@ -228,7 +237,9 @@ class ProcessRuntime:
         status_file = self.dir / f"lease-{lease_id}.status"
         log = self.dir / f"lease-{lease_id}.log"
         status_file.unlink(missing_ok=True)
-        env = {**BASE_ENV, "HOME": str(home), "TMPDIR": str(home), **lease_env(lease)}
+        notices = notice.make_dir(home.parent / "notice")
+        env = {**BASE_ENV, "HOME": str(home), "TMPDIR": str(home),
+               **lease_env(lease, str(notices / notice.FILE_NAME))}
         # no container toolkit reads NVIDIA_VISIBLE_DEVICES here: CUDA itself is told which
         # devices to use, by UUID ("GPU-…", or "MIG-…" for a lease of MIG slices)
         env["CUDA_VISIBLE_DEVICES"] = env["NVIDIA_VISIBLE_DEVICES"]
@@ -254,11 +265,30 @@ class ProcessRuntime:
         self._save(entries)
         return f"pid-{child.pid}"
 
-    def _signal(self, entry: dict, sig: int) -> None:
-        """`sig` to the wrapper's process group and, as root, to every process of the
-        lease's uid (kill(-1) sent from that uid)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(entry["pid"], sig)
+    def notice_dir(self, lease_id: int) -> Path:
+        """The lease's notice directory (next to its working directory). RuntimeFailure
+        for a lease without a process."""
+        entry = self._load().get(lease_id)
+        if entry is None or not entry.get("home"):
+            raise RuntimeFailure(f"lease {lease_id} has no process")
+        return Path(entry["home"]).parent / "notice"
+
+    def send_signal(self, lease_id: int, name: str) -> None:
+        """Signal `name` ("SIGUSR1", …) to the lease's processes, as stop signals them."""
+        entry = self._load().get(lease_id)
+        if entry is None:
+            raise RuntimeFailure(f"lease {lease_id} has no process")
+        # once to each process: a second one could come after its handler is gone (a
+        # Python workload restores the default disposition while it exits)
+        self._signal(entry, signal.Signals[name], group=entry.get("uid") is None
+                     or os.geteuid() != 0)
+
+    def _signal(self, entry: dict, sig: int, group: bool = True) -> None:
+        """`sig` to the wrapper's process group (unless not `group`) and, as root, to
+        every process of the lease's uid (kill(-1) sent from that uid)."""
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry["pid"], sig)
         uid = entry.get("uid")
         if uid is not None and os.geteuid() == 0:
             # the shell's kill(-1): every process that uid may signal, the caller excepted

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from .checkpoint import NOTICE_SETTLE_S
 from .client import Conflict, MarketplaceError, Unauthorized
 from .health import Finding
 from .lease import RunnerLease
+from .notice import ENDED, HEALTH, STOPPED
 from .runtime_common import RuntimeFailure
 from .switch import stop_previous
 
@@ -34,6 +36,11 @@ def _gpus(uuids: list[str]) -> str:
     return ",".join(u[:12] + "…" if len(u) > 12 else u for u in uuids) or "no GPU"
 
 
+# the workload's notice at a stop, by the stop's reason (checkpoint_reports.REASONS or a
+# notice.py reason): the lease's time over is "end" to the workload
+NOTICE_REASON = {"deadline": ENDED}
+
+
 class Reconciler:
     """The reconcile half of agent.Agent (a mixin; the Agent's __init__ sets the state)."""
 
@@ -47,19 +54,35 @@ class Reconciler:
             return False
         return True
 
-    def _stop(self, lease_id: int, reason: str = "stop") -> None:
-        """Send the final tail, stop and remove the workload, then check that no process
-        still holds its GPUs (check_released); the last checkpoint upload (`reason`:
-        checkpoint_reports.REASONS) goes on in the background."""
+    def _stop(self, lease_id: int, reason: str = STOPPED) -> None:
+        """The stop sequence (docs/LEASE_CONTRACT.md): a workload still running is told
+        (notice.NoticeDesk.final; `reason` as the notice names it: NOTICE_REASON), then
+        SIGTERM, SIGKILL after the lease's grace; send the final tail, remove the
+        workload, start the last checkpoint upload in the background (`reason`:
+        checkpoint_reports.REASONS or a notice.py reason), then check that no process still
+        holds its GPUs (check_released)."""
         uuids = self._lease_gpus.pop(lease_id, None)
         if uuids is None:  # ended while the runner was down: the container knows its GPUs
             uuids = next((w["gpus"].split(",") for w in self._describe()
                           if w["lease"] == lease_id and w.get("gpus")), [])
+        if self._still_running(lease_id):
+            try:
+                self.notices.final(self.runtime, lease_id, NOTICE_REASON.get(reason, reason),
+                                   self._now())
+            except (OSError, RuntimeFailure) as exc:  # the stop goes on without it
+                self.log(f"lease {lease_id}: notice not written: {exc}")
         self.send_log(lease_id)
         self._sent_tails.pop(lease_id, None)
-        self.runtime.stop(lease_id, self.grace_s)
+        self.runtime.stop(lease_id, self.notices.grace_s(lease_id, self.grace_s))
+        self.notices.forget(lease_id)
         self.checkpoints.finish(lease_id, reason)
         self.check_released(lease_id, uuids)
+
+    def _still_running(self, lease_id: int) -> bool:
+        try:
+            return self.runtime.exit_status(lease_id) is None
+        except RuntimeFailure:
+            return False
 
     def _describe(self) -> list[dict]:
         try:
@@ -78,6 +101,7 @@ class Reconciler:
         for lease_id, lease in listed.items():
             self._lease_gpus[lease_id] = list(lease.gpu_uuids)
             self._secret_values[lease_id] = list(lease.secrets.values())
+            self.notices.remember(lease)
             self.checkpoints.remember(lease)
         for lease_id in sorted(handles.keys() - listed.keys()):  # free GPUs before reuse
             self._stop(lease_id)
@@ -116,7 +140,7 @@ class Reconciler:
         self._event(lease_id, "failed", container_id=handle, cause=finding.cause,
                     usage_seconds=usage)
         if handle is not None:
-            self._stop(lease_id, "failure")
+            self._stop(lease_id, HEALTH)
         where = f"container {_short(handle)} stopped and removed" if handle else "not started"
         self.log(f"lease {lease_id}: failed: {finding.cause} ({where})")
 
@@ -180,6 +204,14 @@ class Reconciler:
             self._stop(lease_id, "deadline")
             self.log(f"lease {lease_id}: completed after {usage} s, container removed")
             return
+        if lease.notice is not None or lease.id in self.notices.told:
+            try:
+                delivered = self.notices.deliver(self.runtime, lease)
+                if delivered and lease.notice is not None and lease.checkpoint:
+                    # the workload's time to write its checkpoint, then its upload
+                    self.checkpoints.upload(lease, "notice", delay_s=NOTICE_SETTLE_S)
+            except (OSError, RuntimeFailure) as exc:
+                self.log(f"lease {lease_id}: notice not delivered: {exc}")
         code = self.runtime.exit_status(lease_id)
         if code is None:
             return

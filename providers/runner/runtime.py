@@ -5,6 +5,9 @@ Both runtimes share one interface, keyed by the marketplace's lease id (int):
 - start(lease) -> handle id: idempotent, a lease never gets two workloads (Docker: with
   the lease's share of the host's memory and CPUs, a pids limit and /dev/shm: limits.py);
 - stop(lease_id, grace_s): SIGTERM, SIGKILL after grace_s seconds, then remove;
+- notice_dir(lease_id) -> the host directory the workload sees read-only (Docker: at
+  notice.MOUNT; processes: GPUMARKET_NOTICE_FILE's) where notice.py writes its notice;
+- send_signal(lease_id, name): a signal ("SIGUSR1", …) to the workload, now;
 - list_leases() -> {lease id: handle id}: what runs (or ran and is not removed yet),
   found again after a runner restart (Docker: by label; processes: the state dir);
 - exit_status(lease_id) -> None while running, the exit code once it has exited;
@@ -24,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import lease_network, ssh_access
+from . import lease_network, notice, ssh_access
 from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
@@ -91,7 +96,9 @@ class DockerRuntime:
     passes `<state dir>/authorized_keys`); a lease with SSH keys and no keys_dir is
     refused. SSH's port is published like any other: each lease's port 22 gets a host port
     of its own. workspaces: where a lease with a checkpoint store gets its /workspace
-    (workspace.Workspaces; the runner passes `<state dir>/workspaces`).
+    (workspace.Workspaces; the runner passes `<state dir>/workspaces`). notice_root: where
+    each lease's notice directory is made (notice.py; the runner passes `<state
+    dir>/notice`; None: a directory under the system temp dir).
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -104,7 +111,8 @@ class DockerRuntime:
                  network_mode: str | None = lease_network.PER_LEASE,
                  simulate: bool = False, public_host: str | None = None,
                  advertise_host: str | None = None, keys_dir: str | Path | None = None,
-                 workspaces: Workspaces | None = None) -> None:
+                 workspaces: Workspaces | None = None,
+                 notice_root: str | Path | None = None) -> None:
         import docker
 
         self._docker = docker
@@ -123,6 +131,8 @@ class DockerRuntime:
         self.last_check = "not run"  # what the last verify_gpus saw, for the log
         self.keys_dir = None if keys_dir is None else Path(keys_dir)
         self.workspaces = workspaces  # a lease's /workspace (workspace.py); None: none
+        self.notice_root = Path(notice_root) if notice_root is not None else \
+            Path(tempfile.gettempdir()) / "gpumarket-notice"
 
     def _containers(self, lease_id: int | None = None) -> list:
         if self.node is None:
@@ -138,9 +148,47 @@ class DockerRuntime:
     def _labels(self, lease_id: int) -> dict[str, str]:
         return {LEASE_LABEL: str(lease_id), NODE_LABEL: self.node}
 
+    def notice_dir(self, lease_id: int) -> Path:
+        """The lease's notice directory on this host (bind-mounted read-only at
+        notice.MOUNT), per node and lease."""
+        safe = "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(self.node))
+        return self.notice_root / f"{safe}-lease-{lease_id}"
+
+    def send_signal(self, lease_id: int, name: str) -> None:
+        """Send signal `name` to the lease's container (its init passes it on to the
+        workload). RuntimeFailure when it has no running container."""
+        for container in self._containers(lease_id):
+            try:
+                container.kill(signal=name)
+            except self._docker.errors.DockerException as exc:
+                raise RuntimeFailure(f"cannot signal lease {lease_id}: {exc}") from None
+            return
+        raise RuntimeFailure(f"lease {lease_id} has no container")
+
+    def volumes_for(self, lease: RunnerLease) -> list[str]:
+        """The container's bind mounts (the Docker SDK's `volumes=`, "host:container:mode"):
+        the notice directory (read-only, always), the authorized_keys file with SSH keys,
+        the workspace at /workspace with a checkpoint store (workspace.py)."""
+        volumes = [f"{notice.make_dir(self.notice_dir(lease.id))}:{notice.MOUNT}:ro"]
+        if lease.ssh_authorized_keys:
+            if self.keys_dir is None:
+                raise RuntimeFailure("the lease has SSH keys but this runtime has no "
+                                     "directory for authorized_keys files")
+            keys = ssh_access.write_keys(self.keys_dir, lease.id, lease.ssh_authorized_keys)
+            volumes += ssh_access.volumes(keys)
+        if lease.checkpoint:  # issue 15: the workspace at /workspace (workspace.py)
+            if self.workspaces is None:
+                raise RuntimeFailure("the lease has a checkpoint store but this runtime has "
+                                     "no directory for workspaces")
+            self.workspaces.create(lease.id)
+            volumes += self.workspaces.volumes(lease.id)
+        return volumes
+
     def _cleanup(self, lease_id: int) -> None:
-        """Remove what a lease has besides its container: keys file, own network."""
+        """Remove what a lease has besides its container: keys file, notice directory,
+        own network."""
         ssh_access.remove_keys(self.keys_dir, lease_id)
+        shutil.rmtree(self.notice_dir(lease_id), ignore_errors=True)
         if self.network_mode == lease_network.PER_LEASE:
             # still in use (a container we could not remove): the next stop retries
             with contextlib.suppress(self._docker.errors.DockerException):
@@ -174,18 +222,7 @@ class DockerRuntime:
                 )
             ]
         kwargs.update(self.resource_limits(lease).docker_kwargs())
-        if lease.ssh_authorized_keys:
-            if self.keys_dir is None:
-                raise RuntimeFailure("the lease has SSH keys but this runtime has no "
-                                     "directory for authorized_keys files")
-            keys = ssh_access.write_keys(self.keys_dir, lease_id, lease.ssh_authorized_keys)
-            kwargs.setdefault("volumes", []).extend(ssh_access.volumes(keys))
-        if lease.checkpoint:  # issue 15: the workspace at /workspace (workspace.py)
-            if self.workspaces is None:
-                raise RuntimeFailure("the lease has a checkpoint store but this runtime has "
-                                     "no directory for workspaces")
-            self.workspaces.create(lease_id)
-            kwargs.setdefault("volumes", []).extend(self.workspaces.volumes(lease_id))
+        kwargs["volumes"] = self.volumes_for(lease)
         network = self.network_mode
         if network == lease_network.PER_LEASE:
             network = self._container_name(lease_id)
@@ -202,7 +239,7 @@ class DockerRuntime:
             container = self.client.containers.run(
                 lease.image,
                 command=lease.command or None,
-                environment=lease_env(lease),
+                environment=lease_env(lease, notice.MOUNTED_FILE),
                 labels=self._labels(lease_id),
                 name=self._container_name(lease_id),
                 init=True,

@@ -5,6 +5,7 @@ runtime.py's docstring says what each method does in each runtime."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .lease import RunnerLease
@@ -25,6 +26,8 @@ class Runtime(Protocol):
 
     def start(self, lease: RunnerLease | Mapping) -> str: ...
     def stop(self, lease_id: int, grace_s: float = 10) -> None: ...
+    def notice_dir(self, lease_id: int) -> Path: ...
+    def send_signal(self, lease_id: int, name: str) -> None: ...
     def list_leases(self) -> dict[int, str]: ...
     def describe(self) -> list[dict]: ...
     def exit_status(self, lease_id: int) -> int | None: ...
@@ -36,14 +39,17 @@ class Runtime(Protocol):
 RESERVED_PREFIXES = ("GPUMARKET_", "NVIDIA_")  # the marketplace's and the runner's own
 
 
-def lease_env(lease: RunnerLease) -> dict[str, str]:
+def lease_env(lease: RunnerLease, notice_file: str = "") -> dict[str, str]:
     """The workload's environment: the lease's env merged with its secrets (a secret or
     env name the marketplace reserves, GPUMARKET_* or NVIDIA_*, is dropped from the
-    buyer's part), then GPUMARKET_LEASE_ID = the lease id and NVIDIA_VISIBLE_DEVICES =
+    buyer's part), then GPUMARKET_LEASE_ID = the lease id, GPUMARKET_NOTICE_FILE = where
+    its notice appears (notice.py; left out when "") and NVIDIA_VISIBLE_DEVICES =
     comma-joined leased GPU UUIDs, which nothing overrides."""
     env = {str(k): str(v) for k, v in lease.env.items()}
     env.update({str(k): str(v) for k, v in lease.secrets.items()
                 if not str(k).startswith(RESERVED_PREFIXES)})
     env["GPUMARKET_LEASE_ID"] = str(lease.id)
+    if notice_file:
+        env["GPUMARKET_NOTICE_FILE"] = notice_file
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.gpu_uuids)
     return env

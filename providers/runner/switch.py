@@ -59,7 +59,8 @@ def pick_runtime(name: str, state_dir: Path, node: str | None, *, simulate: bool
         return DockerRuntime(node, network_mode=network_mode, simulate=simulate,
                              public_host=public_host, advertise_host=advertise_host,
                              keys_dir=state_dir / "authorized_keys",
-                             workspaces=Workspaces(state_dir / "workspaces"))
+                             workspaces=Workspaces(state_dir / "workspaces"),
+                             notice_root=state_dir / "notice")
     except RuntimeFailure as exc:
         if name == "docker":
             raise

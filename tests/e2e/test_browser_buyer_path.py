@@ -65,7 +65,7 @@ def test_a_buyer_picks_cuda_ssh_wins_a_gpu_logs_in_over_ssh_and_stops_it(
     page.get_by_label("Limit price (USD per GPU-hour)").fill("2.60")
     page.get_by_label("Own image (or the template's, overridden)").fill(ssh_image)
     page.get_by_role("button", name="Place bid").click()
-    expect(page.get_by_text("1 of 1 GPUs filled")).to_be_visible()
+    expect(page.get_by_text("1 of 1 GPU filled")).to_be_visible()  # ("1 GPU", issue 14)
     buyer = get_user_model().objects.get(username="sshbuyer")
     lease = Lease.objects.get(buyer=buyer)
     assert (lease.template, lease.image, lease.ssh, lease.price) == \

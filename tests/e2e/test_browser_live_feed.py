@@ -132,7 +132,7 @@ def test_the_workers_auction_close_reaches_the_open_pages(embedded_default, brow
     # nobody here closes it: the worker's beat does, in its own process, at closes_at
     expect(page.locator("#auction-status")).to_have_text("closed", timeout=45_000)
     assert Auction.objects.get(pk=lot.pk).status == Auction.Status.CLOSED
-    expect(page.locator("#clearing-price")).to_have_text("$2.50")  # second price
+    expect(page.locator("#clearing-price")).to_have_text("$2.50 /GPU-h")  # second price
     expect(page.locator("#my-bid")).to_contain_text("won")
     expect(page.get_by_role("button", name="Withdraw my bid")).to_have_count(0)
     expect(page.get_by_text("Replace my bid")).to_have_count(0)

@@ -8,15 +8,17 @@ from django.db import transaction
 
 from marketplace.models import Lease, Order, SealedBid
 from marketplace.sealing import Unsealable, reseal
+from webhooks.models import WebhookEndpoint
 
 COLUMNS = [(Order, "secrets_sealed"), (SealedBid, "secrets_sealed"),
            (Lease, "secrets_sealed"), (Lease, "jupyter_token_sealed"),
            (Order, "checkpoint_sealed"), (SealedBid, "checkpoint_sealed"),
-           (Lease, "checkpoint_sealed")]
+           (Lease, "checkpoint_sealed"), (WebhookEndpoint, "secret_sealed")]
 
 
 class Command(BaseCommand):
-    help = ("Re-seal bids' and leases' secrets and Jupyter tokens under the first key of "
+    help = ("Re-seal bids' and leases' secrets, Jupyter tokens and webhook signing secrets "
+            "under the first key of "
             "GPUMARKET_SECRETS_KEY; then the old keys may be removed.")
 
     def handle(self, *args, **options):

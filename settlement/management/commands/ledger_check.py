@@ -11,7 +11,10 @@ def _pending_migrations() -> int:
     connection = connections[DEFAULT_DB_ALIAS]
     # a one-shot command needs no pool (GPUMARKET_DB_POOL), and without one an unreachable
     # server is named by its own error, not by the pool's timeout and retry warnings
-    connection.settings_dict.get("OPTIONS", {}).pop("pool", None)
+    # (only before this process's first connection: called from code that is already
+    # connected, e.g. a test, it leaves the process's pool as it is)
+    if connection.connection is None and not connection.in_atomic_block:
+        connection.settings_dict.get("OPTIONS", {}).pop("pool", None)
     try:
         connection.ensure_connection()
         executor = MigrationExecutor(connection)

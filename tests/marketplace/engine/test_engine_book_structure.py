@@ -98,3 +98,18 @@ def test_gang_heavy_flow_with_many_owners_matches_reference(ops):
                     copy.copy(order), NOW)
         assert state(book.bids(), book.asks()) == state(ref.sorted_bids(), ref.sorted_asks())
         assert len(book) == len(ref.bids) + len(ref.asks)
+
+
+def test_a_bid_for_one_node_fills_only_on_that_node_both_ways():
+    """``Bid.node`` (main's) holds in both walks: incoming bid and incoming ask."""
+    b = OrderBook()
+    b.submit_ask(Ask(1, 100, REF, 4, 7, NOW + 7200, 1), NOW)
+    b.submit_ask(Ask(2, 101, REF + TICK, 4, 8, NOW + 7200, 2), NOW)
+    r = b.submit_bid(Bid(3, 1, REF + TICK, 2, 1, 3600, 3, node=8), NOW)
+    assert [(f.ask_id, f.node, f.gpus) for f in r.fills] == [(2, 8, 2)]
+    b = OrderBook()
+    b.submit_bid(Bid(1, 1, REF, 2, 1, 3600, 1, node=7), NOW)
+    r = b.submit_ask(Ask(2, 100, REF, 4, 9, NOW + 7200, 2), NOW)
+    assert r.fills == [] and r.rested
+    r = b.submit_ask(Ask(3, 101, REF, 4, 7, NOW + 7200, 3), NOW)
+    assert [(f.bid_id, f.node, f.gpus) for f in r.fills] == [(1, 7, 2)]
