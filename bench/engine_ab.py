@@ -1,9 +1,10 @@
-"""A/B of two engine versions on bench/orderbook.py's flow: best CPU time
+"""A/B of two engine versions on bench/orderbook.py's flows: best CPU time
 (time.thread_time_ns, which other processes' load does not inflate) of RUNS runs each,
-interleaved. Each folder holds `marketplace/` and `bench/` of one commit:
+interleaved, orders built inside the timed region. Each folder holds `marketplace/` of
+one commit; the flows come from this checkout's bench/orderbook.py:
 
-  git archive <commit> marketplace bench | tar -x -C /tmp/nodes_bench_before   # and _after
-  .venv/bin/python bench/engine_ab.py [EVENTS] [RUNS] [BEFORE_DIR] [AFTER_DIR]
+  git archive <commit> marketplace | tar -x -C /tmp/engine_before   # and _after
+  .venv/bin/python bench/engine_ab.py [EVENTS] [RUNS] [BEFORE_DIR] [AFTER_DIR] [SHAPES]
 """
 
 from __future__ import annotations
@@ -11,37 +12,60 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orderbook
 
 
 def load(folder: str):
-    """bench/orderbook.py of `folder`, with that folder's engine."""
-    for name in [m for m in sys.modules
-                 if m in ("marketplace", "orderbook") or m.startswith("marketplace.")]:
+    """`marketplace.engine` of `folder`."""
+    for name in [m for m in sys.modules if m == "marketplace" or m.startswith("marketplace.")]:
         del sys.modules[name]
-    sys.path[:0] = [folder, f"{folder}/bench"]
+    sys.path.insert(0, folder)
     try:
-        return importlib.import_module("orderbook")
+        return importlib.import_module("marketplace.engine")
     finally:
-        del sys.path[:2]
+        del sys.path[0]
+
+
+def run(engine, flow) -> int:
+    """CPU ns to run `flow` on a fresh book of `engine` (as orderbook.ours_run)."""
+    book = engine.OrderBook()
+    sb, sa, cancel = book.submit_bid, book.submit_ask, book.cancel
+    bid, ask = engine.Bid, engine.Ask
+    now, until = orderbook.NOW, orderbook.UNTIL
+    t0 = time.thread_time_ns()
+    for ev in flow:
+        kind = ev[0]
+        if kind == "B":
+            _, i, p, q, g = ev
+            sb(bid(i, i, p, q, g, 3600, i), now)
+        elif kind == "A":
+            _, i, p, q, _g = ev
+            sa(ask(i, i, p, q, i, until, i), now)
+        else:
+            cancel(ev[1])
+    return time.thread_time_ns() - t0
 
 
 def main() -> None:
-    events = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 15
-    folders = {"before": sys.argv[3] if len(sys.argv) > 3 else "/tmp/nodes_bench_before",
-               "after": sys.argv[4] if len(sys.argv) > 4 else "/tmp/nodes_bench_after"}
-    books = {label: load(folder) for label, folder in folders.items()}
-    flow = books["before"].make_flow(events, 1)
-    best = dict.fromkeys(books, float("inf"))
-    for _ in range(runs):
-        for label, bench in books.items():
-            ops = bench.ours_prepare(flow)
-            start = time.thread_time_ns()
-            bench.ours_run(ops)
-            best[label] = min(best[label], time.thread_time_ns() - start)
-    for label in books:
-        print(f"{label}: {events / (best[label] / 1e9):,.0f} events/s "
-              f"(best CPU time of {runs})")
+    argv = sys.argv[1:]
+    events = int(argv[0]) if argv else 100_000
+    runs = int(argv[1]) if len(argv) > 1 else 15
+    folders = {"before": argv[2] if len(argv) > 2 else "/tmp/engine_before",
+               "after": argv[3] if len(argv) > 3 else "/tmp/engine_after"}
+    shapes = argv[4].split(",") if len(argv) > 4 else list(orderbook.SHAPES)
+    engines = {label: load(folder) for label, folder in folders.items()}
+    for shape in shapes:
+        flow = orderbook.make_flow(events, 1, shape)
+        best = dict.fromkeys(engines, float("inf"))
+        for _ in range(runs):
+            for label, engine in engines.items():
+                best[label] = min(best[label], run(engine, flow))
+        print(shape, "  ".join(f"{label}: {events / (best[label] / 1e9):,.0f} events/s"
+                               for label in engines), f"(best CPU time of {runs})")
 
 
 if __name__ == "__main__":

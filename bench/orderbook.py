@@ -1,29 +1,33 @@
-"""Order-book core benchmark: our OrderBook vs the PyPI books orderly-chaos, cython-orderbook.
+"""Order-book core benchmark: our OrderBook vs orderly-chaos (C++ core) and a plain
+heap-and-deque book in pure Python, on several seeded flows, all in the same run.
 
-Flow (seeded, identical for every engine): 200,000 events; 90 % limit orders, half bids
-half asks, 10 % cancels of a random earlier order (which may already be filled or gone).
-Prices are normal around the reference 2_490_000 micro-USD per GPU-hour on a 10_000 tick
-(bids centred 2 ticks below, asks 2 ticks above, sigma 4 ticks), so about a third of the
-orders cross. Sizes 1-8 GPUs. For our book: gang 1, 1-hour leases, asks open for 30 days,
-every order a different owner (no self-trade), GTC — i.e. reduced to what the peers
-support (plain price/quantity limit orders + cancels), so traded volume must agree.
+Every flow is a list of plain-int events ("B"|"A", id, price, qty, gang) or ("C", id);
+each contestant builds its own order objects INSIDE the timed region (what a caller
+pays: our ``Bid``/``Ask``, the heap book's lists; orderly-chaos takes ints). Shapes
+(``SHAPES``): ``base`` (the old flow: prices normal, sigma 4 ticks, 10 % cancels of any
+earlier id), ``narrow`` (sigma 1 tick), ``wide`` (uniform over ~100 ticks), ``deep``
+(40,000 resting orders first, then a flow that rarely crosses), ``cancels`` (35 % cancels,
+each of an order resting at that moment), ``gangs`` (bids of gangs of 2-8, asks of one
+8-GPU node). For our book: 1-hour leases, asks open 30 days, every order a different
+owner, GTC; so with gang 1 all books must trade the same volume (checked). The peers know
+no gangs: on ``gangs`` they trade plain quantities (less work than ours, volume differs).
 
-Order objects (our Bid/Ask, cython-orderbook's Order) are built before the clock starts;
-orderly-chaos takes plain ints. Throughput: best of --repeat untimed-per-event runs.
-Latency: a separate run timing every event with time.perf_counter_ns.
-
-Run:  .venv/bin/python bench/orderbook.py [--events 200000] [--repeat 3] [--seed 1]
-Peers: .venv/bin/pip install orderly-chaos cython-orderbook  (the `bench` extra).
+Run:  .venv/bin/python bench/orderbook.py [--events 200000] [--repeat 3] [--seeds 1,2]
+      [--shapes base,narrow,...]
+Peer: .venv/bin/pip install orderly-chaos  (the `bench` extra).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import heapq
+import os
 import platform
 import random
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,152 +40,220 @@ NOW = 1_700_000_000
 UNTIL = NOW + 30 * 86_400
 
 
-def make_flow(n: int, seed: int) -> list[tuple]:
-    """Events: ("B"|"A", id, price, qty) or ("C", id)."""
+# ----------------------------------------------------------------------------- flows
+
+
+def _price(rng, side, shape):
+    if shape == "wide":
+        return REF + rng.randint(-50, 50) * TICK
+    sigma = 1 if shape == "narrow" else 4
+    off = 2 if shape != "deep" else 8
+    centre = REF - off * TICK if side == "B" else REF + off * TICK
+    return max(TICK, round(rng.gauss(centre, sigma * TICK) / TICK) * TICK)
+
+
+def make_flow(n: int, seed: int, shape: str = "base") -> list[tuple]:
+    """Events ("B"|"A", id, price, qty, gang) or ("C", id); `shape` in SHAPES.
+
+    Resting orders (for ``cancels``) are known by running the flow on the heap book."""
     rng = random.Random(seed)
     flow: list[tuple] = []
+    ref = HeapBook()
     next_id = 0
-    for _ in range(n):
+    if shape == "deep":
+        for _ in range(40_000):
+            next_id += 1
+            side = "B" if rng.random() < 0.5 else "A"
+            off = rng.randint(10, 60) * TICK
+            p = REF - off if side == "B" else REF + off
+            flow.append((side, next_id, p, rng.randint(1, 8), 1))
+    cancel_p = 0.35 if shape == "cancels" else 0.10
+    while len(flow) < n:
         r = rng.random()
-        if r < 0.10 and next_id:
+        if r < cancel_p and next_id:
+            if shape == "cancels":
+                ref_run(ref, flow)
+                for _ in range(64):  # a random id that rests now (most recent ids do)
+                    oid = rng.randrange(max(1, next_id - 2000), next_id + 1)
+                    if oid in ref.live:
+                        flow.append(("C", oid))
+                        break
+                continue
             flow.append(("C", rng.randrange(1, next_id + 1)))
             continue
         next_id += 1
-        side = "B" if r < 0.55 else "A"
-        centre = REF - 2 * TICK if side == "B" else REF + 2 * TICK
-        price = max(TICK, round(rng.gauss(centre, 4 * TICK) / TICK) * TICK)
-        flow.append((side, next_id, price, rng.randint(1, 8)))
+        side = "B" if rng.random() < 0.5 else "A"
+        if shape == "gangs":
+            if side == "B":
+                g = rng.choice((2, 2, 4, 4, 8)) if rng.random() < 0.5 else rng.randint(2, 8)
+                flow.append((side, next_id, _price(rng, side, shape), g * rng.randint(1, 2), g))
+            else:
+                flow.append((side, next_id, _price(rng, side, shape), 8, 1))
+            continue
+        flow.append((side, next_id, _price(rng, side, shape), rng.randint(1, 8), 1))
     return flow
 
 
-# ----------------------------------------------------------------------------- engines
-
-
-def ours_prepare(flow):
-    ops = []
-    for ev in flow:
+def ref_run(ref, flow):
+    """Feed the heap book the events it has not seen yet (generation only)."""
+    for ev in flow[ref.seen:]:
         if ev[0] == "B":
-            _, i, p, q = ev
-            ops.append((0, Bid(i, i, p, q, 1, 3600, i)))
+            ref.buy(ev[1], ev[3], ev[2])
         elif ev[0] == "A":
-            _, i, p, q = ev
-            ops.append((1, Ask(i, i, p, q, i, UNTIL, i)))
+            ref.sell(ev[1], ev[3], ev[2])
         else:
-            ops.append((2, ev[1]))
-    return ops
+            ref.cancel(ev[1])
+    ref.seen = len(flow)
 
 
-def ours_run(ops, latencies=None):
+SHAPES = ("base", "narrow", "wide", "deep", "cancels", "gangs")
+
+
+# ----------------------------------------------------------------------------- heap book
+
+
+class HeapBook:
+    """A plain price-time book: a heap of prices per side, a deque of [id, qty] per price,
+    lazy cancels (qty set to 0). No gangs, windows or owners: price/quantity only."""
+
+    def __init__(self):
+        self.bid_px: list[int] = []  # negated prices
+        self.ask_px: list[int] = []
+        self.bid_q: dict[int, deque] = {}
+        self.ask_q: dict[int, deque] = {}
+        self.live: dict[int, list] = {}
+        self.seen = 0
+
+    def _match(self, oid, qty, limit, heap, levels, sign):
+        while qty and heap:
+            p = heap[0] * sign
+            if (p > limit) if sign == 1 else (p < limit):
+                break
+            q = levels[p]
+            while q and qty:
+                o = q[0]
+                if not o[1]:
+                    q.popleft()
+                    continue
+                t = o[1] if o[1] < qty else qty
+                o[1] -= t
+                qty -= t
+                self.traded += t
+                if not o[1]:
+                    q.popleft()
+                    del self.live[o[0]]
+            if not q:
+                heapq.heappop(heap)
+                del levels[p]
+        return qty
+
+    def _rest(self, oid, qty, price, heap, levels, key):
+        o = [oid, qty]
+        q = levels.get(price)
+        if q is None:
+            levels[price] = q = deque()
+            heapq.heappush(heap, key)
+        q.append(o)
+        self.live[oid] = o
+
+    traded = 0
+
+    def buy(self, oid, qty, price):
+        left = self._match(oid, qty, price, self.ask_px, self.ask_q, 1)
+        if left:
+            self._rest(oid, left, price, self.bid_px, self.bid_q, -price)
+
+    def sell(self, oid, qty, price):
+        left = self._match(oid, qty, price, self.bid_px, self.bid_q, -1)
+        if left:
+            self._rest(oid, left, price, self.ask_px, self.ask_q, price)
+
+    def cancel(self, oid):
+        o = self.live.pop(oid, None)
+        if o is not None:
+            o[1] = 0
+
+
+# ----------------------------------------------------------------------------- contestants
+
+
+def ours_run(flow, latencies=None):
     book = OrderBook()
     sb, sa, cancel = book.submit_bid, book.submit_ask, book.cancel
     now = NOW
     volume = 0
-    if latencies is None:
-        t0 = time.perf_counter_ns()
-        for kind, x in ops:
-            if kind == 0:
-                r = sb(x, now)
-            elif kind == 1:
-                r = sa(x, now)
-            else:
-                cancel(x)
-                continue
-            for f in r.fills:
-                volume += f.gpus
-        return time.perf_counter_ns() - t0, volume
     clock = time.perf_counter_ns
-    for kind, x in ops:
-        t = clock()
-        if kind == 0:
-            sb(x, now)
-        elif kind == 1:
-            sa(x, now)
+    t0 = time.thread_time_ns()
+    for ev in flow:
+        t = clock() if latencies is not None else 0
+        kind = ev[0]
+        if kind == "B":
+            _, i, p, q, g = ev
+            r = sb(Bid(i, i, p, q, g, 3600, i), now)
+        elif kind == "A":
+            _, i, p, q, _g = ev
+            r = sa(Ask(i, i, p, q, i, UNTIL, i), now)
         else:
-            cancel(x)
-        latencies.append(clock() - t)
-    return 0, 0
+            cancel(ev[1])
+            if latencies is not None:
+                latencies.append(clock() - t)
+            continue
+        for f in r.fills:
+            volume += f.gpus
+        if latencies is not None:
+            latencies.append(clock() - t)
+    return time.thread_time_ns() - t0, volume
 
 
-def orderly_load():
-    import orderly_chaos
+def orderly_run(flow, latencies=None):
+    import orderly_chaos as oc
 
-    return orderly_chaos
-
-
-def orderly_prepare(flow):
-    return [
-        (0, ev[1], ev[2], ev[3])
-        if ev[0] == "B"
-        else (1, ev[1], ev[2], ev[3])
-        if ev[0] == "A"
-        else (2, ev[1], 0, 0)
-        for ev in flow
-    ]
-
-
-def orderly_run(ops, latencies=None):
-    oc = orderly_load()
     book = oc.LimitOrderBook()
     buy, sell, cancel = book.limit_buy, book.limit_sell, book.cancel
     unknown = oc.UnknownOrderIdError
     volume = 0
     clock = time.perf_counter_ns
-    t0 = clock()
-    for kind, i, p, q in ops:
+    t0 = time.thread_time_ns()
+    for ev in flow:
         t = clock() if latencies is not None else 0
-        if kind == 0:
-            volume += buy(i, q, p)
-        elif kind == 1:
-            volume += sell(i, q, p)
+        kind = ev[0]
+        if kind == "B":
+            volume += buy(ev[1], ev[3], ev[2])
+        elif kind == "A":
+            volume += sell(ev[1], ev[3], ev[2])
         else:
             try:  # noqa: SIM105 - contextlib.suppress costs more in this hot loop
-                cancel(i)
+                cancel(ev[1])
             except unknown:
                 pass
         if latencies is not None:
             latencies.append(clock() - t)
-    return clock() - t0, volume
+    return time.thread_time_ns() - t0, volume
 
 
-def cython_prepare(flow):
-    from cython_orderbook import Order, OrderSide
-
-    ops = []
-    ids: dict[int, str] = {}
-    for ev in flow:
-        if ev[0] in "BA":
-            o = Order(OrderSide.BID if ev[0] == "B" else OrderSide.ASK, ev[3], ev[2])
-            ids[ev[1]] = o.order_id  # the library assigns its own string ids
-            ops.append((0, o))
-        else:
-            ops.append((1, ids.get(ev[1], "")))
-    return ops
-
-
-def cython_run(ops, latencies=None):
-    from cython_orderbook import OrderBook as CyBook
-
-    book = CyBook()
-    add, cancel = book.add_limit_order, book.cancel_order
+def heap_run(flow, latencies=None):
+    book = HeapBook()
+    buy, sell, cancel = book.buy, book.sell, book.cancel
     clock = time.perf_counter_ns
-    t0 = clock()
-    for kind, x in ops:
+    t0 = time.thread_time_ns()
+    for ev in flow:
         t = clock() if latencies is not None else 0
-        if kind == 0:
-            add(x)
+        kind = ev[0]
+        if kind == "B":
+            buy(ev[1], ev[3], ev[2])
+        elif kind == "A":
+            sell(ev[1], ev[3], ev[2])
         else:
-            cancel(x)
+            cancel(ev[1])
         if latencies is not None:
             latencies.append(clock() - t)
-    elapsed = clock() - t0
-    volume = sum(t.quantity_filled for t in book.trade_log)
-    return elapsed, volume
+    return time.thread_time_ns() - t0, book.traded
 
 
 ENGINES = {
-    "gpumarket OrderBook": (ours_prepare, ours_run),
-    "orderly-chaos": (orderly_prepare, orderly_run),
-    "cython-orderbook": (cython_prepare, cython_run),
+    "gpumarket OrderBook": ours_run,
+    "orderly-chaos": orderly_run,
+    "heap-and-deque book": heap_run,
 }
 
 
@@ -192,58 +264,62 @@ def pct(sorted_ns: list[int], q: float) -> int:
     return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))]
 
 
-def measure(name, prepare, run, flow, repeat):
+def measure(run, flow, repeat):
+    """(events/s best of `repeat` by CPU time, p50 ns, p99 ns, traded GPUs).
+
+    Throughput is CPU time (``time.thread_time_ns``: the shared machine's load does not
+    inflate it); p50/p99 come from one more run timing each event (perf_counter_ns)."""
     best = None
     volume = 0
     for _ in range(repeat):
-        ops = prepare(flow)
         gc.collect()
         gc.disable()
         try:
-            elapsed, volume = run(ops)
+            elapsed, volume = run(flow)
         finally:
             gc.enable()
         best = elapsed if best is None else min(best, elapsed)
     lat: list[int] = []
-    ops = prepare(flow)
     gc.collect()
     gc.disable()
     try:
-        run(ops, lat)
+        run(flow, lat)
     finally:
         gc.enable()
     lat.sort()
-    rate = len(flow) / (best / 1e9)
-    print(
-        f"{name:22s} {rate:12,.0f} events/s   p50 {pct(lat, 0.50) / 1000:6.2f} us"
-        f"   p99 {pct(lat, 0.99) / 1000:6.2f} us   traded {volume:,} GPUs"
-    )
-    return rate
+    return len(flow) / (best / 1e9), pct(lat, 0.50), pct(lat, 0.99), volume
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", default="1,2")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
-    flow = make_flow(args.events, args.seed)
-    n_cancel = sum(1 for ev in flow if ev[0] == "C")
-    print(
-        f"python {platform.python_version()} ({platform.python_implementation()}), "
-        f"{args.events:,} events, {n_cancel:,} cancels, seed {args.seed}, "
-        f"best of {args.repeat}"
-    )
-    rates: dict[str, float] = {}
-    for name, (prepare, run) in ENGINES.items():
-        try:
-            rates[name] = measure(name, prepare, run, flow, args.repeat)
-        except ImportError as exc:
-            print(f"{name:22s} SKIPPED: cannot import ({exc}); try .venv/bin/pip install {name}")
-    ours = rates.get("gpumarket OrderBook")
-    for name, rate in rates.items():
-        if ours and name != "gpumarket OrderBook":
-            print(f"ratio gpumarket / {name}: {ours / rate:.2f}x")
+    print(f"python {platform.python_version()} ({platform.python_implementation()}), "
+          f"{args.events:,} events per flow, best of {args.repeat}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'flow':14s} {'engine':20s} {'events/s':>12s} {'p50 us':>7s} {'p99 us':>7s} "
+          f"{'traded':>9s}  vs orderly / heap")
+    for shape in args.shapes.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            flow = make_flow(args.events, seed, shape)
+            res = {}
+            for name, run in ENGINES.items():
+                try:
+                    res[name] = measure(run, flow, args.repeat)
+                except ImportError as exc:
+                    print(f"{name}: SKIPPED ({exc}); pip install orderly-chaos")
+            ours = res["gpumarket OrderBook"][0]
+            for name, (rate, p50, p99, vol) in res.items():
+                extra = ""
+                if name == "gpumarket OrderBook":
+                    oc = res.get("orderly-chaos", (0,))[0]
+                    hb = res["heap-and-deque book"][0]
+                    extra = f"  {ours / oc:.2f}x / {ours / hb:.2f}x" if oc else ""
+                print(f"{shape + ' s' + str(seed):14s} {name:20s} {rate:12,.0f} "
+                      f"{p50 / 1000:7.2f} {p99 / 1000:7.2f} {vol:9,d}{extra}")
 
 
 if __name__ == "__main__":

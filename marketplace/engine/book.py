@@ -31,53 +31,26 @@ Implementation: per side, a sorted list of the prices that have resting GPUs, an
 price a deque of one-element list "cells" ``[order]`` in seq order plus the total GPUs at
 that price. Cancels are lazy (the cell is emptied, ``[None]``) and dead cells are
 dropped when they reach the head of a level, when the level empties, or by an amortised
-compaction. Bids and asks passed in are mutated: their ``gpus`` always mean "still
-wanted / still available".
+compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid level a
+lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
+level), and each side counts resting orders per owner: a walk skips a level in O(1) when
+no order there can trade (no whole gang) and none is the incoming order's owner's (so
+self-trade prevention still cancels it). Bids and asks passed in are mutated: their
+``gpus`` always mean "still wanted / still available".
 """
+
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
 
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
+from .walks import _BIG, Walks, _dec, _drop_level, _rest
 
 __all__ = ["OrderBook"]
 
-_COMPACT_MIN = 1024
 
-
-def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
-    """Put ``cell`` at its seq position in the level ``price`` (creating the level)."""
-    q = qs.get(price)
-    if q is None:
-        insort(px, price)
-        qs[price] = deque((cell,))
-        tots[price] = gpus
-        return
-    tots[price] += gpus
-    if q:
-        last = q[-1][0]
-        if last is None or last.seq > seq:
-            # Rare: out-of-order seq (e.g. a re-matched order keeps its priority).
-            j = len(q)
-            while j:
-                o = q[j - 1][0]
-                if o is not None and o.seq < seq:
-                    break
-                j -= 1
-            q.insert(j, cell)
-            return
-    q.append(cell)
-
-
-def _drop_level(px: list[int], qs: dict, tots: dict, price: int) -> None:
-    del px[bisect_left(px, price)]
-    del qs[price]
-    del tots[price]
-
-
-class OrderBook:
+class OrderBook(Walks):
     """One GPU class's continuous auction: price-time priority.
 
     Order ids must be unique across bids and asks of one book (``cancel`` takes either);
@@ -86,13 +59,17 @@ class OrderBook:
     """
 
     __slots__ = (
+        "_ask_cap",
         "_ask_dead",
         "_ask_ix",
+        "_ask_own",
         "_ask_px",
         "_ask_q",
         "_ask_tot",
         "_bid_dead",
         "_bid_ix",
+        "_bid_mingang",
+        "_bid_own",
         "_bid_px",
         "_bid_q",
         "_bid_tot",
@@ -106,11 +83,17 @@ class OrderBook:
         self._bid_tot: dict[int, int] = {}
         self._bid_ix: dict[int, list] = {}
         self._bid_dead = 0
+        #: per bid price: a lower bound of its resting bids' gangs (exact after a walk)
+        self._bid_mingang: dict[int, int] = {}
+        self._bid_own: dict[int, int] = {}  # owner -> resting bids
         self._ask_px: list[int] = []
         self._ask_q: dict[int, deque[list]] = {}
         self._ask_tot: dict[int, int] = {}
         self._ask_ix: dict[int, list] = {}
         self._ask_dead = 0
+        #: per ask price: an upper bound of its resting asks' GPUs (exact after a walk)
+        self._ask_cap: dict[int, int] = {}
+        self._ask_own: dict[int, int] = {}  # owner -> resting asks
         #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
         #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
         #: it, in order); None: no node can (an NVLink bid then never fills).
@@ -164,6 +147,12 @@ class OrderBook:
             cell = [bid]
             _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
             self._bid_ix[bid_id] = cell
+            own = self._bid_own  # inline _rested_bid (the hot path)
+            owner = bid.owner
+            own[owner] = own.get(owner, 0) + 1
+            mg = self._bid_mingang
+            if mg.get(price, _BIG) > gang:
+                mg[price] = gang
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, left)
 
@@ -197,6 +186,12 @@ class OrderBook:
             cell = [ask]
             _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
             self._ask_ix[ask_id] = cell
+            own = self._ask_own  # inline _rested_ask (the hot path)
+            owner = ask.owner
+            own[owner] = own.get(owner, 0) + 1
+            cap = self._ask_cap
+            if cap.get(price, 0) < left:
+                cap[price] = left
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
@@ -220,6 +215,7 @@ class OrderBook:
         cell = [bid]
         _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
         self._bid_ix[bid.id] = cell
+        self._rested_bid(bid)
 
     def rest_ask(self, ask: Ask) -> None:
         """Put an ask straight into the book, WITHOUT matching (rebuilding a saved book).
@@ -236,245 +232,25 @@ class OrderBook:
         cell = [ask]
         _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
         self._ask_ix[ask.id] = cell
+        self._rested_ask(ask)
 
-    # ------------------------------------------------------------------ matching
+    def _rested_bid(self, bid: Bid) -> None:
+        """Book-keeping of a bid just rested: its owner's count, its level's gang bound."""
+        own = self._bid_own
+        own[bid.owner] = own.get(bid.owner, 0) + 1
+        mg = self._bid_mingang
+        m = mg.get(bid.price)
+        if m is None or m > bid.gang:
+            mg[bid.price] = bid.gang
 
-    def _take_asks(self, bid: Bid, now: int, fills: list, stc: list) -> int:
-        """Walk asks for ``bid``; return the GPUs left unfilled. Mutates the book."""
-        px = self._ask_px
-        qs = self._ask_q
-        tots = self._ask_tot
-        ix = self._ask_ix
-        limit = bid.price
-        owner = bid.owner
-        gang = bid.gang
-        bid_id = bid.id
-        end = now + bid.duration_s
-        need = bid.min_cuda
-        mrel = bid.min_rel
-        avoid = bid.avoid_node
-        image = bid.image_only
-        left = bid.gpus
-        nv = bid.nvlink
-        only = bid.node
-        dead = 0
-        i = 0
-        while i < len(px):
-            p = px[i]
-            if p > limit:
-                break
-            q = qs[p]
-            tot = tots[p]
-            j = 0
-            n = len(q)
-            while j < n:
-                cell = q[j]
-                a = cell[0]
-                if a is None:
-                    if j:
-                        j += 1
-                    else:
-                        q.popleft()
-                        n -= 1
-                    continue
-                ag = a.gpus
-                if a.owner == owner:
-                    cell[0] = None
-                    del ix[a.id]
-                    tot -= ag
-                    stc.append(a.id)
-                elif (ag < gang or end > a.available_until or (need and a.cuda < need)
-                      or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
-                      or (image and not a.runs_images) or (only and a.node != only)):
-                    j += 1
-                    continue
-                else:
-                    k = ag // gang
-                    lg = left // gang
-                    if k > lg:
-                        k = lg
-                    if nv:
-                        k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
-                        if not k:
-                            j += 1
-                            continue
-                    g = k * gang
-                    fills.append(Fill(bid_id, a.id, a.node, g, p))
-                    left -= g
-                    tot -= g
-                    if ag != g:
-                        a.gpus = ag - g
-                        if not left:
-                            break
-                        j += 1
-                        continue
-                    cell[0] = None
-                    del ix[a.id]
-                # the cell at j is now dead
-                if j:
-                    j += 1
-                    dead += 1
-                else:
-                    q.popleft()
-                    n -= 1
-                if not left:
-                    break
-            if tot:
-                tots[p] = tot
-                i += 1
-            else:
-                del px[i]
-                del qs[p]
-                del tots[p]
-            if not left:
-                break
-        if dead:
-            self._ask_dead += dead
-            if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._ask_q)
-                self._ask_dead = 0
-        return left
-
-    def _take_bids(self, ask: Ask, now: int, fills: list, stc: list) -> int:
-        """Walk bids for ``ask``; return the GPUs left. Mutates the book."""
-        px = self._bid_px
-        qs = self._bid_q
-        tots = self._bid_tot
-        ix = self._bid_ix
-        limit = ask.price
-        owner = ask.owner
-        ask_id = ask.id
-        node = ask.node
-        window = ask.available_until - now
-        cuda = ask.cuda
-        rel = ask.rel
-        processes = not ask.runs_images
-        left = ask.gpus
-        nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
-        dead = 0
-        i = len(px) - 1
-        while i >= 0:
-            p = px[i]
-            if p < limit:
-                break
-            q = qs[p]
-            tot = tots[p]
-            j = 0
-            n = len(q)
-            while j < n:
-                cell = q[j]
-                b = cell[0]
-                if b is None:
-                    if j:
-                        j += 1
-                    else:
-                        q.popleft()
-                        n -= 1
-                    continue
-                bg = b.gpus
-                if b.owner == owner:
-                    cell[0] = None
-                    del ix[b.id]
-                    tot -= bg
-                    stc.append(b.id)
-                else:
-                    gang = b.gang
-                    if (gang > left or b.duration_s > window or b.min_cuda > cuda
-                            or b.min_rel > rel or b.avoid_node == node
-                            or (processes and b.image_only) or (b.node and b.node != node)):
-                        j += 1
-                        continue
-                    k = left // gang
-                    kb = bg // gang
-                    if k > kb:
-                        k = kb
-                    if b.nvlink:
-                        nvg[b.id] = gang
-                        k = self._nvlink_gangs(node, gang, k, fills, nvg)
-                        if not k:
-                            j += 1
-                            continue
-                    g = k * gang
-                    fills.append(Fill(b.id, ask_id, node, g, p))
-                    left -= g
-                    tot -= g
-                    if bg != g:
-                        b.gpus = bg - g
-                        j += 1
-                        if not left:
-                            break
-                        continue
-                    cell[0] = None
-                    del ix[b.id]
-                if j:
-                    j += 1
-                    dead += 1
-                else:
-                    q.popleft()
-                    n -= 1
-                if not left:
-                    break
-            if tot:
-                tots[p] = tot
-            else:
-                del px[i]
-                del qs[p]
-                del tots[p]
-            i -= 1
-            if not left:
-                break
-        if dead:
-            self._bid_dead += dead
-            if self._bid_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._bid_q)
-                self._bid_dead = 0
-        return left
-
-    def _bid_fillable(self, bid: Bid, now: int) -> int:
-        """GPUs ``bid`` would fill now (same walk as ``_take_asks``, no mutation)."""
-        gang = bid.gang
-        want = bid.gpus
-        owner = bid.owner
-        end = now + bid.duration_s
-        need = bid.min_cuda
-        image = bid.image_only
-        only = bid.node
-        got = 0
-        seen: list[Fill] = []
-        qs = self._ask_q
-        for p in self._ask_px:
-            if p > bid.price:
-                break
-            for cell in qs[p]:
-                a = cell[0]
-                if (a is None or a.owner == owner or a.gpus < gang
-                        or end > a.available_until or (need and a.cuda < need)
-                        or a.rel < bid.min_rel or a.node == bid.avoid_node
-                        or (image and not a.runs_images) or (only and a.node != only)):
-                    continue
-                k = a.gpus // gang
-                if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs
-                    k = self._nvlink_gangs(a.node, gang, k, seen, {bid.id: gang})
-                    seen.append(Fill(bid.id, a.id, a.node, k * gang, p))
-                got += k * gang
-                if got >= want:
-                    return want
-        return got
-
-    def _nvlink_gangs(self, node: int, gang: int, k: int, fills: list,
-                      nvg: dict[int, int]) -> int:
-        """At most `k`: the NVLink-connected gangs `node` can still give (``links``), after
-        this pass's earlier `fills` on it (an NVLink bid's by its gang in `nvg`)."""
-        if self.links is None:
-            return 0
-        taken = [(f.gpus, nvg.get(f.bid_id, 0)) for f in fills if f.node == node]
-        return min(k, self.links(node, gang, taken))
-
-    @staticmethod
-    def _compact(qs: dict) -> None:
-        """Drop every dead cell of one side (amortised: runs when dead > 1024 + 2 x live)."""
-        for p, q in qs.items():
-            qs[p] = deque(c for c in q if c[0] is not None)
+    def _rested_ask(self, ask: Ask) -> None:
+        """Book-keeping of an ask just (re)rested: owner's count, its level's GPU bound."""
+        own = self._ask_own
+        own[ask.owner] = own.get(ask.owner, 0) + 1
+        cap = self._ask_cap
+        c = cap.get(ask.price)
+        if c is None or c < ask.gpus:
+            cap[ask.price] = ask.gpus
 
     # ------------------------------------------------------------------ maintenance
 
@@ -482,10 +258,18 @@ class OrderBook:
         """Remove a resting bid or ask by id; ``False`` if no such order rests."""
         cell = self._bid_ix.pop(order_id, None)
         if cell is not None:
+            own = self._bid_own
+            owner = cell[0].owner
+            n = own[owner] - 1
+            if n:
+                own[owner] = n
+            else:
+                del own[owner]
             self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
             return True
         cell = self._ask_ix.pop(order_id, None)
         if cell is not None:
+            _dec(self._ask_own, cell[0].owner)
             self._unlink(cell, self._ask_px, self._ask_q, self._ask_tot, bid=False)
             return True
         return False
@@ -497,7 +281,7 @@ class OrderBook:
         p = o.price
         tot = tots[p] - o.gpus
         if not tot:
-            _drop_level(px, qs, tots, p)
+            _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
             return
         tots[p] = tot
         q = qs[p]
@@ -505,14 +289,10 @@ class OrderBook:
             q.popleft()
         elif bid:
             self._bid_dead += 1
-            if self._bid_dead > _COMPACT_MIN + 2 * len(self._bid_ix):
-                self._compact(self._bid_q)
-                self._bid_dead = 0
+            self._maybe_compact()
         else:
             self._ask_dead += 1
-            if self._ask_dead > _COMPACT_MIN + 2 * len(self._ask_ix):
-                self._compact(self._ask_q)
-                self._ask_dead = 0
+            self._maybe_compact()
 
     def add_gpus_to_ask(self, ask_id: int, gpus: int) -> bool:
         """Give ``gpus`` GPUs (of a lease that ended) back to a still-resting ask.
@@ -532,6 +312,8 @@ class OrderBook:
         a = cell[0]
         a.gpus += gpus
         self._ask_tot[a.price] += gpus
+        if self._ask_cap[a.price] < a.gpus:
+            self._ask_cap[a.price] = a.gpus
         return True
 
     def rematch_ask(self, ask_id: int, now: int) -> MatchResult:
@@ -546,6 +328,7 @@ class OrderBook:
         """
         cell = self._ask_ix.pop(ask_id)
         a = cell[0]
+        _dec(self._ask_own, a.owner)
         cell[0] = None
         p = a.price
         tot = self._ask_tot[p] - a.gpus
@@ -557,7 +340,7 @@ class OrderBook:
                     del q[j]
                     break
         else:
-            _drop_level(self._ask_px, self._ask_q, self._ask_tot, p)
+            _drop_level(self._ask_px, self._ask_q, self._ask_tot, p, self._ask_cap)
         fills: list[Fill] = []
         stc: list[int] = []
         bpx = self._bid_px
@@ -567,6 +350,7 @@ class OrderBook:
             cell = [a]
             _rest(self._ask_px, self._ask_q, self._ask_tot, cell, p, a.seq, left)
             self._ask_ix[ask_id] = cell
+            self._rested_ask(a)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marketplace.engine import Ask, Bid, Fill, MatchResult, OrderBook
-from marketplace.engine import book as book_mod
+from marketplace.engine import walks as book_mod
 
 NOW = 1_700_000_000
 HOUR = 3600

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marketplace.engine import Ask, Bid, Fill, MatchResult, OrderBook
-from marketplace.engine import book as book_mod
+from marketplace.engine import walks as book_mod
 
 HOUR = 3600
 TICK = 10_000
