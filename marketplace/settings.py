@@ -56,6 +56,9 @@ Variables (default in brackets):
   draws from its process's pool: keep the sum of every process's maximum under the
   server's max_connections, with room for others. 0: no pool (one connection per request,
   as behind PgBouncer). SQLite (the demo) never pools.
+- GPUMARKET_DB_PGBOUNCER [0]: 1 when DATABASE_URL is a PgBouncer in transaction mode
+  (docs/SCALING.md): no prepared statements (psycopg's prepare_threshold None), no
+  server-side cursors, and GPUMARKET_DB_POOL defaults to 0 (PgBouncer pools).
 - Login limits (429 with Retry-After; marketplace/api/throttles.py): GPUMARKET_LOGIN_RATE
   [20/min] attempts per client address at POST /api/v1/auth/token/ and the login page
   together; GPUMARKET_SIGNUP_RATE [10/hour] signups per address (API and page);
@@ -265,7 +268,14 @@ REST_FRAMEWORK = {
 # --- Database pool, cache and login limits (issue 10, item 5) ---------------------------
 # One block: the pool bounds the connections a process holds (PostgreSQL only; see the
 # docstring), the cache holds the login limits' counters, and the throttles use them.
-GPUMARKET_DB_POOL = env.bool("GPUMARKET_DB_POOL", default=True)
+GPUMARKET_DB_PGBOUNCER = env.bool("GPUMARKET_DB_PGBOUNCER", default=False)
+GPUMARKET_DB_POOL = env.bool("GPUMARKET_DB_POOL", default=not GPUMARKET_DB_PGBOUNCER)
+if GPUMARKET_DB_PGBOUNCER and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # transaction mode: a transaction may run on any server connection, so nothing may
+    # outlive it: no named prepared statements (PgBouncer 1.18, Debian 12, cannot track
+    # them) and no WITH HOLD cursors. The market locks are row locks (transaction-scoped).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 GPUMARKET_DB_POOL_MIN = env.int("GPUMARKET_DB_POOL_MIN", default=1)
 GPUMARKET_DB_POOL_MAX = env.int("GPUMARKET_DB_POOL_MAX", default=10)
 GPUMARKET_DB_POOL_TIMEOUT = env.float("GPUMARKET_DB_POOL_TIMEOUT", default=5.0)
