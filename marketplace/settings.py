@@ -14,6 +14,8 @@ Variables (default in brackets):
 - REDIS_URL [unset: in-memory channel layer]: channel layer; Celery broker too unless
   CELERY_BROKER_URL is set.
 - CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
+- GPUMARKET_CELERY_QUEUES [0]: 1 routes each kind of task to its queue (`market`,
+  `leases`, `ledger`; docs/SCALING.md): workers then need `-Q`. 0: all on `celery`.
 - GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
 - GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
   only; refused when DEBUG is off).
@@ -251,6 +253,20 @@ CELERY_BEAT_SCHEDULE = {
 if not CELERY_BEAT_SCHEDULE["ledger-check"]["schedule"]:
     del CELERY_BEAT_SCHEDULE["ledger-check"]
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# the queue of each kind of task (docs/SCALING.md, "Celery"): the market's own (under its
+# lock, latency-bound), the leases' sweeps (bulk, hour boundaries), the ledger's
+GPUMARKET_CELERY_QUEUE_OF_TASK = {
+    "marketplace.tasks.close_auction": "market",
+    "marketplace.tasks.close_due_auctions": "market",
+    "marketplace.tasks.expire_orders": "market",
+    "marketplace.tasks.preempt_due_leases": "market",
+    "marketplace.tasks.end_overdue_leases": "leases",
+    "marketplace.tasks.meter_running_leases": "leases",
+    "marketplace.tasks.fail_silent_nodes": "leases",
+    "settlement.tasks.*": "ledger",
+}
+if env.bool("GPUMARKET_CELERY_QUEUES", default=False):
+    CELERY_TASK_ROUTES = {name: {"queue": queue} for name, queue in GPUMARKET_CELERY_QUEUE_OF_TASK.items()}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
