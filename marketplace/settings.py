@@ -266,7 +266,8 @@ GPUMARKET_CELERY_QUEUE_OF_TASK = {
     "settlement.tasks.*": "ledger",
 }
 if env.bool("GPUMARKET_CELERY_QUEUES", default=False):
-    CELERY_TASK_ROUTES = {name: {"queue": queue} for name, queue in GPUMARKET_CELERY_QUEUE_OF_TASK.items()}
+    CELERY_TASK_ROUTES = {name: {"queue": queue}
+                          for name, queue in GPUMARKET_CELERY_QUEUE_OF_TASK.items()}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -2,7 +2,7 @@
 # FROM the local base of scripts/build-python-base-image.sh. From the repository root:
 #   docker build --network none -f deploy/docker/marketplace.Dockerfile -t gpumarket/marketplace .
 # Web:    docker run … gpumarket/marketplace                     (uvicorn on :8000)
-# Worker: docker run … gpumarket/marketplace celery -A marketplace worker -Q market,leases,ledger
+# Worker: docker run … gpumarket/marketplace celery -A marketplace worker -Q market,leases,ledger   (or one queue each)
 # Beat:   docker run … gpumarket/marketplace celery -A marketplace beat   (exactly one)
 ARG BASE=gpumarket/python-base:local
 FROM ${BASE}
