@@ -143,7 +143,7 @@ def _trade_on_both_hosts(hosts, tmp_path, urls, markets, runners, test_image, do
     watched = next(slug for slug, *_, bid_host in markets if bid_host == "web-a")
     frames: list[dict] = []
     feed = ws_connect(f"ws://{hosts.address['web-b']}:8000/ws/markets/{watched}/",
-                      open_timeout=20)
+                      origin=urls["web-b"], open_timeout=20)
     assert json.loads(feed.recv(timeout=20))["type"] == "snapshot"
 
     buyers = [(b, api_token(b)) for b in (funded_buyer(100) for _ in range(4))]
