@@ -105,6 +105,10 @@ def _through_pgbouncer(request):
     bouncer = PgBouncer(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
     try:
         with route_through(bouncer):
+            with request.getfixturevalue("django_db_blocker").unblock():
+                connections["default"].ensure_connection()  # really through it, or stop
+                assert connections["default"].connection.info.port == bouncer.port
+                connections["default"].close()
             yield bouncer
     finally:
         bouncer.stop()
