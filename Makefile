@@ -7,7 +7,7 @@ STAMP_TEST := $(VENV)/.installed-test
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/gpumarket
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/0
 
-.PHONY: demo test lint venv clean bench
+.PHONY: demo test test-pgbouncer lint venv clean bench
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,16 @@ test: $(STAMP_TEST)
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 		PROMETHEUS_MULTIPROC_DIR=$${PROMETHEUS_MULTIPROC_DIR:-$$metrics} \
 		$(VENV)/bin/pytest $(PYTEST_ARGS); status=$$?; rm -rf "$$metrics"; exit $$status
+
+## make test-pgbouncer: the e2e lease flow and the concurrency tests again, every
+## connection through a PgBouncer in transaction mode (tests/support/pgbouncer.py)
+PGBOUNCER_TESTS ?= tests/e2e/test_lease_flow.py tests/marketplace/test_book_concurrency.py \
+	tests/marketplace/test_locking.py tests/marketplace/api/test_bid_batcher.py
+test-pgbouncer: $(STAMP_TEST)
+	metrics=$$(mktemp -d /tmp/gpumarket-metrics-XXXXXX); \
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
+		PROMETHEUS_MULTIPROC_DIR=$${PROMETHEUS_MULTIPROC_DIR:-$$metrics} GPUMARKET_TEST_PGBOUNCER=1 \
+		$(VENV)/bin/pytest $(PGBOUNCER_TESTS); status=$$?; rm -rf "$$metrics"; exit $$status
 
 lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check .

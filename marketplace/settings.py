@@ -14,6 +14,8 @@ Variables (default in brackets):
 - REDIS_URL [unset: a channel layer on the file var/channels.sqlite3]: channel layer;
   Celery broker too unless CELERY_BROKER_URL is set.
 - CELERY_BROKER_URL [REDIS_URL, else a filesystem:// queue under var/celery].
+- GPUMARKET_CELERY_QUEUES [0]: 1 routes each kind of task to its queue (`market`,
+  `leases`, `ledger`; docs/SCALING.md): workers then need `-Q`. 0: all on `celery`.
 - GPUMARKET_TAKE_RATE_BPS [1500]: platform fee in basis points (15 %).
 - GPUMARKET_DEV_CREDIT [0]: enables POST /api/v1/wallet/dev-credit/ (demo and tests
   only; refused when DEBUG is off).
@@ -71,6 +73,9 @@ Variables (default in brackets):
   draws from its process's pool: keep the sum of every process's maximum under the
   server's max_connections, with room for others. 0: no pool (one connection per request,
   as behind PgBouncer). SQLite (the demo) never pools.
+- GPUMARKET_DB_PGBOUNCER [0]: 1 when DATABASE_URL is a PgBouncer in transaction mode
+  (docs/SCALING.md): no prepared statements (psycopg's prepare_threshold None), no
+  server-side cursors, and GPUMARKET_DB_POOL defaults to 0 (PgBouncer pools).
 - Login limits (429 with Retry-After; marketplace/api/throttles.py): GPUMARKET_LOGIN_RATE
   [20/min] attempts per client address at POST /api/v1/auth/token/ and the login page
   together; GPUMARKET_SIGNUP_RATE [10/hour] signups per address (API and page);
@@ -299,6 +304,21 @@ GPUMARKET_WEBHOOK_MAX_ENDPOINTS = env.int("GPUMARKET_WEBHOOK_MAX_ENDPOINTS", def
 GPUMARKET_WEBHOOK_KEEP_DAYS = env.int("GPUMARKET_WEBHOOK_KEEP_DAYS", default=30)
 GPUMARKET_ALERT_MAX_RULES = env.int("GPUMARKET_ALERT_MAX_RULES", default=50)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# the queue of each kind of task (docs/SCALING.md, "Celery"): the market's own (under its
+# lock, latency-bound), the leases' sweeps (bulk, hour boundaries), the ledger's
+GPUMARKET_CELERY_QUEUE_OF_TASK = {
+    "marketplace.tasks.close_auction": "market",
+    "marketplace.tasks.close_due_auctions": "market",
+    "marketplace.tasks.expire_orders": "market",
+    "marketplace.tasks.preempt_due_leases": "market",
+    "marketplace.tasks.end_overdue_leases": "leases",
+    "marketplace.tasks.meter_running_leases": "leases",
+    "marketplace.tasks.fail_silent_nodes": "leases",
+    "settlement.tasks.*": "ledger",
+}
+if env.bool("GPUMARKET_CELERY_QUEUES", default=False):
+    CELERY_TASK_ROUTES = {name: {"queue": queue}
+                          for name, queue in GPUMARKET_CELERY_QUEUE_OF_TASK.items()}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -316,7 +336,14 @@ REST_FRAMEWORK = {
 # --- Database pool, cache and login limits (issue 10, item 5) ---------------------------
 # One block: the pool bounds the connections a process holds (PostgreSQL only; see the
 # docstring), the cache holds the login limits' counters, and the throttles use them.
-GPUMARKET_DB_POOL = env.bool("GPUMARKET_DB_POOL", default=True)
+GPUMARKET_DB_PGBOUNCER = env.bool("GPUMARKET_DB_PGBOUNCER", default=False)
+GPUMARKET_DB_POOL = env.bool("GPUMARKET_DB_POOL", default=not GPUMARKET_DB_PGBOUNCER)
+if GPUMARKET_DB_PGBOUNCER and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # transaction mode: a transaction may run on any server connection, so nothing may
+    # outlive it: no named prepared statements (PgBouncer 1.18, Debian 12, cannot track
+    # them) and no WITH HOLD cursors. The market locks are row locks (transaction-scoped).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 GPUMARKET_DB_POOL_MIN = env.int("GPUMARKET_DB_POOL_MIN", default=1)
 GPUMARKET_DB_POOL_MAX = env.int("GPUMARKET_DB_POOL_MAX", default=10)
 GPUMARKET_DB_POOL_TIMEOUT = env.float("GPUMARKET_DB_POOL_TIMEOUT", default=5.0)

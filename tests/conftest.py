@@ -88,6 +88,32 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
                     max_idle=30)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _through_pgbouncer(request):
+    """GPUMARKET_TEST_PGBOUNCER=1 (`make test-pgbouncer`, CI): the whole session's database
+    traffic, this process's and its children's, goes through a PgBouncer in transaction
+    mode in front of the test database (tests/support/pgbouncer.py)."""
+    if os.environ.get("GPUMARKET_TEST_PGBOUNCER") != "1":
+        yield None
+        return
+    from tests.support.pgbouncer import PgBouncer, route_through
+
+    request.getfixturevalue("django_db_setup")  # created directly; torn down after us
+    from django.db import connections
+
+    db = connections["default"].settings_dict
+    bouncer = PgBouncer(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
+    try:
+        with route_through(bouncer):
+            with request.getfixturevalue("django_db_blocker").unblock():
+                connections["default"].ensure_connection()  # really through it, or stop
+                assert connections["default"].connection.info.port == bouncer.port
+                connections["default"].close()
+            yield bouncer
+    finally:
+        bouncer.stop()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_login_limits():
     """Each test starts with no login or signup counted (marketplace/api/throttles.py):
