@@ -142,7 +142,7 @@ def _log_end(lease: Lease, seconds: int, released: int) -> None:
              lease.platform_fee, released)
 
 
-LEASE_END_BATCH = 200  # leases ended per market-lock transaction (bench/lease_ends.py)
+LEASE_END_BATCH = 20  # leases per market-lock transaction: the lock stays short (bench/README.md)
 
 
 def end_overdue_leases(*, now: datetime | None = None,
