@@ -145,21 +145,55 @@ def _log_end(lease: Lease, seconds: int, released: int) -> None:
              lease.platform_fee, released)
 
 
-def end_overdue_leases(*, now: datetime | None = None) -> list[int]:
+LEASE_END_BATCH = 20  # leases per market-lock transaction: the lock stays short (bench/README.md)
+
+
+def end_overdue_leases(*, now: datetime | None = None,
+                       batch: int = LEASE_END_BATCH) -> list[int]:
     """End running leases whose ends_at passed more than GPUMARKET_LEASE_GRACE_SECONDS ago
-    without the runner reporting the end. Charged up to ends_at only."""
+    without the runner reporting the end. Charged up to ends_at only.
+
+    Batched: per market, up to `batch` leases (oldest ends_at first) in one transaction
+    that takes the market lock once; each is ended exactly as end_lease does, one after
+    the other, so a batch settles as the same leases would one by one. A lease the
+    runner ended meanwhile is skipped. Returns the ids ended."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.GPUMARKET_LEASE_GRACE_SECONDS)
-    ended = []
-    for lease_id in Lease.objects.filter(status=Lease.Status.RUNNING, ends_at__lt=cutoff) \
-            .values_list("pk", flat=True):
-        try:
-            end_lease(lease_id=lease_id, status="completed",
-                      cause="lease time is over; the runner did not report the end")
-        except Conflict:
-            continue  # ended by the runner meanwhile
-        ended.append(lease_id)
+    due: dict[int, list[int]] = {}
+    for lease_id, market_id in (Lease.objects
+                                .filter(status=Lease.Status.RUNNING, ends_at__lt=cutoff)
+                                .order_by("ends_at", "pk")
+                                .values_list("pk", "market_id")):
+        due.setdefault(market_id, []).append(lease_id)
+    ended: list[int] = []
+    for market_id, ids in due.items():
+        for start in range(0, len(ids), batch):
+            ended += end_leases_batch(market_id=market_id, lease_ids=ids[start:start + batch],
+                                      status="completed", now=now,
+                                      cause="lease time is over; the runner did not "
+                                            "report the end")
     return ended
+
+
+def end_leases_batch(*, market_id: int, lease_ids: list[int], status: str, cause: str,
+                     now: datetime | None = None) -> list[int]:
+    """End the unended leases of `lease_ids` (all of market `market_id`) in one transaction
+    under one take of the market lock, in the given order, each as end_lease would;
+    returns the ids ended (an already ended lease is skipped)."""
+    now = now or timezone.now()
+    done: list[tuple[Lease, int, int]] = []
+    with locking.tracked(market_id), transaction.atomic():
+        locking.lock_market(market_id)
+        rows = {lease.pk: lease for lease in Lease.objects.select_for_update()
+                .filter(pk__in=lease_ids, market_id=market_id).order_by("pk")}
+        for lease_id in lease_ids:
+            lease = rows.get(lease_id)
+            if lease is None or lease.status in Lease.ENDED:
+                continue  # ended by the runner meanwhile
+            done.append(_end_locked(lease, status=status, cause=cause, now=now, detail=None))
+    for lease, seconds, released in done:
+        _log_end(lease, seconds, released)
+    return [lease.pk for lease, _, _ in done]
 
 
 def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None:

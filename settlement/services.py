@@ -185,6 +185,32 @@ def post_entry(
     return entry
 
 
+def _post_by_keys(*, kind: str, postings: list[tuple[tuple[str, int | None], int]],
+                  memo: str = "", reference: str = "", hold: Hold | None = None,
+                  idempotency_key: str | None = None) -> JournalEntry:
+    """post_entry with accounts named by (kind, owner id): locked by their cached ids in
+    one statement (_lock_accounts) instead of a look-up each; an account not yet made is
+    created first (account). Same checks and errors as post_entry."""
+    rows = [(k, int(amt)) for k, amt in postings if int(amt) != 0]
+    if sum(amt for _, amt in rows) != 0:
+        raise ValueError(f"journal entry {kind} does not balance: {rows}")
+    keys = list(dict.fromkeys(k for k, _ in rows))
+    with transaction.atomic():
+        locked = _lock_accounts(keys)
+        if any(k not in locked for k in keys):
+            for k in keys:
+                if k not in locked:
+                    account(*k)
+            locked = _lock_accounts(keys)
+        for k, amt in rows:
+            _, balance, allow_negative = locked[k]
+            if amt < 0 and not allow_negative and balance + amt < 0:
+                raise InsufficientFunds(needed=-amt, available=balance)
+        return _write_entry(kind=kind, rows=[(locked[k][0], amt) for k, amt in rows],
+                            memo=memo, reference=reference, hold=hold,
+                            idempotency_key=idempotency_key)
+
+
 def wallet_credit_postings(*, user_id: int, amount: int,
                            source: Account) -> list[tuple[Account, int]]:
     """Postings that bring `amount` micro-USD from `source` into a buyer's wallet: what the
@@ -376,13 +402,13 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
     released = sum(rest for *_, rest in shares)
     freed = 0 if carry else released  # carried: stays in buyer_held, on the new hold
     buyer_id = holds[0].buyer_id
-    entry = post_entry(
+    entry = _post_by_keys(
         kind=kind,
         postings=[
-            (account(Kind.BUYER_HELD, buyer_id), -(amount + freed)),
-            (account(Kind.PROVIDER_EARNED, provider_id), parts.provider),
-            (account(Kind.PLATFORM_REVENUE), parts.platform_fee),
-            (account(Kind.BUYER_AVAILABLE, buyer_id), freed),
+            ((Kind.BUYER_HELD, buyer_id), -(amount + freed)),
+            ((Kind.PROVIDER_EARNED, provider_id), parts.provider),
+            ((Kind.PLATFORM_REVENUE, None), parts.platform_fee),
+            ((Kind.BUYER_AVAILABLE, buyer_id), freed),
         ],
         memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
              f"platform {format_usd(parts.platform_fee)}; "

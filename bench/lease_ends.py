@@ -1,0 +1,181 @@
+"""The hour boundary: N running leases end within one minute; the worker settles them.
+
+Setup (not timed): a fresh database (dropped, created, migrated), N/8 provider nodes of
+8 H100s (recorded nvidia-smi dump, own GPU UUIDs), each offered by a standing ask; 10
+funded buyers place N one-GPU bids (book.place_bids, 200 a call) that fill them. The
+leases are then made running with their ends_at spread over the last minute, all past
+GPUMARKET_LEASE_GRACE_SECONDS (an UPDATE: the clock as mark_running sets it). --resting
+bids (1 GPU, at the asks' price) rest in the book, so returned GPUs re-match.
+
+Timed: a real Celery worker (--pool solo, Redis broker) runs the beat's task
+marketplace.tasks.end_overdue_leases once; the clock runs from the task's send until
+every lease is ended. Lateness of a lease = when a poll (every 0.25 s) first saw it
+ended - the send. Then ledger_check, and
+the counts of GPUs back on their asks and of new leases for the resting bids.
+--inproc --batch B runs the sweep in this process instead (B=1: the old one-by-one path).
+
+Run:  .venv/bin/python bench/lease_ends.py [--leases 10000] [--resting 100] [--inproc]
+          [--batch 20] [--db gpumarket_bench_ends] [--pg postgres://postgres@127.0.0.1:5432]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.api_orders import fresh_database, server_env  # noqa: E402
+
+PRICE = 2_490_000
+MARKET = "h100-sxm-80gb"
+
+
+def set_up(n: int, resting: int) -> int:
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.utils import timezone
+
+    from marketplace import book
+    from settlement import services as ledger
+    from tests.factories import UserFactory, registered_node
+
+    t0 = time.perf_counter()
+    nodes = []
+    owners = []
+    for i in range((n + 7) // 8):
+        user, node, _ = registered_node(name=f"bench-{i + 1}", own_uuids=True)
+        book.place_ask(provider_id=user.pk, node_id=node.pk, market_slug=None, price=PRICE,
+                       gpus=8, available_until=timezone.now() + timedelta(days=2))
+        owners.append(user)
+        nodes.append(node)
+    buyers = [UserFactory() for _ in range(10)]
+    for b in buyers:
+        ledger.dev_credit(user_id=b.pk, amount=10**12)
+    reqs = [book.BidRequest(buyer_id=buyers[i % 10].pk, market_slug=MARKET, price=PRICE,
+                            gpus=1, duration_seconds=3600) for i in range(n + resting)]
+    for start in range(0, len(reqs), 200):
+        for placed in book.place_bids(reqs[start:start + 200]):
+            if isinstance(placed, Exception):
+                raise placed
+    grace = settings.GPUMARKET_LEASE_GRACE_SECONDS
+    with connection.cursor() as cur:  # running, ends_at spread over the last minute
+        cur.execute(
+            "UPDATE marketplace_lease SET status = 'running', container_id = repeat('b', 64),"
+            " ends_at = now() - make_interval(secs => %s + 1 + (id %% 60)),"
+            " started_at = now() - make_interval(secs => %s + 1 + (id %% 60) + 3600)",
+            [grace, grace])
+        cur.execute("SELECT count(*) FROM marketplace_lease WHERE status = 'running'")
+        running = cur.fetchone()[0]
+    print(f"setup: {running} running leases on {len(nodes)} nodes, {resting} resting bids,"
+          f" {time.perf_counter() - t0:.0f} s")
+    return running
+
+
+def ended_count() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM marketplace_lease WHERE status = 'completed'")
+        return cur.fetchone()[0]
+
+
+def watch(n: int, sent: float, done) -> list[float]:
+    """Poll every 0.25 s until `done()`: lease k's lateness is the first poll that saw k
+    leases ended (the sweep's `settled_at` is its start, not the commit)."""
+    late: list[float] = []
+    while True:
+        finished = done()
+        seen = ended_count()
+        late += [time.time() - sent] * (seen - len(late))
+        if finished or len(late) >= n:
+            return late
+        time.sleep(0.25)
+
+
+def report(n: int, late: list[float], wall: float) -> None:
+    from django.db import connection
+
+    from settlement.checks import first_violation
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(sum(remaining_gpus), 0) FROM marketplace_order"
+                    " WHERE side = 'ask'")
+        back = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM marketplace_lease WHERE status <> 'completed'")
+        new = cur.fetchone()[0]
+    p = (lambda q: float(late[min(len(late) - 1, int(q * len(late)))])) if late else None
+    print(f"ended {len(late)}/{n} in {wall:.1f} s; lateness p50 {p(0.5):.1f} s, "
+          f"p99 {p(0.99):.1f} s, max {late[-1]:.1f} s" if late else "ended none")
+    print(f"GPUs back on asks (remaining): {back}; new leases for resting bids: {new}; "
+          f"ledger_check: {first_violation() or 'clean'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--leases", type=int, default=10_000)
+    ap.add_argument("--resting", type=int, default=100)
+    ap.add_argument("--inproc", action="store_true")
+    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--db", default="gpumarket_bench_ends")
+    ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
+    args = ap.parse_args()
+    url = fresh_database(args.pg, args.db)
+    env = server_env(url)
+    os.environ.update(env)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
+                   check=True)
+    n = set_up(args.leases, args.resting)
+    print(f"load average before: {os.getloadavg()}")
+    if args.inproc:
+        from marketplace.lease_end import end_overdue_leases
+
+        sent = time.time()
+        if os.environ.get("BENCH_PROFILE"):
+            import cProfile
+
+            cProfile.runctx("end_overdue_leases(batch=args.batch)", globals(), locals(),
+                            os.environ["BENCH_PROFILE"])
+        else:
+            from django.db import connection
+
+            statements = []
+            with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
+                                                                  run(sql, *a))[1]):
+                end_overdue_leases(batch=args.batch)
+            print(f"batch {args.batch}: {len(statements)} SQL statements, "
+                  f"{len(statements) / max(1, ended_count()):.1f} per lease")
+        wall = time.time() - sent
+        report(n, [wall] * ended_count(), wall)  # in-process: no commit times
+        return
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--pool", "solo",
+         "--loglevel", "WARNING"], cwd=ROOT, env=env)
+    try:
+        from marketplace.celery import app
+        from marketplace.models import Lease
+
+        time.sleep(8)  # the worker connects
+        sent = time.time()
+        app.signature("marketplace.tasks.end_overdue_leases").apply_async()
+        late = watch(n, sent, lambda: time.time() - sent > 1200)
+        wall = late[-1] if late else time.time() - sent
+        assert not Lease.objects.filter(status="running").exists()
+        report(n, late, wall)
+    finally:
+        worker.terminate()
+        worker.wait()
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""The runner's memory budget (bench/README.md "Runner memory"): boto3/botocore (~20 MB
+resident) load only when a lease has a checkpoint store, prometheus_client only with
+--metrics-port, Django never. Checked in a fresh interpreter, as the runner starts."""
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("boto3", "botocore", "prometheus_client", "django")
+
+
+def test_the_runner_serving_leases_loads_no_heavy_library_until_asked():
+    code = ("import json, sys; import providers.runner.cli, providers.runner.agent, "
+            "providers.runner.checkpoint, providers.runner.lease; "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == []
+
