@@ -181,7 +181,8 @@ def authorized_lines(owner_id: int) -> list[str]:
 
 
 NO_KEY = ("needs an SSH key on your account: add one first (POST /api/v1/ssh-keys/, or "
-          "\"SSH keys\" on the wallet page), or place the bid without ssh")
+          "\"SSH keys\" on the wallet page), or place the bid without ssh (\"ssh\": false; "
+          "a template with an ssh port, such as pytorch-jupyter, turns it on)")
 
 
 def require_key(owner_id: int, ssh: bool) -> None:

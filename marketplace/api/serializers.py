@@ -416,9 +416,21 @@ class OrderSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note"]
+                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note", "cause"]
 
     match_note = serializers.SerializerMethodField()
+    cause = serializers.SerializerMethodField()
+
+    def get_cause(self, order) -> str | None:
+        """Why a cancelled or expired order ended ("self-trade prevention against order
+        11", "IOC: …", "cancelled by its owner"): its last event's cause; null for any
+        other status. A list annotates it (`last_cause`: one query)."""
+        if order.status not in ("cancelled", "expired"):
+            return None
+        if hasattr(order, "last_cause"):
+            return order.last_cause
+        return (order.events.order_by("-at", "-pk").values_list("cause", flat=True)
+                .first())
 
     def get_match_note(self, order) -> str | None:
         """Why a resting bid with a min_cuda may not fill ("needs CUDA 12.4: 0 of 3 nodes

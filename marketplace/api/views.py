@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, Subquery
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, permissions
@@ -13,7 +13,7 @@ from core.pagination import Pagination, paginated
 from marketplace import auctions, book, env_templates, lease_control, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
-from marketplace.models import Auction, Fill, GpuClass, Order
+from marketplace.models import Auction, Fill, GpuClass, Order, OrderEvent
 from providers.models import GpuBenchmark, Node
 
 
@@ -108,7 +108,8 @@ class OrderListCreate(APIView):
         responses=s.OrderSerializer(many=True),
     )
     def get(self, request):
-        orders = Order.objects.filter(owner=request.user).select_related("market").order_by("-pk")
+        orders = _with_last_cause(Order.objects.filter(owner=request.user)
+                                  .select_related("market").order_by("-pk"))
         if "status" in request.query_params:
             wanted = [x for x in request.query_params["status"].split(",") if x]
             unknown = [x for x in wanted if x not in Order.Status.values]
@@ -142,6 +143,14 @@ class OrderListCreate(APIView):
         return Response(body, status=status)
 
 
+def _with_last_cause(orders):
+    """`orders` with `last_cause`: the cause of each one's last event (OrderSerializer's
+    `cause`), in the same query."""
+    last = (OrderEvent.objects.filter(order=OuterRef("pk")).order_by("-at", "-pk")
+            .values("cause")[:1])
+    return orders.annotate(last_cause=Subquery(last))
+
+
 class OrderDetail(generics.RetrieveAPIView):
     """One of your orders; anyone else's is "no order N of yours", 404, as a missing one
     (the words of cancel)."""
@@ -149,7 +158,7 @@ class OrderDetail(generics.RetrieveAPIView):
     serializer_class = s.OrderSerializer
 
     def get_queryset(self):
-        return Order.objects.filter(owner=self.request.user)
+        return _with_last_cause(Order.objects.filter(owner=self.request.user))
 
     def get_object(self):
         order = self.get_queryset().filter(pk=self.kwargs["pk"]).first()

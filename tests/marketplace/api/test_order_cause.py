@@ -1,0 +1,41 @@
+"""An order that ended without filling says why (OrderSerializer's `cause`): an IOC bid
+with nothing to take, and the provider's own ask cancelled by its own bid (self-trade
+prevention) — in the placement answer, GET /orders/<id>/ and the list."""
+
+from __future__ import annotations
+
+import pytest
+
+from settlement import services as ledger
+from tests.factories import ask, bid_body, funded_buyer, registered_node
+from tests.support.api import client_for
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_unfilled_ioc_bid_says_why_it_was_cancelled():
+    buyer = funded_buyer(100)
+    api = client_for(buyer)
+    r = api.post("/api/v1/orders/", bid_body(price="2.00", time_in_force="IOC"), format="json")
+    assert r.status_code == 201, r.content
+    placed = r.json()
+    assert placed["status"] == "cancelled" and placed["cause"], placed
+    again = api.get(f"/api/v1/orders/{placed['id']}/").json()
+    assert again["cause"] == placed["cause"]
+    [listed] = api.get("/api/v1/orders/").json()["results"]
+    assert listed["cause"] == placed["cause"]
+
+
+def test_a_providers_own_bid_cancels_its_ask_and_the_ask_says_so():
+    provider, node, _ = registered_node()
+    own = ask(provider, node, price=500_000, gpus=2)
+    ledger.dev_credit(user_id=provider.pk, amount=100_000_000)  # the provider bids too
+    api = client_for(provider)
+    r = api.post("/api/v1/orders/", bid_body(price="0.60", gpus=1), format="json")
+    assert r.status_code == 201, r.content
+    assert r.json()["cause"] is None  # the bid rests: it has no cause
+    order = api.get(f"/api/v1/orders/{own.order.pk}/").json()
+    assert order["status"] == "cancelled"
+    assert order["cause"] == f"self-trade prevention against order {r.json()['id']}"
+    standing = api.get(f"/api/v1/orders/{r.json()['id']}/").json()
+    assert standing["status"] == "open" and standing["cause"] is None
