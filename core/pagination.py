@@ -1,5 +1,7 @@
 """The one pagination of every API list: `{count, next, previous, results}` with strict
-`?limit=` and `?offset=` (anything else is a 400 naming the parameter)."""
+`?limit=` and `?offset=` (anything else is a 400 naming the parameter). A list takes no
+other query parameter but the filters its view names (`query_filters`), each once: an
+unknown or repeated one is a 400 naming it, never silently ignored."""
 
 from __future__ import annotations
 
@@ -34,7 +36,16 @@ class Pagination(LimitOffsetPagination):
     max_limit = MAX_LIMIT
 
     def paginate_queryset(self, queryset, request, view=None):
-        # both checked before anything is read
+        # every parameter checked before anything is read
+        known = (self.limit_query_param, self.offset_query_param,
+                 *getattr(view, "query_filters", ()))
+        for name in request.query_params:
+            if name not in known:
+                takes = ", ".join(known)
+                raise serializers.ValidationError(
+                    {name: [f"is not a parameter of this list (it takes {takes})"]})
+            if len(request.query_params.getlist(name)) > 1:
+                raise serializers.ValidationError({name: ["is given more than once"]})
         self._limit = _query_whole(request, self.limit_query_param, low=1, high=MAX_LIMIT,
                                    says=f"must be a whole number from 1 to {MAX_LIMIT}")
         self._offset = _query_whole(request, self.offset_query_param, low=0, high=MAX_OFFSET,

@@ -127,6 +127,7 @@ class WalletHistoryView(APIView):
     topup | credit | hold | charge | refund (anything else: 400 naming `kind`)."""
 
     pagination_class = Pagination
+    query_filters = ("kind",)
 
     @extend_schema(responses=HistoryRowSerializer(many=True))
     def get(self, request):

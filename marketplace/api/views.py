@@ -13,7 +13,7 @@ from core.pagination import Pagination, paginated
 from marketplace import auctions, book, env_templates, lease_control, selectors
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
-from marketplace.models import Auction, Fill, GpuClass, Order, OrderEvent
+from marketplace.models import Auction, Fill, GpuClass, Lease, Order, OrderEvent
 from providers.models import GpuBenchmark, Node
 
 
@@ -98,6 +98,7 @@ class OrderListCreate(APIView):
     client_order_id was used before."""
 
     pagination_class = Pagination
+    query_filters = ("status", "side")
 
     @extend_schema(
         parameters=[
@@ -253,13 +254,27 @@ def _my_leases(user):
 
 
 class LeaseList(generics.ListAPIView):
-    """Leases where you are the buyer or the provider."""
+    """Leases where you are the buyer or the provider; `?status=running,pending` filters
+    (anything but lease states is a 400 naming `status`)."""
 
     pagination_class = Pagination
     serializer_class = s.LeaseSerializer
+    query_filters = ("status",)
+
+    @extend_schema(parameters=[OpenApiParameter(
+        "status", str, description="comma-separated: " + ", ".join(Lease.Status.values))])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
 
     def get_queryset(self):
-        return _my_leases(self.request.user)
+        leases = _my_leases(self.request.user)
+        if "status" in self.request.query_params:
+            wanted = [x for x in self.request.query_params["status"].split(",") if x]
+            if not wanted or any(x not in Lease.Status.values for x in wanted):
+                raise InvalidInput(f"must be one or more of {', '.join(Lease.Status.values)}",
+                                   field="status")
+            leases = leases.filter(status__in=wanted)
+        return leases
 
 
 class LeaseDetail(generics.RetrieveAPIView):

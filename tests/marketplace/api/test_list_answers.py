@@ -1,6 +1,6 @@
-"""An order that ended without filling says why (OrderSerializer's `cause`): an IOC bid
-with nothing to take, and the provider's own ask cancelled by its own bid (self-trade
-prevention) — in the placement answer, GET /orders/<id>/ and the list."""
+"""What lists and ended orders tell a client: an order that ended without filling says why
+(OrderSerializer's `cause`: an unfilled IOC, self-trade prevention against your own bid);
+a list refuses an unknown or repeated query parameter; leases filter by `?status=`."""
 
 from __future__ import annotations
 
@@ -39,3 +39,19 @@ def test_a_providers_own_bid_cancels_its_ask_and_the_ask_says_so():
     assert order["cause"] == f"self-trade prevention against order {r.json()['id']}"
     standing = api.get(f"/api/v1/orders/{r.json()['id']}/").json()
     assert standing["status"] == "open" and standing["cause"] is None
+
+
+def test_lists_refuse_an_unknown_or_repeated_parameter_and_leases_filter_by_status():
+    buyer = funded_buyer(100)
+    api = client_for(buyer)
+    for url, name in (("/api/v1/orders/?foo=bar", "foo"),
+                      ("/api/v1/sealed-bids/?auction=abc", "auction"),
+                      ("/api/v1/leases/?limit=1&limit=2", "limit"),
+                      ("/api/v1/leases/?status=bogus", "status")):
+        r = api.get(url)
+        assert r.status_code == 400 and name in r.json()["errors"], (url, r.content)
+    provider, node, _ = registered_node()
+    ask(provider, node, price=2_000_000, gpus=2)
+    api.post("/api/v1/orders/", bid_body(price="2.00", gpus=1), format="json")
+    assert api.get("/api/v1/leases/?status=pending").json()["count"] == 1
+    assert api.get("/api/v1/leases/?status=running,completed").json()["count"] == 0
