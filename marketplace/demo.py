@@ -172,7 +172,10 @@ class Demo:
         runtime = self.runtime()
         say("web", f"starting the ASGI server on {self.base}")
         self.spawn("web", [py, "-m", "uvicorn", "marketplace.asgi:application", "--host",
-                           "127.0.0.1", "--port", str(self.port), "--log-level", "warning"])
+                           "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+                           # uvicorn would take X-Forwarded-For from any local process as
+                           # the client (login limits, the /metrics allowlist): no proxy here
+                           "--no-proxy-headers"])
         say("worker", "starting a Celery worker with beat")
         self.spawn("worker", [py, "-m", "celery", "-A", "marketplace", "worker", "--beat",
                               "--pool", "solo", "--loglevel", "INFO", "-s",
