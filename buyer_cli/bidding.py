@@ -6,6 +6,7 @@ without "=", a file that cannot be read) is a usage error."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def pairs(values: list[str] | None, option: str, *, files: bool = False) -> dict
         if name in out:
             raise CliError(f"{option} {name} is given twice", EXIT_USAGE)
         if files and value.startswith("@"):
-            value = _secret_file(name, value[1:], option)
+            value = _secret_file(value[1:], f"{option} {name}=@{value[1:]}")
         out[name] = value
     return out
 
@@ -36,18 +37,19 @@ def _nth(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def _secret_file(name: str, path: str, option: str) -> str:
+def _secret_file(path: str, what: str) -> str:
+    """The file's UTF-8 text, one trailing newline dropped; CliError naming `what`."""
     file = Path(path).expanduser()
     try:
         if file.stat().st_size > SECRET_FILE_MAX:
-            raise CliError(f"{option} {name}=@{path}: the file is larger than "
+            raise CliError(f"{what}: the file is larger than "
                            f"{SECRET_FILE_MAX} bytes", EXIT_USAGE)
         text = file.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
-        raise CliError(f"{option} {name}=@{path}: the file is not UTF-8 text",
+        raise CliError(f"{what}: the file is not UTF-8 text",
                        EXIT_USAGE) from None
     except OSError as exc:
-        raise CliError(f"{option} {name}=@{path}: cannot read the file ({exc.strerror})",
+        raise CliError(f"{what}: cannot read the file ({exc.strerror})",
                        EXIT_USAGE) from None
     return text[:-1] if text.endswith("\n") else text
 
@@ -76,10 +78,56 @@ def _workload(args) -> dict:
         body["secrets"] = secrets
     if args.min_cuda:
         body["min_cuda"] = args.min_cuda
+    body.update(_terms(args))
     if not args.template and not args.image:
         raise CliError("give --template ID (see `gpumarket templates`) or --image IMAGE",
                        EXIT_USAGE)
     return body
+
+
+CHECKPOINT_SECRET_ENV = "GPUMARKET_CHECKPOINT_SECRET_KEY"
+
+
+def _terms(args) -> dict:
+    """The stop, failover and checkpoint terms (docs/LEASE_CONTRACT.md, docs/FAULTS.md,
+    docs/CHECKPOINTS.md) of a bid and a sealed bid, as given (the server checks them)."""
+    body: dict = {}
+    if args.notice_signal is not None:
+        body["notice_signal"] = args.notice_signal
+    if args.stop_grace is not None:
+        body["stop_grace_seconds"] = args.stop_grace
+    if args.no_failover:
+        body["failover"] = False
+    if args.min_reliability is not None:
+        body["min_reliability"] = args.min_reliability
+    checkpoint = _checkpoint(args)
+    if checkpoint:
+        body["checkpoint"] = checkpoint
+    return body
+
+
+def _checkpoint(args) -> dict | None:
+    """The `checkpoint` object: the secret access key from --checkpoint-secret-key-file
+    or $GPUMARKET_CHECKPOINT_SECRET_KEY, never the command line (argv is visible to every
+    user of the machine)."""
+    given = {"endpoint_url": args.checkpoint_endpoint, "region": args.checkpoint_region,
+             "access_key_id": args.checkpoint_key_id}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.checkpoint_url is None:
+        if given or args.checkpoint_secret_key_file:
+            raise CliError("the --checkpoint-… options need --checkpoint-url s3://BUCKET/"
+                           "PREFIX", EXIT_USAGE)
+        return None
+    if args.checkpoint_secret_key_file:
+        secret = _secret_file(args.checkpoint_secret_key_file, "--checkpoint-secret-key-file "
+                              f"{args.checkpoint_secret_key_file}")
+    elif os.environ.get(CHECKPOINT_SECRET_ENV):
+        secret = os.environ[CHECKPOINT_SECRET_ENV]
+    else:
+        raise CliError("--checkpoint-url needs the store's secret key: "
+                       f"--checkpoint-secret-key-file FILE or ${CHECKPOINT_SECRET_ENV}",
+                       EXIT_USAGE)
+    return {"url": args.checkpoint_url, **given, "secret_access_key": secret}
 
 
 def bid_body(args) -> dict:
@@ -93,6 +141,8 @@ def bid_body(args) -> dict:
         body["time_in_force"] = args.time_in_force
     if args.interruptible:
         body["interruptible"] = True
+    if args.node:
+        body["node"] = args.node
     if args.client_order_id:
         body["client_order_id"] = args.client_order_id
     return body

@@ -69,6 +69,35 @@ def _workload_options(p: argparse.ArgumentParser) -> None:
                    "again; @FILE reads the value from a file")
     p.add_argument("--min-cuda", metavar="X.Y", help="only nodes whose driver supports CUDA "
                    "X.Y or later")
+    _terms_options(p)
+
+
+def _whole(value: str) -> int:
+    if not value.isascii() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 0")
+    return int(value)
+
+
+def _terms_options(p: argparse.ArgumentParser) -> None:
+    """The stop, failover and checkpoint terms (bidding._terms); the server checks them."""
+    p.add_argument("--notice-signal", metavar="SIG", help="sent to the workload with a "
+                   "notice (preemption, maintenance, the end): SIGUSR1, SIGUSR2, SIGINT, "
+                   "SIGHUP or SIGTERM (default: none, the notice file only)")
+    p.add_argument("--stop-grace", type=_whole, metavar="S", help="seconds from SIGTERM to "
+                   "SIGKILL when the lease stops, 0-300 (default 10)")
+    p.add_argument("--no-failover", action="store_true", help="a lease failed by the "
+                   "provider's side just ends (default: it continues on another node)")
+    p.add_argument("--min-reliability", metavar="R", help="only nodes at least this "
+                   "reliable over 30 days, 0-1, e.g. 0.95 (new nodes qualify)")
+    p.add_argument("--checkpoint-url", metavar="s3://BUCKET/PREFIX", help="upload "
+                   "/workspace/checkpoint there before the lease stops (docs/CHECKPOINTS.md)")
+    p.add_argument("--checkpoint-endpoint", metavar="URL", help="an S3-compatible store's "
+                   "http(s)://host:port (default: AWS S3)")
+    p.add_argument("--checkpoint-region", metavar="REGION")
+    p.add_argument("--checkpoint-key-id", metavar="ID", help="the store's access key ID")
+    p.add_argument("--checkpoint-secret-key-file", metavar="FILE", help="a file holding "
+                   "the store's secret access key (default: $GPUMARKET_CHECKPOINT_SECRET_KEY;"
+                   " never on the command line)")
 
 
 def _common(p: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -116,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-in-force", choices=("GTC", "IOC", "FOK"))
     p.add_argument("--interruptible", action="store_true",
                    help="cheaper GPUs a higher bid may preempt after a notice")
+    p.add_argument("--node", type=_positive, metavar="NODE",
+                   help="fill only on this node (a node id of the offers)")
     p.add_argument("--client-order-id", metavar="ID",
                    help="your id: placing it again returns the first order")
 

@@ -18,6 +18,7 @@ from frontend.forms_fields import (
     whole_number,
     words,
 )
+from frontend.forms_terms import BidTerms, term_fields
 from marketplace.api.accounts import SignupIn
 from marketplace.api.serializers import (
     AuctionInSerializer,
@@ -163,7 +164,13 @@ class TopUpForm(forms.Form):
     amount = _usd(TopUpIn, "amount", "Amount (USD)", help_text="whole cents, such as 25.00")
 
 
-class BidForm(_CommandHelp, forms.Form):
+_BidTermsForm = type("_BidTermsForm", (BidTerms, forms.Form), term_fields(
+    OrderInSerializer, failover_default="default: yes"))
+_SealedTermsForm = type("_SealedTermsForm", (BidTerms, forms.Form), term_fields(
+    SealedBidInSerializer, failover_default="default: yes"))
+
+
+class BidForm(_CommandHelp, _BidTermsForm):
     template = _template(OrderInSerializer)
     gpus = _whole(OrderInSerializer, "gpus", "GPUs", initial=1)
     hours = _whole(OrderInSerializer, "hours", "Hours", required=True, initial=1)
@@ -184,11 +191,6 @@ class BidForm(_CommandHelp, forms.Form):
                             initial="any", help_text="nvlink: each gang's GPUs all "
                             "NVLink-connected", widget=forms.Select(
                                 choices=[(v, v) for v in Interconnect.values]))
-    min_reliability = ApiField(OrderInSerializer, "min_reliability",
-                               label="Minimum node reliability (0–1)",
-                               help_text='optional, e.g. 0.95: only nodes with at least that '
-                                         "share of leases not failed by the provider's fault "
-                                         "over 30 days (new nodes qualify)")
     node = _whole(OrderInSerializer, "node", "Only on node (id)",
                   help_text="empty: any node; an offer's \u201cBid for this node\u201d sets it")
 
@@ -202,7 +204,7 @@ class BidForm(_CommandHelp, forms.Form):
         return data
 
 
-class SealedBidForm(_CommandHelp, forms.Form):
+class SealedBidForm(_CommandHelp, _SealedTermsForm):
     template = _template(SealedBidInSerializer)
     price = _usd(SealedBidInSerializer, "price", "Your price (USD per GPU-hour)")
     gpus = _whole(SealedBidInSerializer, "gpus", "GPUs", help_text="empty: the whole lot")

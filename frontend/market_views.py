@@ -19,6 +19,7 @@ from frontend.views import (
     _page,
     _rows_json,
     _service_error,
+    bid_terms,
     container_terms,
     usd,
 )
@@ -182,7 +183,7 @@ def market(request, slug: str):
                     gpus=v["gpus"], duration_seconds=v["hours"] * 3600,
                     gang_size=v["gang_size"], time_in_force=v["time_in_force"],
                     interconnect=v["interconnect"] or "any", node=v.get("node"),
-                    min_reliability=v.get("min_reliability"), **container_terms(v))
+                    **bid_terms(v), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:

@@ -27,6 +27,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from frontend import forms as f
+from frontend.forms_terms import checkpoint_input
 from frontend.login import signup_limited
 from frontend.templatetags import gpumarket as money
 from marketplace import auctions as auction_services
@@ -43,6 +44,7 @@ from marketplace.auth_backends import release_connection
 from marketplace.catalog import slice_label
 from marketplace.errors import MarketError
 from marketplace.jupyter import jupyter_link
+from marketplace.lease_notice import DEFAULT_STOP_GRACE_SECONDS
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, SshKey
 from marketplace.ports import endpoint_text, ssh_command
 from marketplace.sealing import sealed_names
@@ -88,6 +90,8 @@ def _service_error(form, exc: Exception) -> None:
     field = getattr(exc, "field", None)
     if field == "hours" and "hours" not in form.fields:
         field = None
+    if field and field.split(".", 1)[0] == "checkpoint":  # "checkpoint.url": its input
+        field = checkpoint_input(field.removeprefix("checkpoint").removeprefix("."))
     if field and field.split(".", 1)[0] in ("env", "secrets"):  # "secrets.HF_TOKEN"
         field, message = field.split(".", 1)[0], f"{field}: {message}"
     form.add_error(field if field in form.fields else None, message)
@@ -227,6 +231,18 @@ def container_terms(v: dict) -> dict:
         command=v.get("command") or None, ports=v.get("ports") or None,
         env=v.get("env") or None, min_cuda=v.get("min_cuda") or None, ssh=v.get("ssh")),
         "secrets": v.get("secrets") or {}}
+
+
+def bid_terms(v: dict, *, sealed: bool = False) -> dict:
+    """A bid form's terms (frontend/forms_terms.py) as place_bid / place_sealed_bid take
+    them; a sealed bid's failover is a bool (empty: yes), a bid's None (the default)."""
+    failover = v.get("failover")
+    stop_grace = v.get("stop_grace_seconds")
+    return {"checkpoint": v.get("checkpoint"), "min_reliability": v.get("min_reliability"),
+            "failover": failover is not False if sealed else failover,
+            "notice_signal": v.get("notice_signal") or "",
+            "stop_grace_seconds": DEFAULT_STOP_GRACE_SECONDS if stop_grace is None
+            else stop_grace}
 
 
 # ---------------------------------------------------------------- orders and leases
@@ -401,7 +417,7 @@ def auction_detail(request, pk: int):
                 bid = auction_services.place_sealed_bid(
                     bidder_id=request.user.pk, auction_id=pk, price=v["price"], gpus=v["gpus"],
                     min_gpus=v["min_gpus"], interconnect=v["interconnect"] or "any",
-                    **container_terms(v))
+                    **bid_terms(v, sealed=True), **container_terms(v))
             except (MarketError, ledger.SettlementError) as exc:
                 _service_error(form, exc)
             else:
