@@ -214,3 +214,29 @@ def test_a_runtime_without_workspaces_fails_a_checkpoint_lease_before_it_starts(
     assert sync.restore(lease) == ("checkpoint restore failed: this runner's runtime gives "
                                    "no workspace (Docker only)")
     assert sync.restore(RunnerLease.parse({"id": 10})) is None  # no store: nothing to do
+
+
+@pytest.mark.docker
+def test_the_default_checkpoint_folder_is_there_when_the_workload_starts(
+        agent, marketplace, test_image, s3_server, bucket, tmp_path):
+    marketplace.add_lease(75, UUIDS, image=test_image, chain_id=75,
+                          command=["sh", "-c", "echo 7 > /workspace/checkpoint/step.txt && "
+                                   "echo wrote && sleep 300"],
+                          checkpoint=_store(s3_server, bucket, 75, restore=False))
+    _until(agent, marketplace, 75, "running")
+    wait_for(lambda: "wrote" in agent.runtime.logs(75, 5))
+    assert (tmp_path / "workspaces" / "lease-75" / "checkpoint" / "step.txt").read_text() \
+        == "7\n"
+    marketplace.leases[75]["status"] = "cancelled"
+    agent.tick()
+    agent.checkpoints.join(30)
+
+
+def test_a_short_access_key_id_does_not_garble_the_messages():
+    cfg = {"access_key_id": "k", "secret_access_key": "s3cr3t-value"}
+    text = CheckpointSync._message(
+        cfg, ValueError("nothing at /workspace/checkpoint: s3cr3t-value"))
+    assert "/workspace/checkpoint" in text and "s3cr3t-value" not in text
+    long_id = {"access_key_id": "AKIAEXAMPLE123456789", "secret_access_key": "x" * 40}
+    assert "AKIAEXAMPLE123456789" not in CheckpointSync._message(
+        long_id, ValueError("key AKIAEXAMPLE123456789 refused"))
