@@ -314,6 +314,12 @@ GPUMARKET_CELERY_QUEUE_OF_TASK = {
     "marketplace.tasks.end_overdue_leases": "leases",
     "marketplace.tasks.meter_running_leases": "leases",
     "marketplace.tasks.fail_silent_nodes": "leases",
+    "marketplace.tasks.maintenance_sweep": "leases",
+    "marketplace.tasks.failover_lease": "leases",
+    "marketplace.tasks.resume_failovers": "leases",
+    "marketplace.tasks.drop_ended_telemetry": "leases",
+    "alerts.tasks.*": "leases",
+    "webhooks.tasks.*": "ledger",  # (user notices: off the market's hot path)
     "settlement.tasks.*": "ledger",
 }
 if env.bool("GPUMARKET_CELERY_QUEUES", default=False):

@@ -13,6 +13,8 @@ COPY marketplace marketplace
 COPY settlement settlement
 COPY frontend frontend
 COPY providers providers
+COPY webhooks webhooks
+COPY alerts alerts
 COPY contracts/build contracts/build
 ENV DJANGO_SETTINGS_MODULE=marketplace.settings \
     GPUMARKET_VAR_DIR=/var/lib/gpumarket \

@@ -4,13 +4,14 @@ marketplace/price_history.py). Bad query parameters: 400 naming the parameter.""
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace import offers, price_history
+from marketplace.errors import InvalidInput
 from marketplace.models import GpuClass
 from settlement.fields import UsdField
 
@@ -120,10 +121,25 @@ class MarketOffers(APIView):
                          description="default price; a leading - sorts high first"),
     ])
     def get(self, request, slug: str):
-        market = get_object_or_404(GpuClass, slug=slug)
-        filters, rows = offers.offers(market, request.query_params.dict())
+        market = _market(slug)
+        filters, rows = offers.offers(market, _once(request))
         return Response(OffersSerializer({"gpu_class": slug, "sort": filters.sort,
                                           "results": rows}).data)
+
+
+def _market(slug: str) -> GpuClass:
+    market = GpuClass.objects.filter(slug=slug).first()
+    if market is None:
+        raise NotFound(f"no GPU class {slug}")
+    return market
+
+
+def _once(request) -> dict[str, str]:
+    """The query parameters, each given once: a repeated one is a 400 naming it."""
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidInput("is given more than once", field=name)
+    return request.query_params.dict()
 
 
 class MarketHistory(APIView):
@@ -138,7 +154,7 @@ class MarketHistory(APIView):
                          description="default 24h"),
     ])
     def get(self, request, slug: str):
-        market = get_object_or_404(GpuClass, slug=slug)
-        rng = price_history.parse_range(request.query_params.dict())
+        market = _market(slug)
+        rng = price_history.parse_range(_once(request))
         return Response(HistorySerializer({"gpu_class": slug,
                                            **price_history.history(market, rng)}).data)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 import psycopg
 import pytest
@@ -74,6 +75,9 @@ def test_xid_79_on_node_a_continues_on_node_b_and_the_provider_of_a_pays(
     book.place_ask(provider_id=prov_b.pk, node_id=node_b.pk, market_slug=MARKET,
                    price=2_900_000, gpus=1, available_until=in_a_day())
 
+    # the lease runs a few whole seconds first: a credit is the cost of healthy seconds, and
+    # a fast restart can fail it within its first second (charged 0 s, credit 0)
+    time.sleep(3)
     # node A's GPU falls off the bus: its runner (restarted) reads the replayed XID 79
     log = tmp_path / "xid79.log"
     log.write_text(XID_79)

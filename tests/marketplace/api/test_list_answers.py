@@ -55,3 +55,13 @@ def test_lists_refuse_an_unknown_or_repeated_parameter_and_leases_filter_by_stat
     api.post("/api/v1/orders/", bid_body(price="2.00", gpus=1), format="json")
     assert api.get("/api/v1/leases/?status=pending").json()["count"] == 1
     assert api.get("/api/v1/leases/?status=running,completed").json()["count"] == 0
+
+
+def test_offers_and_history_refuse_a_repeated_parameter_and_name_a_missing_class():
+    api = client_for(funded_buyer(1))
+    for url, name in (("/api/v1/gpu-classes/a10/offers/?sort=price&sort=gpus", "sort"),
+                      ("/api/v1/gpu-classes/a10/history/?range=1h&range=7d", "range")):
+        r = api.get(url)
+        assert r.status_code == 400 and name in r.json()["errors"], (url, r.content)
+    missing = api.get("/api/v1/gpu-classes/nope/offers/")
+    assert missing.status_code == 404 and missing.json()["detail"] == "no GPU class nope"
