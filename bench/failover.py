@@ -1,6 +1,6 @@
 """Failure → continuation running: how long from a lease failing on node A by a replayed
 XID 79 until its continuation runs on node B (issue 15; target: under 10 s p99 plus the
-checkpoint's transfer, none here).
+checkpoint's transfer; `--checkpoint-mib N` adds the restore of an N MiB checkpoint).
 
 Setup (not timed): a fresh PostgreSQL database (dropped, created, migrated); uvicorn
 (marketplace.asgi) on 127.0.0.1 with the Redis channel layer (runner push notices); a real
@@ -17,8 +17,15 @@ Timed: the failed lease's `ended_at` (the failure's commit) → the continuation
 `started_at` (runner B's `running` report), both the marketplace's clock. Then the
 continuation is ended and B's ask cancelled. Prints p50/p99/max.
 
+`--checkpoint-mib N` (N > 0): moto's S3 server (tests/support/s3.py, credentials
+enforced) on 127.0.0.1; each bid names a checkpoint store in it, and before the failure
+(not timed) an N MiB random file is uploaded as the chain's checkpoint with the runner's
+own CheckpointStore (as runner A's notice upload would); runner B restores it before the
+continuation's workload starts, so the timed span holds the download.
+
     .venv/bin/python bench/failover.py [--runs 20] [--redis redis://127.0.0.1:6379/7]
                                        [--db gpumarket_failover_bench] [--port 27080]
+                                       [--checkpoint-mib 16]
 """
 
 from __future__ import annotations
@@ -86,6 +93,17 @@ class Runner:
             self.proc.wait(timeout=30)
 
 
+def seed_checkpoint(s3, bucket: str, lease_id: int, src: Path) -> str:
+    """Upload `src` as lease `lease_id`'s chain checkpoint with the runner's own store
+    (the layout docs/CHECKPOINTS.md gives); returns the manifest's key."""
+    from providers.runner.checkpoint import CheckpointStore
+
+    cfg = {"bucket": bucket, "prefix": f"{lease_id}/", "max_bytes": 1 << 40,
+           "endpoint_url": s3.endpoint_url, "region": "us-east-1",
+           "access_key_id": s3.access_key_id, "secret_access_key": s3.secret_access_key}
+    return CheckpointStore(cfg).upload(src, lease_id, "/workspace/checkpoint")["key"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -93,6 +111,8 @@ def main() -> None:
     ap.add_argument("--db", default="gpumarket_failover_bench")
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=27080)
+    ap.add_argument("--checkpoint-mib", type=int, default=0,
+                    help="restore an N MiB checkpoint in each continuation (0: none)")
     args = ap.parse_args()
 
     import docker
@@ -101,7 +121,8 @@ def main() -> None:
     docker_client.images.get(IMAGE)
     database_url = fresh_database(args.pg, args.db)
     env = {**server_env(database_url), "REDIS_URL": args.redis,
-           "CELERY_BROKER_URL": args.redis, "GPUMARKET_DB_POOL": "0"}
+           "CELERY_BROKER_URL": args.redis, "GPUMARKET_DB_POOL": "0",
+           "GPUMARKET_CHECKPOINT_ALLOW_PRIVATE": "1"}  # the store is on 127.0.0.1
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
@@ -114,7 +135,7 @@ def main() -> None:
 
     from marketplace import book
     from marketplace.lease_end import end_lease
-    from marketplace.models import Lease, Order
+    from marketplace.models import Lease, LeaseEvent, Order
     from providers.models import Gpu, Node
 
     connections.close_all()
@@ -123,6 +144,20 @@ def main() -> None:
     xid.write_text(XID_79)
     procs, runners = [], []
     waits = []
+    store = s3 = None
+    if args.checkpoint_mib > 0:
+        from marketplace import checkpoints
+        from tests.support import s3 as moto
+
+        s3_proc, s3 = moto.start()
+        procs.append(s3_proc)
+        bucket = s3.bucket("failover-bench")
+        store = checkpoints.clean({"url": f"s3://{bucket}", "endpoint_url": s3.endpoint_url,
+                                   "access_key_id": s3.access_key_id,
+                                   "secret_access_key": s3.secret_access_key})
+        blob = xid.parent / "checkpoint"
+        blob.mkdir()
+        (blob / "state.bin").write_bytes(os.urandom(args.checkpoint_mib << 20))
     try:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
@@ -154,9 +189,11 @@ def main() -> None:
                  "node B heard", step=0.05)
             [lease] = book.place_bid(buyer_id=buyer_id, market_slug=MARKET, price=3_000_000,
                                      gpus=1, duration_seconds=3600, image=IMAGE,
-                                     command=["sleep", "3600"]).leases
+                                     command=["sleep", "3600"], checkpoint=store).leases
             wait(lambda lid=lease.pk: Lease.objects.filter(pk=lid, status="running").exists(),
                  60, f"lease {lease.pk} running on A", step=0.05)
+            if store is not None:  # the chain's checkpoint, as A's notice upload leaves it
+                seeded = seed_checkpoint(s3, bucket, lease.pk, blob)
             ask_b = book.place_ask(provider_id=b[0], node_id=b[1], market_slug=MARKET,
                                    price=2_900_000, gpus=1, available_until=until).order
             runner_a.start("--replay-xid", str(xid))
@@ -165,8 +202,17 @@ def main() -> None:
                 f"lease {lease.pk}'s continuation running on B", step=0.02)
             failed = Lease.objects.get(pk=lease.pk)
             waits.append((made.started_at - failed.ended_at).total_seconds())
+            restored = ""
+            if store is not None:
+                report = wait(lambda mid=made.pk: LeaseEvent.objects.filter(
+                    lease_id=mid, detail__checkpoint__reason="restore").first(), 30,
+                    f"lease {made.pk}'s restore report", step=0.05)
+                got = report.detail["checkpoint"]
+                if (got["status"], got["key"]) != ("restored", seeded):
+                    raise RuntimeError(f"lease {made.pk} restored {got}, not {seeded}")
+                restored = f", {got['bytes'] >> 20} MiB restored"
             print(f"run {run + 1}: lease {failed.pk} failed ({failed.failure_code}) → lease "
-                  f"{made.pk} running in {waits[-1] * 1000:.0f} ms", flush=True)
+                  f"{made.pk} running in {waits[-1] * 1000:.0f} ms{restored}", flush=True)
             end_lease(lease_id=made.pk, status="completed", cause="failover bench: done")
             book.cancel_order(user_id=b[0], order_id=ask_b.pk)
             wait(lambda mid=made.pk: not docker_client.api.containers(
@@ -188,7 +234,8 @@ def main() -> None:
     ms = sorted(v * 1000 for v in waits)
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, docker "
           f"{docker_client.version().get('Version')}, load average "
-          f"{os.getloadavg()[0]:.1f}; {len(ms)} runs; failure → continuation running: "
+          f"{os.getloadavg()[0]:.1f}; {len(ms)} runs, checkpoint {args.checkpoint_mib} MiB; "
+          f"failure → continuation running: "
           f"p50 {pct(ms, 50):.0f} ms, p99 {pct(ms, 99):.0f} ms, max {ms[-1]:.0f} ms")
 
 
