@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections import deque
 
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
-from .walks import _BIG, Walks, _dec, _drop_level, _rest
+from .walks import _BIG, Walks, _dec, _drop_level, _ge_gc, _rest
 
 __all__ = ["OrderBook"]
 
@@ -58,9 +58,15 @@ class OrderBook(Walks):
     ``gang`` or an unknown ``tif`` raises ``ValueError`` and changes nothing.
     """
 
+    #: bids of at least this gang walk ask levels through their GPU-count index (the
+    #: property tests set it out of reach to compare with the plain walk)
+    _ge_min_gang = 2
+
     __slots__ = (
         "_ask_cap",
         "_ask_dead",
+        "_ask_ge",
+        "_ask_gen",
         "_ask_ix",
         "_ask_own",
         "_ask_px",
@@ -94,6 +100,10 @@ class OrderBook(Walks):
         #: per ask price: an upper bound of its resting asks' GPUs (exact after a walk)
         self._ask_cap: dict[int, int] = {}
         self._ask_own: dict[int, int] = {}  # owner -> resting asks
+        #: per ask price, built on a gang bid's first walk there: {v: deque of the cells
+        #: whose ask held >= v GPUs when indexed, seq order} (entries go stale lazily)
+        self._ask_ge: dict[int, dict[int, deque[list]]] = {}
+        self._ask_gen = 0  # index entries appended since the last rebuild
         #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
         #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
         #: it, in order); None: no node can (an NVLink bid then never fills).
@@ -184,8 +194,18 @@ class OrderBook(Walks):
         ask.gpus = left
         if left:
             cell = [ask]
-            _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
+            moved = _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
             self._ask_ix[ask_id] = cell
+            lv = self._ask_ge.get(price)
+            if lv is not None:
+                if moved:  # not at the tail: the level's index is rebuilt when next used
+                    del self._ask_ge[price]
+                else:
+                    for v, d in lv.items():
+                        if left >= v:
+                            d.append(cell)
+                    self._ask_gen += len(lv)
+                    _ge_gc(self)
             own = self._ask_own  # inline _rested_ask (the hot path)
             owner = ask.owner
             own[owner] = own.get(owner, 0) + 1
@@ -232,6 +252,7 @@ class OrderBook(Walks):
         cell = [ask]
         _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
         self._ask_ix[ask.id] = cell
+        self._ask_ge.pop(ask.price, None)  # rebuilt when a gang bid next walks the level
         self._rested_ask(ask)
 
     def _rested_bid(self, bid: Bid) -> None:
@@ -282,6 +303,8 @@ class OrderBook(Walks):
         tot = tots[p] - o.gpus
         if not tot:
             _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
+            if not bid:
+                self._ask_ge.pop(p, None)
             return
         tots[p] = tot
         q = qs[p]
@@ -312,6 +335,7 @@ class OrderBook(Walks):
         a = cell[0]
         a.gpus += gpus
         self._ask_tot[a.price] += gpus
+        self._ask_ge.pop(a.price, None)  # it may now belong to more buckets
         if self._ask_cap[a.price] < a.gpus:
             self._ask_cap[a.price] = a.gpus
         return True
@@ -331,6 +355,7 @@ class OrderBook(Walks):
         _dec(self._ask_own, a.owner)
         cell[0] = None
         p = a.price
+        self._ask_ge.pop(p, None)  # it rests again with its old seq: rebuilt when used
         tot = self._ask_tot[p] - a.gpus
         if tot:
             self._ask_tot[p] = tot

@@ -14,16 +14,28 @@ from .types import Ask, Bid, Fill
 
 _COMPACT_MIN = 1024
 _BIG = 1 << 62
+_GE_TOP = 8  # the GPU-count index has buckets ">= v GPUs" for v in 2.._GE_TOP
+_GE_SLACK = 4096  # index entries appended past 16 x live asks before a rebuild
+
+
+def _ge_gc(book) -> None:
+    """Drop every ask level's GPU index once its appends outgrow the live asks (its
+    stale entries are then bounded; the indexes rebuild lazily, amortised O(1))."""
+    if book._ask_gen > _GE_SLACK + 16 * len(book._ask_ix):
+        book._ask_ge.clear()
+        book._ask_gen = 0
 
 
 def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
-    """Put ``cell`` at its seq position in the level ``price`` (creating the level)."""
+    """Put ``cell`` at its seq position in the level ``price`` (creating the level).
+
+    Returns True when the cell went anywhere but the tail (an out-of-order seq)."""
     q = qs.get(price)
     if q is None:
         insort(px, price)
         qs[price] = deque((cell,))
         tots[price] = gpus
-        return
+        return False
     tots[price] += gpus
     while q and q[-1][0] is None:  # dead cells at the tail: drop them, no scan
         q.pop()
@@ -38,8 +50,14 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
                     break
                 j -= 1
             q.insert(j, cell)
-            return
+            return True
     q.append(cell)
+    return False
+
+
+def _build_ge(q: deque, v: int) -> deque:
+    """The cells of level deque ``q`` whose ask holds at least ``v`` GPUs, in seq order."""
+    return deque(c for c in q if c[0] is not None and c[0].gpus >= v)
 
 
 def _drop_level(px: list[int], qs: dict, tots: dict, price: int, bound: dict) -> None:
@@ -83,6 +101,8 @@ class Walks:
         caps = self._ask_cap
         own = self._ask_own
         mine = owner in own
+        ges = self._ask_ge
+        ixg = self._ge_min_gang
         dead = 0
         i = 0
         while i < len(px):
@@ -95,8 +115,12 @@ class Walks:
             q = qs[p]
             tot = tots[p]
             mx = 0
+            if gang >= ixg and not mine:
+                left, tot, mx, dead = self._take_ge(bid, p, q, left, tot, dead, fills, end)
+                n = 0  # the level was walked through its index
+            else:
+                n = len(q)
             j = 0
-            n = len(q)
             while j < n:
                 cell = q[j]
                 a = cell[0]
@@ -167,6 +191,7 @@ class Walks:
                 del qs[p]
                 del tots[p]
                 del caps[p]
+                ges.pop(p, None)
             if not left:
                 break
         if dead:
@@ -175,6 +200,93 @@ class Walks:
                 self._compact(self._ask_q)
                 self._ask_dead = 0
         return left
+
+    def _take_ge(self, bid: Bid, p: int, q: deque, left: int, tot: int, dead: int,
+                 fills: list, end: int) -> tuple[int, int, int, int]:
+        """``_take_asks`` on level ``p`` through its index of asks holding >= v GPUs
+        (v = min(gang, 8); built on first use, kept by every rest at the level, entries
+        stale once their ask holds fewer, dropped lazily). Only for a bid whose owner
+        rests no ask (no self-trade to find). Returns (left, tot, level GPU bound, dead):
+        the bound is exact up to v - 1 (the asks outside the index) when walked whole."""
+        gang = bid.gang
+        v = gang if gang < _GE_TOP else _GE_TOP
+        lv = self._ask_ge.get(p)
+        if lv is None:
+            lv = self._ask_ge[p] = {}
+        d = lv.get(v)
+        if d is None:
+            d = lv[v] = _build_ge(q, v)
+            self._ask_gen += len(d)
+        ix = self._ask_ix
+        own = self._ask_own
+        bid_id = bid.id
+        need = bid.min_cuda
+        mrel = bid.min_rel
+        avoid = bid.avoid_node
+        image = bid.image_only
+        only = bid.node
+        nv = bid.nvlink
+        mx = 0
+        j = 0
+        n = len(d)
+        while j < n:
+            cell = d[j]
+            a = cell[0]
+            if a is None or a.gpus < v:  # gone, or no longer holds v GPUs: stale entry
+                if j:
+                    j += 1
+                else:
+                    d.popleft()
+                    n -= 1
+                continue
+            ag = a.gpus
+            if (ag < gang or end > a.available_until or (need and a.cuda < need)
+                    or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
+                    or (image and not a.runs_images) or (only and a.node != only)):
+                if ag > mx:
+                    mx = ag
+                j += 1
+                continue
+            k = ag // gang
+            lg = left // gang
+            if k > lg:
+                k = lg
+            if nv:
+                k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
+                if not k:
+                    if ag > mx:
+                        mx = ag
+                    j += 1
+                    continue
+            g = k * gang
+            fills.append(Fill(bid_id, a.id, a.node, g, p))
+            left -= g
+            tot -= g
+            if ag != g:
+                a.gpus = ag - g
+                if not left:
+                    break
+                if ag - g > mx:
+                    mx = ag - g
+                j += 1
+                continue
+            cell[0] = None
+            del ix[a.id]
+            _dec(own, a.owner)
+            if q[0] is cell:
+                q.popleft()
+            else:
+                dead += 1
+            if j:
+                j += 1
+            else:
+                d.popleft()
+                n -= 1
+            if not left:
+                break
+        if mx < v - 1:
+            mx = v - 1
+        return left, tot, mx, dead
 
     def _take_bids(self, ask: Ask, now: int, fills: list, stc: list) -> int:
         """Walk bids for ``ask``; return the GPUs left. Mutates the book."""
