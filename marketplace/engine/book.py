@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections import deque
 
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
-from .walks import _BIG, Walks, _dec, _drop_level, _ge_gc, _rest
+from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _ge_gc, _lower_lo, _rest
 
 __all__ = ["OrderBook"]
 
@@ -68,6 +68,7 @@ class OrderBook(Walks):
         "_ask_ge",
         "_ask_gen",
         "_ask_ix",
+        "_ask_lo",
         "_ask_own",
         "_ask_px",
         "_ask_q",
@@ -104,6 +105,9 @@ class OrderBook(Walks):
         #: whose ask held >= v GPUs when indexed, seq order} (entries go stale lazily)
         self._ask_ge: dict[int, dict[int, deque[list]]] = {}
         self._ask_gen = 0  # index entries appended since the last rebuild
+        #: [v]: a price below which no resting ask holds >= v GPUs (v in 2..8; lowered
+        #: by every rest, raised by the gang walks that find it so); gang walks start there
+        self._ask_lo: list[int] = [_BIG] * (_GE_TOP + 1)
         #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
         #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
         #: it, in order); None: no node can (an NVLink bid then never fills).
@@ -212,6 +216,9 @@ class OrderBook(Walks):
             cap = self._ask_cap
             if cap.get(price, 0) < left:
                 cap[price] = left
+            lo = self._ask_lo
+            if lo[left if left < _GE_TOP else _GE_TOP] > price:
+                _lower_lo(lo, price, left)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
@@ -272,6 +279,7 @@ class OrderBook(Walks):
         c = cap.get(ask.price)
         if c is None or c < ask.gpus:
             cap[ask.price] = ask.gpus
+        _lower_lo(self._ask_lo, ask.price, ask.gpus)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -336,6 +344,7 @@ class OrderBook(Walks):
         a.gpus += gpus
         self._ask_tot[a.price] += gpus
         self._ask_ge.pop(a.price, None)  # it may now belong to more buckets
+        _lower_lo(self._ask_lo, a.price, a.gpus)
         if self._ask_cap[a.price] < a.gpus:
             self._ask_cap[a.price] = a.gpus
         return True

@@ -55,6 +55,15 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
     return False
 
 
+def _lower_lo(lo: list[int], price: int, gpus: int) -> None:
+    """An ask of ``gpus`` GPUs rests at ``price``: lower ``lo[v]`` (the price below which
+    no ask holds v GPUs; non-decreasing in v) for every v it holds."""
+    v = gpus if gpus < _GE_TOP else _GE_TOP
+    while v > 1 and lo[v] > price:
+        lo[v] = price
+        v -= 1
+
+
 def _build_ge(q: deque, v: int) -> deque:
     """The cells of level deque ``q`` whose ask holds at least ``v`` GPUs, in seq order."""
     return deque(c for c in q if c[0] is not None and c[0].gpus >= v)
@@ -102,20 +111,31 @@ class Walks:
         own = self._ask_own
         mine = owner in own
         ges = self._ask_ge
-        ixg = self._ge_min_gang
+        use = gang >= self._ge_min_gang and not mine
+        lop = -1  # the first price this walk saw that may hold >= v GPUs (-1: none yet)
+        stop = _BIG  # the first price this walk did not look at
         dead = 0
-        i = 0
+        if use:  # start at the first level that may hold v GPUs (_ask_lo)
+            v = gang if gang < _GE_TOP else _GE_TOP
+            lo = self._ask_lo
+            i = bisect_left(px, lo[v])
+        else:
+            v = _BIG
+            i = 0
         while i < len(px):
             p = px[i]
             if p > limit:
+                stop = p
                 break
             if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
+                if lop < 0 and caps[p] >= v:
+                    lop = p
                 i += 1
                 continue
             q = qs[p]
             tot = tots[p]
             mx = 0
-            if gang >= ixg and not mine:
+            if use:
                 left, tot, mx, dead = self._take_ge(bid, p, q, left, tot, dead, fills, end)
                 n = 0  # the level was walked through its index
             else:
@@ -185,6 +205,8 @@ class Walks:
                 tots[p] = tot
                 if left:  # walked the whole level: its bound is now exact
                     caps[p] = mx
+                if lop < 0 and (mx >= v or not left):
+                    lop = p
                 i += 1
             else:
                 del px[i]
@@ -193,7 +215,15 @@ class Walks:
                 del caps[p]
                 ges.pop(p, None)
             if not left:
+                if i < len(px):
+                    stop = px[i]
                 break
+        if use:  # every level below `new` holds fewer than v GPUs per ask
+            new = lop if lop >= 0 else stop
+            if new > lo[v]:
+                for w in range(v, _GE_TOP + 1):
+                    if lo[w] < new:
+                        lo[w] = new
         if dead:
             self._ask_dead += dead
             if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
