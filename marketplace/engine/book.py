@@ -74,6 +74,8 @@ class OrderBook(Walks):
         "_ask_q",
         "_ask_tot",
         "_bid_dead",
+        "_bid_ge",
+        "_bid_gen",
         "_bid_ix",
         "_bid_mingang",
         "_bid_own",
@@ -93,6 +95,10 @@ class OrderBook(Walks):
         #: per bid price: a lower bound of its resting bids' gangs (exact after a walk)
         self._bid_mingang: dict[int, int] = {}
         self._bid_own: dict[int, int] = {}  # owner -> resting bids
+        #: per bid price, built on an ask's first walk there with < 8 GPUs left: {v:
+        #: deque of the cells whose bid's gang <= v, seq order} (entries die lazily)
+        self._bid_ge: dict[int, dict[int, deque[list]]] = {}
+        self._bid_gen = 0  # index entries appended since the last rebuild
         self._ask_px: list[int] = []
         self._ask_q: dict[int, deque[list]] = {}
         self._ask_tot: dict[int, int] = {}
@@ -159,8 +165,18 @@ class OrderBook(Walks):
         bid.gpus = left
         if left and tif == "GTC":
             cell = [bid]
-            _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
+            moved = _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
             self._bid_ix[bid_id] = cell
+            lv = self._bid_ge.get(price)
+            if lv is not None:
+                if moved:  # not at the tail: the level's index is rebuilt when next used
+                    del self._bid_ge[price]
+                else:
+                    for v, d in lv.items():
+                        if gang <= v:
+                            d.append(cell)
+                    self._bid_gen += len(lv)
+                    _ge_gc(self)
             own = self._bid_own  # inline _rested_bid (the hot path)
             owner = bid.owner
             own[owner] = own.get(owner, 0) + 1
@@ -242,6 +258,7 @@ class OrderBook(Walks):
         cell = [bid]
         _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
         self._bid_ix[bid.id] = cell
+        self._bid_ge.pop(bid.price, None)  # rebuilt when an ask next walks the level
         self._rested_bid(bid)
 
     def rest_ask(self, ask: Ask) -> None:
@@ -311,8 +328,7 @@ class OrderBook(Walks):
         tot = tots[p] - o.gpus
         if not tot:
             _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
-            if not bid:
-                self._ask_ge.pop(p, None)
+            (self._bid_ge if bid else self._ask_ge).pop(p, None)
             return
         tots[p] = tot
         q = qs[p]

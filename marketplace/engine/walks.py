@@ -19,11 +19,14 @@ _GE_SLACK = 4096  # index entries appended past 16 x live asks before a rebuild
 
 
 def _ge_gc(book) -> None:
-    """Drop every ask level's GPU index once its appends outgrow the live asks (its
+    """Drop every level index of a side once its appends outgrow the live orders (its
     stale entries are then bounded; the indexes rebuild lazily, amortised O(1))."""
     if book._ask_gen > _GE_SLACK + 16 * len(book._ask_ix):
         book._ask_ge.clear()
         book._ask_gen = 0
+    if book._bid_gen > _GE_SLACK + 16 * len(book._bid_ix):
+        book._bid_ge.clear()
+        book._bid_gen = 0
 
 
 def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
@@ -337,6 +340,7 @@ class Walks:
         mgs = self._bid_mingang
         own = self._bid_own
         mine = owner in own
+        bix = _GE_TOP if self._ge_min_gang <= _GE_TOP else 0
         dead = 0
         i = len(px) - 1
         while i >= 0:
@@ -350,7 +354,12 @@ class Walks:
             tot = tots[p]
             mn = _BIG
             j = 0
-            n = len(q)
+            if bix and not mine:
+                left, tot, mn, dead = self._take_gb(ask, p, q, left, tot, dead, fills, nvg,
+                                                    window)
+                n = 0  # the level was walked through its index
+            else:
+                n = len(q)
             while j < n:
                 cell = q[j]
                 b = cell[0]
@@ -421,6 +430,7 @@ class Walks:
                 del qs[p]
                 del tots[p]
                 del mgs[p]
+                self._bid_ge.pop(p, None)
             i -= 1
             if not left:
                 break
@@ -430,6 +440,102 @@ class Walks:
                 self._compact(self._bid_q)
                 self._bid_dead = 0
         return left
+
+    def _take_gb(self, ask: Ask, p: int, q: deque, left: int, tot: int, dead: int,
+                 fills: list, nvg: dict, window: int) -> tuple[int, int, int, int]:
+        """``_take_bids`` on level ``p`` through its index of bids of gang <= v (v = GPUs
+        the ask has left, < 8; the level's deque itself while 8 or more; gangs never
+        change, so entries only die); when a fill leaves fewer GPUs, the walk moves on in
+        the smaller index after the last seq seen.
+        Only for an ask whose owner rests no bid. Returns (left, tot, gang bound, dead):
+        the bound is exact down to v + 1 (the bids outside the index) when walked whole."""
+        lv = self._bid_ge.get(p)
+        if lv is None:
+            lv = self._bid_ge[p] = {}
+        ix = self._bid_ix
+        own = self._bid_own
+        ask_id = ask.id
+        node = ask.node
+        cuda = ask.cuda
+        rel = ask.rel
+        processes = not ask.runs_images
+        mn = _BIG
+        last = -_BIG  # seq of the last bid looked at
+        v = 0
+        while left:
+            want = left if left < _GE_TOP else _BIG  # _BIG: the whole level, q itself
+            if want != v:  # (re)start in the index of gangs <= left
+                v = want
+                d = q if v == _BIG else lv.get(v)
+                if d is None:
+                    d = lv[v] = deque(c for c in q if c[0] is not None and c[0].gang <= v)
+                    self._bid_gen += len(d)
+                j = 0
+                n = len(d)
+            if j >= n:
+                break
+            cell = d[j]
+            b = cell[0]
+            if b is None:
+                if j:
+                    j += 1
+                else:
+                    d.popleft()
+                    n -= 1
+                continue
+            if b.seq <= last:  # seen before the move to this index
+                j += 1
+                continue
+            last = b.seq
+            bg = b.gpus
+            gang = b.gang
+            if (gang > left or b.duration_s > window or b.min_cuda > cuda
+                    or b.min_rel > rel or b.avoid_node == node
+                    or (processes and b.image_only) or (b.node and b.node != node)):
+                if gang < mn:
+                    mn = gang
+                j += 1
+                continue
+            k = left // gang
+            kb = bg // gang
+            if k > kb:
+                k = kb
+            if b.nvlink:
+                nvg[b.id] = gang
+                k = self._nvlink_gangs(node, gang, k, fills, nvg)
+                if not k:
+                    if gang < mn:
+                        mn = gang
+                    j += 1
+                    continue
+            g = k * gang
+            fills.append(Fill(b.id, ask_id, node, g, p))
+            left -= g
+            tot -= g
+            if bg != g:
+                b.gpus = bg - g
+                if gang < mn:
+                    mn = gang
+                j += 1
+                continue
+            cell[0] = None
+            del ix[b.id]
+            _dec(own, b.owner)
+            if d is not q:
+                if q[0] is cell:
+                    q.popleft()
+                else:
+                    dead += 1
+            elif j:
+                dead += 1
+            if j:
+                j += 1
+            else:
+                d.popleft()
+                n -= 1
+        if v < _BIG and mn > v + 1:
+            mn = v + 1
+        return left, tot, mn, dead
 
     def _bid_fillable(self, bid: Bid, now: int) -> int:
         """GPUs ``bid`` would fill now (same walk as ``_take_asks``, no mutation)."""
