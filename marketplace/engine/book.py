@@ -35,8 +35,17 @@ compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid leve
 lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
 level), and each side counts resting orders per owner: a walk skips a level in O(1) when
 no order there can trade (no whole gang) and none is the incoming order's owner's (so
-self-trade prevention still cancels it). Bids and asks passed in are mutated: their
-``gpus`` always mean "still wanted / still available".
+self-trade prevention still cancels it). Gang walks skip what cannot serve them: a bid
+of gang g (>= 2) starts at ``_ask_lo[v]`` (v = min(g, 8): no ask below that price holds
+v GPUs) and walks each level through its index of the asks that held >= v GPUs (in seq
+order, so price-time priority among the asks that can serve it is kept); an ask with
+fewer than 8 GPUs left walks each bid level through its index of the bids of gang <= its
+GPUs. The indexes are built on first use, appended on rest, and lazy (dead or too-small
+entries dropped when met); a rest out of seq order or GPUs given back drops a level's
+index, and a side's indexes are rebuilt once their appends pass 4096 + 16 x its live
+orders. An incoming order whose owner rests orders on the other side walks the plain
+deques (self-trade prevention). Bids and asks passed in are mutated: their ``gpus``
+always mean "still wanted / still available".
 """
 
 
@@ -44,13 +53,14 @@ from __future__ import annotations
 
 from collections import deque
 
+from .gang_walks import GangWalks, _ge_gc, _lower_lo
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
-from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _ge_gc, _lower_lo, _rest
+from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _rest
 
 __all__ = ["OrderBook"]
 
 
-class OrderBook(Walks):
+class OrderBook(Walks, GangWalks):
     """One GPU class's continuous auction: price-time priority.
 
     Order ids must be unique across bids and asks of one book (``cancel`` takes either);
@@ -77,6 +87,7 @@ class OrderBook(Walks):
         "_bid_ge",
         "_bid_gen",
         "_bid_ix",
+        "_bid_maxgang",
         "_bid_mingang",
         "_bid_own",
         "_bid_px",
@@ -94,6 +105,9 @@ class OrderBook(Walks):
         self._bid_dead = 0
         #: per bid price: a lower bound of its resting bids' gangs (exact after a walk)
         self._bid_mingang: dict[int, int] = {}
+        #: per bid price: an upper bound of its resting bids' gangs (the gang index is
+        #: walked only where it leaves some bid out)
+        self._bid_maxgang: dict[int, int] = {}
         self._bid_own: dict[int, int] = {}  # owner -> resting bids
         #: per bid price, built on an ask's first walk there with < 8 GPUs left: {v:
         #: deque of the cells whose bid's gang <= v, seq order} (entries die lazily)
@@ -182,6 +196,9 @@ class OrderBook(Walks):
             own[owner] = own.get(owner, 0) + 1
             mg = self._bid_mingang
             if mg.get(price, _BIG) > gang:
+                mg[price] = gang
+            mg = self._bid_maxgang
+            if mg.get(price, 0) < gang:
                 mg[price] = gang
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, left)
@@ -287,6 +304,8 @@ class OrderBook(Walks):
         m = mg.get(bid.price)
         if m is None or m > bid.gang:
             mg[bid.price] = bid.gang
+        if self._bid_maxgang.get(bid.price, 0) < bid.gang:
+            self._bid_maxgang[bid.price] = bid.gang
 
     def _rested_ask(self, ask: Ask) -> None:
         """Book-keeping of an ask just (re)rested: owner's count, its level's GPU bound."""
@@ -328,7 +347,11 @@ class OrderBook(Walks):
         tot = tots[p] - o.gpus
         if not tot:
             _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
-            (self._bid_ge if bid else self._ask_ge).pop(p, None)
+            if bid:
+                self._bid_ge.pop(p, None)
+                self._bid_maxgang.pop(p, None)
+            else:
+                self._ask_ge.pop(p, None)
             return
         tots[p] = tot
         q = qs[p]

@@ -9,7 +9,7 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marketplace.engine import Ask, Bid, OrderBook, walks
+from marketplace.engine import Ask, Bid, OrderBook, gang_walks, walks
 
 HOUR = 3600
 TICK = 10_000
@@ -99,12 +99,12 @@ def test_gang_index_equals_plain_walk(ops):
 @SETTINGS
 @given(ops_st)
 def test_gang_index_equals_plain_walk_with_eager_rebuilds(ops):
-    saved = walks._GE_SLACK, walks._COMPACT_MIN
-    walks._GE_SLACK = walks._COMPACT_MIN = 0  # drop the indexes and compact all the time
+    saved = gang_walks._GE_SLACK, walks._COMPACT_MIN
+    gang_walks._GE_SLACK = walks._COMPACT_MIN = 0  # drop the indexes, compact all the time
     try:
         run_flow(ops)
     finally:
-        walks._GE_SLACK, walks._COMPACT_MIN = saved
+        gang_walks._GE_SLACK, walks._COMPACT_MIN = saved
 
 
 def test_a_gang_bid_skips_small_leftovers_and_keeps_price_time_order():
