@@ -35,8 +35,17 @@ compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid leve
 lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
 level), and each side counts resting orders per owner: a walk skips a level in O(1) when
 no order there can trade (no whole gang) and none is the incoming order's owner's (so
-self-trade prevention still cancels it). Bids and asks passed in are mutated: their
-``gpus`` always mean "still wanted / still available".
+self-trade prevention still cancels it). Gang walks skip what cannot serve them: a bid
+of gang g (>= 2) starts at ``_ask_lo[v]`` (v = min(g, 8): no ask below that price holds
+v GPUs) and walks each level through its index of the asks that held >= v GPUs (in seq
+order, so price-time priority among the asks that can serve it is kept); an ask with
+fewer than 8 GPUs left walks each bid level through its index of the bids of gang <= its
+GPUs. The indexes are built on first use, appended on rest, and lazy (dead or too-small
+entries dropped when met); a rest out of seq order or GPUs given back drops a level's
+index, and a side's indexes are rebuilt once their appends pass 4096 + 16 x its live
+orders. An incoming order whose owner rests orders on the other side walks the plain
+deques (self-trade prevention). Bids and asks passed in are mutated: their ``gpus``
+always mean "still wanted / still available".
 """
 
 
@@ -44,13 +53,14 @@ from __future__ import annotations
 
 from collections import deque
 
+from .gang_walks import GangWalks, _ge_gc, _lower_lo
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
-from .walks import _BIG, Walks, _dec, _drop_level, _rest
+from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _rest
 
 __all__ = ["OrderBook"]
 
 
-class OrderBook(Walks):
+class OrderBook(Walks, GangWalks):
     """One GPU class's continuous auction: price-time priority.
 
     Order ids must be unique across bids and asks of one book (``cancel`` takes either);
@@ -58,16 +68,26 @@ class OrderBook(Walks):
     ``gang`` or an unknown ``tif`` raises ``ValueError`` and changes nothing.
     """
 
+    #: bids of at least this gang walk ask levels through their GPU-count index (the
+    #: property tests set it out of reach to compare with the plain walk)
+    _ge_min_gang = 2
+
     __slots__ = (
         "_ask_cap",
         "_ask_dead",
+        "_ask_ge",
+        "_ask_gen",
         "_ask_ix",
+        "_ask_lo",
         "_ask_own",
         "_ask_px",
         "_ask_q",
         "_ask_tot",
         "_bid_dead",
+        "_bid_ge",
+        "_bid_gen",
         "_bid_ix",
+        "_bid_maxgang",
         "_bid_mingang",
         "_bid_own",
         "_bid_px",
@@ -85,7 +105,14 @@ class OrderBook(Walks):
         self._bid_dead = 0
         #: per bid price: a lower bound of its resting bids' gangs (exact after a walk)
         self._bid_mingang: dict[int, int] = {}
+        #: per bid price: an upper bound of its resting bids' gangs (the gang index is
+        #: walked only where it leaves some bid out)
+        self._bid_maxgang: dict[int, int] = {}
         self._bid_own: dict[int, int] = {}  # owner -> resting bids
+        #: per bid price, built on an ask's first walk there with < 8 GPUs left: {v:
+        #: deque of the cells whose bid's gang <= v, seq order} (entries die lazily)
+        self._bid_ge: dict[int, dict[int, deque[list]]] = {}
+        self._bid_gen = 0  # index entries appended since the last rebuild
         self._ask_px: list[int] = []
         self._ask_q: dict[int, deque[list]] = {}
         self._ask_tot: dict[int, int] = {}
@@ -94,6 +121,13 @@ class OrderBook(Walks):
         #: per ask price: an upper bound of its resting asks' GPUs (exact after a walk)
         self._ask_cap: dict[int, int] = {}
         self._ask_own: dict[int, int] = {}  # owner -> resting asks
+        #: per ask price, built on a gang bid's first walk there: {v: deque of the cells
+        #: whose ask held >= v GPUs when indexed, seq order} (entries go stale lazily)
+        self._ask_ge: dict[int, dict[int, deque[list]]] = {}
+        self._ask_gen = 0  # index entries appended since the last rebuild
+        #: [v]: a price below which no resting ask holds >= v GPUs (v in 2..8; lowered
+        #: by every rest, raised by the gang walks that find it so); gang walks start there
+        self._ask_lo: list[int] = [_BIG] * (_GE_TOP + 1)
         #: links(node, gang, taken) → how many NVLink-connected gangs of `gang` GPUs `node`
         #: can give after `taken` ((gpus, NVLink gang or 0) of this pass's earlier fills on
         #: it, in order); None: no node can (an NVLink bid then never fills).
@@ -145,13 +179,26 @@ class OrderBook(Walks):
         bid.gpus = left
         if left and tif == "GTC":
             cell = [bid]
-            _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
+            moved = _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
             self._bid_ix[bid_id] = cell
+            lv = self._bid_ge.get(price)
+            if lv is not None:
+                if moved:  # not at the tail: the level's index is rebuilt when next used
+                    del self._bid_ge[price]
+                else:
+                    for v, d in lv.items():
+                        if gang <= v:
+                            d.append(cell)
+                    self._bid_gen += len(lv)
+                    _ge_gc(self)
             own = self._bid_own  # inline _rested_bid (the hot path)
             owner = bid.owner
             own[owner] = own.get(owner, 0) + 1
             mg = self._bid_mingang
             if mg.get(price, _BIG) > gang:
+                mg[price] = gang
+            mg = self._bid_maxgang
+            if mg.get(price, 0) < gang:
                 mg[price] = gang
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, left)
@@ -184,14 +231,27 @@ class OrderBook(Walks):
         ask.gpus = left
         if left:
             cell = [ask]
-            _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
+            moved = _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
             self._ask_ix[ask_id] = cell
+            lv = self._ask_ge.get(price)
+            if lv is not None:
+                if moved:  # not at the tail: the level's index is rebuilt when next used
+                    del self._ask_ge[price]
+                else:
+                    for v, d in lv.items():
+                        if left >= v:
+                            d.append(cell)
+                    self._ask_gen += len(lv)
+                    _ge_gc(self)
             own = self._ask_own  # inline _rested_ask (the hot path)
             owner = ask.owner
             own[owner] = own.get(owner, 0) + 1
             cap = self._ask_cap
             if cap.get(price, 0) < left:
                 cap[price] = left
+            lo = self._ask_lo
+            if lo[left if left < _GE_TOP else _GE_TOP] > price:
+                _lower_lo(lo, price, left)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
 
@@ -215,6 +275,7 @@ class OrderBook(Walks):
         cell = [bid]
         _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
         self._bid_ix[bid.id] = cell
+        self._bid_ge.pop(bid.price, None)  # rebuilt when an ask next walks the level
         self._rested_bid(bid)
 
     def rest_ask(self, ask: Ask) -> None:
@@ -232,6 +293,7 @@ class OrderBook(Walks):
         cell = [ask]
         _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
         self._ask_ix[ask.id] = cell
+        self._ask_ge.pop(ask.price, None)  # rebuilt when a gang bid next walks the level
         self._rested_ask(ask)
 
     def _rested_bid(self, bid: Bid) -> None:
@@ -242,6 +304,8 @@ class OrderBook(Walks):
         m = mg.get(bid.price)
         if m is None or m > bid.gang:
             mg[bid.price] = bid.gang
+        if self._bid_maxgang.get(bid.price, 0) < bid.gang:
+            self._bid_maxgang[bid.price] = bid.gang
 
     def _rested_ask(self, ask: Ask) -> None:
         """Book-keeping of an ask just (re)rested: owner's count, its level's GPU bound."""
@@ -251,6 +315,7 @@ class OrderBook(Walks):
         c = cap.get(ask.price)
         if c is None or c < ask.gpus:
             cap[ask.price] = ask.gpus
+        _lower_lo(self._ask_lo, ask.price, ask.gpus)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -282,6 +347,11 @@ class OrderBook(Walks):
         tot = tots[p] - o.gpus
         if not tot:
             _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
+            if bid:
+                self._bid_ge.pop(p, None)
+                self._bid_maxgang.pop(p, None)
+            else:
+                self._ask_ge.pop(p, None)
             return
         tots[p] = tot
         q = qs[p]
@@ -312,6 +382,8 @@ class OrderBook(Walks):
         a = cell[0]
         a.gpus += gpus
         self._ask_tot[a.price] += gpus
+        self._ask_ge.pop(a.price, None)  # it may now belong to more buckets
+        _lower_lo(self._ask_lo, a.price, a.gpus)
         if self._ask_cap[a.price] < a.gpus:
             self._ask_cap[a.price] = a.gpus
         return True
@@ -331,6 +403,7 @@ class OrderBook(Walks):
         _dec(self._ask_own, a.owner)
         cell[0] = None
         p = a.price
+        self._ask_ge.pop(p, None)  # it rests again with its old seq: rebuilt when used
         tot = self._ask_tot[p] - a.gpus
         if tot:
             self._ask_tot[p] = tot

@@ -14,16 +14,19 @@ from .types import Ask, Bid, Fill
 
 _COMPACT_MIN = 1024
 _BIG = 1 << 62
+_GE_TOP = 8  # the gang indexes (gang_walks.py) have buckets for v in 2.._GE_TOP
 
 
 def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
-    """Put ``cell`` at its seq position in the level ``price`` (creating the level)."""
+    """Put ``cell`` at its seq position in the level ``price`` (creating the level).
+
+    Returns True when the cell went anywhere but the tail (an out-of-order seq)."""
     q = qs.get(price)
     if q is None:
         insort(px, price)
         qs[price] = deque((cell,))
         tots[price] = gpus
-        return
+        return False
     tots[price] += gpus
     while q and q[-1][0] is None:  # dead cells at the tail: drop them, no scan
         q.pop()
@@ -38,8 +41,9 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
                     break
                 j -= 1
             q.insert(j, cell)
-            return
+            return True
     q.append(cell)
+    return False
 
 
 def _drop_level(px: list[int], qs: dict, tots: dict, price: int, bound: dict) -> None:
@@ -58,7 +62,8 @@ def _dec(own: dict, owner: int) -> None:
 
 
 class Walks:
-    """Matching walks over one book's price levels (mixed into ``OrderBook``)."""
+    """Matching walks over one book's price levels (mixed into ``OrderBook``; the
+    gang walks through the level indexes are ``gang_walks.GangWalks``)."""
 
     __slots__ = ()
 
@@ -83,20 +88,37 @@ class Walks:
         caps = self._ask_cap
         own = self._ask_own
         mine = owner in own
+        ges = self._ask_ge
+        use = gang >= self._ge_min_gang and not mine
+        lop = -1  # the first price this walk saw that may hold >= v GPUs (-1: none yet)
+        stop = _BIG  # the first price this walk did not look at
         dead = 0
-        i = 0
+        if use:  # start at the first level that may hold v GPUs (_ask_lo)
+            v = gang if gang < _GE_TOP else _GE_TOP
+            lo = self._ask_lo
+            i = bisect_left(px, lo[v])
+        else:
+            v = _BIG
+            i = 0
         while i < len(px):
             p = px[i]
             if p > limit:
+                stop = p
                 break
             if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
+                if lop < 0 and caps[p] >= v:
+                    lop = p
                 i += 1
                 continue
             q = qs[p]
             tot = tots[p]
             mx = 0
+            if use:
+                left, tot, mx, dead = self._take_ge(bid, p, q, left, tot, dead, fills, end)
+                n = 0  # the level was walked through its index
+            else:
+                n = len(q)
             j = 0
-            n = len(q)
             while j < n:
                 cell = q[j]
                 a = cell[0]
@@ -161,14 +183,25 @@ class Walks:
                 tots[p] = tot
                 if left:  # walked the whole level: its bound is now exact
                     caps[p] = mx
+                if lop < 0 and (mx >= v or not left):
+                    lop = p
                 i += 1
             else:
                 del px[i]
                 del qs[p]
                 del tots[p]
                 del caps[p]
+                ges.pop(p, None)
             if not left:
+                if i < len(px):
+                    stop = px[i]
                 break
+        if use:  # every level below `new` holds fewer than v GPUs per ask
+            new = lop if lop >= 0 else stop
+            if new > lo[v]:
+                for w in range(v, _GE_TOP + 1):
+                    if lo[w] < new:
+                        lo[w] = new
         if dead:
             self._ask_dead += dead
             if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
@@ -195,6 +228,8 @@ class Walks:
         mgs = self._bid_mingang
         own = self._bid_own
         mine = owner in own
+        bix = self._ge_min_gang <= _GE_TOP
+        mxg = self._bid_maxgang
         dead = 0
         i = len(px) - 1
         while i >= 0:
@@ -208,7 +243,13 @@ class Walks:
             tot = tots[p]
             mn = _BIG
             j = 0
-            n = len(q)
+            top = mxg[p]
+            if top > 1 and bix and not mine:  # some bid here has a gang > 1
+                left, tot, mn, dead = self._take_gb(ask, p, q, left, tot, dead, fills, nvg,
+                                                    window, top)
+                n = 0  # the level was walked through its index
+            else:
+                n = len(q)
             while j < n:
                 cell = q[j]
                 b = cell[0]
@@ -279,6 +320,8 @@ class Walks:
                 del qs[p]
                 del tots[p]
                 del mgs[p]
+                del mxg[p]
+                self._bid_ge.pop(p, None)
             i -= 1
             if not left:
                 break
