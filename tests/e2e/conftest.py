@@ -17,9 +17,11 @@ from tests.support.processes import child_env
 from tests.support.waiting import wait_until
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def celery_worker_process(django_db_setup, tmp_path_factory):
-    """A real Celery worker with beat, consuming from the Redis broker."""
+    """A real Celery worker with beat, consuming from the Redis broker; stopped when
+    tests/e2e ends, so it never takes tasks meant for a later package's own worker
+    (tests/webhooks' worker, whose settings differ)."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("the end-to-end Celery test needs REDIS_URL (make test sets it)")
     logdir = tmp_path_factory.mktemp("celery")

@@ -4,6 +4,9 @@ holds one thread only)."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -21,10 +24,24 @@ def allow_private(settings):
     settings.GPUMARKET_WEBHOOK_ALLOW_PRIVATE = True  # the receivers are on 127.0.0.1
 
 
-@pytest.fixture(scope="session")
+def _other_workers(env: dict, own: str) -> list[str]:
+    """Names of the Celery workers on this broker other than `own` (remote-control ping)."""
+    answer = subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "inspect",
+                             "ping", "--json", "-t", "1"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    try:
+        replies = json.loads(answer.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return []  # no node replied
+    return sorted(name for name in replies if name != own)
+
+
+@pytest.fixture(scope="package")
 def webhook_worker(django_db_setup, tmp_path_factory):
     """A real Celery worker with beat on Redis, allowed to reach 127.0.0.1, retrying
-    after 0.5 s (doubling), sweeping and evaluating alert rules every 0.5 s."""
+    after 0.5 s (doubling), sweeping and evaluating alert rules every 0.5 s. It must be
+    the broker's only worker: another (with default settings) would take its tasks,
+    refuse 127.0.0.1 and push the retries out past every wait here."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("the webhook worker tests need REDIS_URL (make test sets it)")
     logdir = tmp_path_factory.mktemp("webhook-worker")
@@ -37,14 +54,22 @@ def webhook_worker(django_db_setup, tmp_path_factory):
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
     log = open(logdir / "worker.log", "w")  # noqa: SIM115
+    own = f"webhook-tests-{os.getpid()}@{socket.gethostname()}"
+    others = _other_workers(env, own)
+    if others:
+        pytest.fail(f"other Celery workers consume from this broker: {', '.join(others)}")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--beat", "--pool",
-         "threads", "--concurrency", "4", "--loglevel", "INFO",
+         "threads", "--concurrency", "4", "--loglevel", "INFO", "-n", own,
          "-s", str(logdir / "beat-schedule")],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     wait_until("the Celery worker to be ready",
                lambda: "ready" in (logdir / "worker.log").read_text(), timeout=60)
+    others = _other_workers(env, own)
+    if others:
+        proc.terminate()
+        pytest.fail(f"other Celery workers consume from this broker: {', '.join(others)}")
     yield proc
     proc.terminate()
     try:
