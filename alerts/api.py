@@ -1,6 +1,7 @@
 """Alert rules API (docs/WEBHOOKS.md, "Alert rules"):
 
-- GET /api/v1/alert-rules/: {"results": [rule]}; POST {"expression", "name"?} → 201 rule.
+- GET /api/v1/alert-rules/: {count, next, previous, results: [rule]} (core.pagination),
+  oldest first; POST {"expression", "name"?} → 201 rule.
   rule = {id, name, expression, conditions: [{metric, op, threshold, for_seconds}],
   enabled, created_at, incidents: [{subject, values, fired_at, resolved_at}] (latest 20)}.
   An expression that does not parse is a 400 naming `expression` and the position.
@@ -17,6 +18,7 @@ from rest_framework.views import APIView
 from alerts import rules, services
 from alerts.models import AlertIncident, AlertRule
 from core.fields import StrictCharField, StrictInputSerializer
+from core.pagination import Pagination, paginated
 
 
 class AlertIncidentOut(serializers.ModelSerializer):
@@ -37,10 +39,6 @@ class AlertRuleOut(serializers.ModelSerializer):
         return AlertIncidentOut(rule.incidents.all()[:20], many=True).data
 
 
-class AlertRulesOut(serializers.Serializer):
-    results = AlertRuleOut(many=True)
-
-
 class AlertRuleIn(StrictInputSerializer):
     expression = StrictCharField(max_length=rules.MAX_CHARS, help_text=(
         "conditions joined by AND: METRIC OP NUMBER [UNIT] [FOR 30m], e.g. "
@@ -52,10 +50,12 @@ class AlertRuleIn(StrictInputSerializer):
 class AlertRuleList(APIView):
     """List or add your alert rules."""
 
-    @extend_schema(responses=AlertRulesOut, operation_id="alert_rules_list")
+    pagination_class = Pagination  # for the schema; the answer is paginated() below
+
+    @extend_schema(responses=AlertRuleOut(many=True), operation_id="alert_rules_list")
     def get(self, request):
-        found = AlertRule.objects.filter(user=request.user)
-        return Response({"results": AlertRuleOut(found, many=True).data})
+        found = AlertRule.objects.filter(user=request.user).order_by("pk")
+        return paginated(self, request, found, AlertRuleOut)
 
     @extend_schema(request=AlertRuleIn, responses={201: AlertRuleOut})
     def post(self, request):

@@ -23,6 +23,10 @@ METRICS = {
     "lease_cost": ("USD", "what the running lease has cost so far (leases only)"),
 }
 LEASE_ONLY = {"lease_cost"}
+# the largest threshold each metric takes, in its unit (a bound past any real value)
+MAX_THRESHOLD = {"gpu_utilization": Decimal(100), "gpu_temperature": Decimal(200),
+                 "gpu_power": Decimal(100_000), "gpu_ecc_errors": Decimal(10**9),
+                 "lease_cost": Decimal(10**9)}
 UNITS = {"C", "W", "USD"}  # words read as a unit after a threshold (and "%")
 OPS = ("<=", ">=", "==", "!=", "<", ">")
 DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -57,7 +61,11 @@ class Condition:
                 "!=": v != t}[self.op]
 
     def as_json(self) -> dict:
+        """{metric, op, threshold (a decimal string in `unit`), unit, for_seconds};
+        lease_cost's threshold is integer micro-USD (unit "micro-USD")."""
+        unit = METRICS[self.metric][0]
         return {"metric": self.metric, "op": self.op, "threshold": str(self.threshold),
+                "unit": "micro-USD" if unit == "USD" else unit,
                 "for_seconds": self.for_seconds}
 
 
@@ -129,6 +137,11 @@ class _Parser:
         if number.kind != "num":
             raise RuleError(number.position, "expected a number")
         threshold = Decimal(number.text)
+        if "." in number.text and len(number.text.split(".")[1]) > 6:
+            raise RuleError(number.position, "a threshold with at most 6 decimals")
+        if threshold > MAX_THRESHOLD[metric]:
+            raise RuleError(number.position, f"{metric} takes a threshold of at most "
+                                             f"{MAX_THRESHOLD[metric]:,} {unit}".rstrip())
         given = self.peek()
         if given.kind == "pct" or (given.kind == "word" and given.text.upper() in UNITS):
             self.i += 1

@@ -1,6 +1,7 @@
 """The webhooks API (docs/WEBHOOKS.md):
 
-- GET /api/v1/webhooks/: {"results": [endpoint]}; POST {"url", "events": [type]} → 201
+- GET /api/v1/webhooks/: {count, next, previous, results: [endpoint]} (core.pagination),
+  oldest first; POST {"url", "events": [type]} → 201
   with the endpoint and its `secret` (`whsec_…`), shown this once and never again.
   endpoint = {id, url, events, enabled, created_at}.
 - GET / PATCH {url?, events?, enabled?} / DELETE /api/v1/webhooks/<id>/ (another user's
@@ -39,10 +40,6 @@ class WebhookEndpointCreatedOut(WebhookEndpointOut):
 
     class Meta(WebhookEndpointOut.Meta):
         fields = [*WebhookEndpointOut.Meta.fields, "secret"]
-
-
-class WebhookEndpointsOut(serializers.Serializer):
-    results = WebhookEndpointOut(many=True)
 
 
 class WebhookEventsField(serializers.ListField):
@@ -86,10 +83,12 @@ class WebhookTestOut(serializers.Serializer):
 class EndpointList(APIView):
     """List or register your webhook endpoints."""
 
-    @extend_schema(responses=WebhookEndpointsOut, operation_id="webhooks_list")
+    pagination_class = Pagination  # for the schema; the answer is paginated() below
+
+    @extend_schema(responses=WebhookEndpointOut(many=True), operation_id="webhooks_list")
     def get(self, request):
-        endpoints = WebhookEndpoint.objects.filter(user=request.user)
-        return Response({"results": WebhookEndpointOut(endpoints, many=True).data})
+        endpoints = WebhookEndpoint.objects.filter(user=request.user).order_by("pk")
+        return paginated(self, request, endpoints, WebhookEndpointOut)
 
     @extend_schema(request=WebhookEndpointIn, responses={201: WebhookEndpointCreatedOut})
     def post(self, request):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
-from marketplace.errors import InvalidInput, NotFound
+from marketplace.errors import Conflict, InvalidInput, NotFound
 from marketplace.sealing import seal_text
 from webhooks import signing, targets
 from webhooks.events import EVENT_TYPES, emit
@@ -20,16 +20,19 @@ def clean_url(url: str) -> str:
     try:
         targets.check(url)
     except targets.TargetRefused as exc:
-        raise InvalidInput(f"url {exc}", field="url") from None
+        raise InvalidInput(str(exc), field="url") from None
     return url
 
 
 def clean_events(events: list[str]) -> list[str]:
     if not events:
         raise InvalidInput("events must name at least one event type", field="events")
+    if "webhook.test" in events:
+        raise InvalidInput("'webhook.test' is sent only by an endpoint's test button; it "
+                           "cannot be subscribed to", field="events")
     unknown = [e for e in events if e not in SUBSCRIBABLE]
     if unknown:
-        raise InvalidInput(f"events: unknown event type {unknown[0]!r} (one of "
+        raise InvalidInput(f"unknown event type {unknown[0]!r} (one of "
                            f"{', '.join(SUBSCRIBABLE)})", field="events")
     return sorted(set(events))
 
@@ -42,7 +45,7 @@ def create_endpoint(*, user_id: int, url: str, events: list[str]) -> tuple[Webho
     with transaction.atomic():
         count = WebhookEndpoint.objects.select_for_update().filter(user_id=user_id).count()
         if count >= settings.GPUMARKET_WEBHOOK_MAX_ENDPOINTS:
-            raise InvalidInput(f"url: at most {settings.GPUMARKET_WEBHOOK_MAX_ENDPOINTS} "
+            raise InvalidInput(f"at most {settings.GPUMARKET_WEBHOOK_MAX_ENDPOINTS} "
                                "webhook endpoints per user", field="url")
         endpoint = WebhookEndpoint.objects.create(user_id=user_id, url=url, events=events,
                                                   secret_sealed=seal_text(secret))
@@ -84,7 +87,7 @@ def send_test(*, user_id: int, endpoint_id: int) -> WebhookEvent:
     """A `webhook.test` event to this endpoint only (delivered by the worker)."""
     endpoint = endpoint_of(user_id=user_id, endpoint_id=endpoint_id)
     if not endpoint.enabled:
-        raise InvalidInput("the endpoint is disabled: enable it first", field="enabled")
+        raise Conflict("the endpoint is disabled: enable it first", field="enabled")
     return emit(user_id, "webhook.test", {"endpoint": endpoint.pk,
                                           "message": "a test event from gpumarket"},
                 endpoint_id=endpoint.pk)

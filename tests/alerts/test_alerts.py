@@ -70,7 +70,7 @@ def test_an_idle_expensive_lease_fires_a_signed_webhook_and_an_email_then_resolv
     assert made.status_code == 201, made.content
     rule_id = made.json()["id"]
     assert made.json()["conditions"][0] == {"metric": "gpu_utilization", "op": "<",
-                                            "threshold": "5", "for_seconds": 1800}
+                                            "threshold": "5", "unit": "%", "for_seconds": 1800}
 
     _heartbeat(token, lease, utilization_pct=2, temperature_c=40)
     now = timezone.now()
@@ -117,4 +117,5 @@ def test_a_node_rule_watches_the_providers_nodes_and_another_user_sees_nothing()
     assert evaluate_all(timezone.now()) == [f"rule {r.json()['id']} fired node:{lease.node_id}"]
     other = client_for(funded_buyer(1))
     assert other.get(f"/api/v1/alert-rules/{r.json()['id']}/").status_code == 404
-    assert other.get("/api/v1/alert-rules/").json() == {"results": []}
+    assert other.get("/api/v1/alert-rules/").json() == {"count": 0, "next": None,
+                                                        "previous": None, "results": []}

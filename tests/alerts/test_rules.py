@@ -35,6 +35,9 @@ def test_the_seeds_forms_parse_exactly():
     ("gpu_temperature > 85 OR gpu_power > 1", 22, "expected AND or the end, found 'OR'"),
     ("gpu_temperature > 85 AND", 25, "expected a metric"),
     ("gpu_power > 300 $", 17, "unexpected character '$'"),
+    ("lease_cost > " + "1" * 29 + " USD", 14, "at most 1,000,000,000 USD"),
+    ("gpu_utilization > 100.5%", 19, "at most 100 %"),
+    ("gpu_temperature > 85.1234567", 19, "at most 6 decimals"),
 ])
 def test_a_rule_that_does_not_parse_names_the_position(rule, position, says):
     with pytest.raises(RuleError) as caught:
@@ -42,6 +45,13 @@ def test_a_rule_that_does_not_parse_names_the_position(rule, position, says):
     assert caught.value.position == position
     assert str(caught.value).startswith(f"at position {position}: ")
     assert says in str(caught.value)
+
+
+def test_a_parsed_condition_names_the_unit_of_its_threshold():
+    cost, util = parse("lease_cost > 50 USD AND gpu_utilization < 5%")
+    assert cost.as_json() == {"metric": "lease_cost", "op": ">", "threshold": "50000000",
+                              "unit": "micro-USD", "for_seconds": 0}
+    assert util.as_json()["unit"] == "%"
 
 
 def test_a_condition_on_a_missing_reading_does_not_hold():

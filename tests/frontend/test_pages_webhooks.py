@@ -85,7 +85,7 @@ def test_add_an_alert_rule_a_bad_one_shown_with_its_position_and_delete_it(clien
     assert r.status_code == 302
     rule = AlertRule.objects.get(user=user)
     assert rule.conditions == [{"metric": "gpu_temperature", "op": ">", "threshold": "85",
-                                "for_seconds": 120}]
+                                "unit": "C", "for_seconds": 120}]
     assert "gpu_temperature &gt; 85 FOR 2m" in client.get(reverse("webhooks-page")).content.decode()
     client.post(reverse("alert-rule-delete-page", args=[rule.pk]))
     assert not AlertRule.objects.exists()

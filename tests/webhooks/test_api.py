@@ -58,7 +58,8 @@ def test_a_url_that_is_not_a_public_http_target_is_refused(url, says):
 @pytest.mark.parametrize(("events", "field", "says"), [
     ([], "events", "at least one"),
     (["lease.exploded"], "events", "unknown event type 'lease.exploded'"),
-    (["webhook.test"], "events", "unknown event type"), ("lease.started", "events", "list"),
+    (["webhook.test"], "events", "sent only by an endpoint's test button"),
+    ("lease.started", "events", "list"),
     ([5], "events[0]", "string"),
 ])
 def test_an_unknown_or_malformed_event_list_is_refused(events, field, says, allow_private):
@@ -98,7 +99,8 @@ def test_another_users_endpoint_is_a_404_everywhere(allow_private):
                      client.post(f"/api/v1/webhooks/{pk}/test/"),
                      client.delete(f"/api/v1/webhooks/{pk}/")):
         assert response.status_code == 404, response.content
-    assert client.get("/api/v1/webhooks/").json() == {"results": []}
+    assert client.get("/api/v1/webhooks/").json() == {"count": 0, "next": None,
+                                                      "previous": None, "results": []}
     assert WebhookEndpoint.objects.filter(pk=pk, enabled=True).exists()
     assert WebhookEvent.objects.count() == 0
 
@@ -120,6 +122,34 @@ def test_the_test_button_queues_one_event_for_that_endpoint_and_the_log_shows_it
     [row] = log.json()["results"]
     assert (row["event_id"], row["type"], row["status"], row["attempts"]) == (
         event_id, "webhook.test", "pending", 0)
+
+
+def test_the_test_button_of_a_disabled_endpoint_is_a_conflict_and_sends_nothing(
+        allow_private):
+    client = client_for(UserFactory())
+    pk = _create(client).json()["id"]
+    assert client.patch(f"/api/v1/webhooks/{pk}/", {"enabled": False},
+                        format="json").status_code == 200
+    assert_refused(client.post(f"/api/v1/webhooks/{pk}/test/"), "enabled", status=409,
+                   contains="enable it first")
+    assert WebhookEvent.objects.count() == 0
+
+
+def test_a_refused_event_type_is_named_once_not_prefixed_twice(allow_private):
+    body = client_for(UserFactory()).post(
+        "/api/v1/webhooks/", {"url": "http://127.0.0.1/", "events": ["lease.exploded"]},
+        format="json").json()
+    assert body["errors"]["events"][0].startswith("unknown event type 'lease.exploded'")
+    assert body["detail"].count("events") == 1
+
+
+def test_the_endpoint_list_pages_like_every_list(allow_private):
+    client = client_for(UserFactory())
+    made = [_create(client).json()["id"] for _ in range(3)]
+    body = client.get("/api/v1/webhooks/", {"limit": 2}).json()
+    assert body["count"] == 3 and body["next"] and body["previous"] is None
+    assert [e["id"] for e in body["results"]] == made[:2]
+    assert_refused(client.get("/api/v1/webhooks/", {"enabled": "1"}), "enabled")
 
 
 @pytest.mark.parametrize(("params", "field"), [({"limit": "0"}, "limit"),
