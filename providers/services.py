@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -47,14 +48,15 @@ class ProviderConflict(ProviderError):
 
 
 def provider_onboard(*, user_id: int, display_name: str) -> Provider:
-    """Make a user a provider; again later, rename it (idempotent)."""
+    """Make a user a provider; again later, rename it (idempotent). The name is cut to
+    100 characters; empty, or with a control or format character, is a ProviderError."""
     if not display_name.strip():
         raise ProviderError("must not be empty", field="display_name")
+    display_name = _name(display_name.strip()[:100], field="display_name")
     provider, created = Provider.objects.get_or_create(
-        user_id=user_id, defaults={"display_name": display_name.strip()[:100]}
-    )
-    if not created and provider.display_name != display_name.strip()[:100]:
-        provider.display_name = display_name.strip()[:100]
+        user_id=user_id, defaults={"display_name": display_name})
+    if not created and provider.display_name != display_name:
+        provider.display_name = display_name
         provider.save(update_fields=["display_name"])
     return provider
 
@@ -104,10 +106,16 @@ def node_rotate_token(*, user_id: int, node_id: int) -> NewNode:
     return NewNode(node=node, runner_token=token)
 
 
-def _name(name: str) -> str:
+def _name(name: str, field: str = "name") -> str:
+    """`name` stripped; 1 to 100 characters with no control or format character (a
+    bidi override such as U+202E, a zero-width space: names show on pages and in feeds)."""
     name = name.strip()
     if not name or len(name) > 100:
-        raise ProviderError("must be 1 to 100 characters", field="name")
+        raise ProviderError("must be 1 to 100 characters", field=field)
+    hidden = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf")), None)
+    if hidden is not None:
+        raise ProviderError(f"must not contain control or formatting characters "
+                            f"(U+{ord(hidden):04X})", field=field)
     return name
 
 

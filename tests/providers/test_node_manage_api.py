@@ -50,6 +50,9 @@ def test_rename_answers_the_node_with_its_new_name(mine):
     ({"name": 7}, "must be a string"),
     ({"name": None}, "null"),
     ({}, "required"),
+    ({"name": "gpu\u202egnp.exe"}, "U+202E"),  # a bidi override: shows reversed
+    ({"name": "a\u200bb"}, "control or formatting"),  # zero-width space
+    ({"name": "a\x07b"}, "control or formatting"),
 ])
 def test_bad_names_are_400_naming_name(mine, body, contains):
     _, node, _, api = mine
