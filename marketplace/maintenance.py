@@ -79,7 +79,7 @@ def announce(*, user_id: int, node_id: int, starts_at: datetime, ends_at: dateti
                            f"running leases get): {earliest.isoformat()} or later",
                            field="starts_at")
     if ends_at <= starts_at:
-        raise InvalidInput("must be after starts_at", field="ends_at")
+        raise InvalidInput("must be after the window's start", field="ends_at")
     if ends_at - starts_at > MAX_WINDOW:
         raise InvalidInput(f"a window lasts at most {MAX_WINDOW.days} days", field="ends_at")
     with transaction.atomic():
