@@ -21,6 +21,7 @@ from .lease_network import isolation_check
 from .nvml import DumpGpus, NoDriverError, NvmlGpus
 from .nvsmi import DumpError
 from .runtime import docker_host
+from .runtime_common import docker_sdk
 
 CLOCK_MAX_OFFSET_S = 5.0
 
@@ -64,9 +65,7 @@ def doctor_checks(url: str | None, token: str | None,
 
     engine = None
     try:
-        import docker
-
-        engine = docker.from_env(timeout=10)
+        engine = docker_sdk().from_env(timeout=10)
         version = engine.version().get("Version", "?")
         add(True, "Docker Engine", f"version {version} at {docker_host()}")
     except Exception as exc:  # DockerException, socket errors

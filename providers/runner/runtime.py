@@ -36,7 +36,7 @@ from . import lease_network, notice, ssh_access
 from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
-from .runtime_common import RuntimeFailure, lease_env
+from .runtime_common import RuntimeFailure, docker_sdk, lease_env
 from .workspace import Workspaces
 
 __all__ = ["DockerRuntime", "ProcessRuntime", "RuntimeFailure", "docker_host", "lease_env"]
@@ -113,8 +113,7 @@ class DockerRuntime:
                  advertise_host: str | None = None, keys_dir: str | Path | None = None,
                  workspaces: Workspaces | None = None,
                  notice_root: str | Path | None = None) -> None:
-        import docker
-
+        docker = docker_sdk()
         self._docker = docker
         try:
             self.client = client or docker.from_env(timeout=30)

@@ -4,6 +4,7 @@ runtime.py's docstring says what each method does in each runtime."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -53,3 +54,19 @@ def lease_env(lease: RunnerLease, notice_file: str = "") -> dict[str, str]:
         env["GPUMARKET_NOTICE_FILE"] = notice_file
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(lease.gpu_uuids)
     return env
+
+
+def docker_sdk():
+    """The Docker SDK (`docker`), loaded without its optional ssh:// transport: where
+    paramiko is installed, `import docker` loads it with invoke and cryptography (~18 MB
+    resident, bench/README.md "The runner at work"). The runner talks to the local Engine
+    (a unix socket or tcp DOCKER_HOST); an ssh:// DOCKER_HOST is refused by the SDK then."""
+    if "docker" not in sys.modules and "paramiko" not in sys.modules:
+        sys.modules["paramiko"] = None  # the SDK's `try: import paramiko` sees none
+        try:
+            import docker
+        finally:
+            del sys.modules["paramiko"]
+    import docker
+
+    return docker

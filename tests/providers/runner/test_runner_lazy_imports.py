@@ -17,3 +17,14 @@ def test_the_runner_serving_leases_loads_no_heavy_library_until_asked():
                          check=True)
     assert json.loads(out.stdout) == []
 
+
+
+def test_the_docker_runtime_loads_the_sdk_without_its_ssh_transport():
+    """paramiko (a test dependency here) would cost ~18 MB with invoke and cryptography."""
+    code = ("import json, sys; from providers.runner.runtime_common import docker_sdk; "
+            "docker = docker_sdk(); import paramiko; "
+            "print(json.dumps([hasattr(docker, 'from_env'), "
+            "'docker.transport.sshconn' in sys.modules, 'paramiko' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == [True, False, True]  # paramiko still importable after
