@@ -33,8 +33,13 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 def normalize(ref: str) -> str:
     """The reference as the engine tags it: a missing tag is `latest` ("busybox" →
-    "busybox:latest"); digests and tags are kept."""
+    "busybox:latest"), Docker Hub's `docker.io/library/` prefix goes; digests and tags
+    are kept. The marketplace compares a bid's image with a node's report in this form."""
     name, tag = split_ref(ref.strip())
+    for hub in ("docker.io/", "index.docker.io/"):  # Docker Hub's names as the engine tags
+        if name.startswith(hub):
+            name = name[len(hub):]
+            name = name[len("library/"):] if name.startswith("library/") else name
     return f"{name}@{tag}" if tag and tag.startswith("sha256:") else f"{name}:{tag}"
 
 
