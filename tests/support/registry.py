@@ -80,10 +80,10 @@ def start(port: int | None = None) -> Registry:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"docker-registry exited: {(root / 'log').read_text()[-500:]}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"http://{registry.host}/v2/", timeout=1) as answer:
-                if answer.status == 200:
-                    return registry
+        with contextlib.suppress(OSError), \
+                urllib.request.urlopen(f"http://{registry.host}/v2/", timeout=1) as answer:
+            if answer.status == 200:
+                return registry
         time.sleep(0.1)
     registry.stop()
     raise RuntimeError("docker-registry did not answer /v2/ in 20 s")
@@ -145,5 +145,15 @@ def push_cold(registry: Registry, name: str, mib: int, layers: int = 1,
 
 
 def remove_local(ref: str) -> None:
-    """Remove `ref` from the local engine (no error when it is not there)."""
-    subprocess.run(["docker", "rmi", "-f", ref], check=False, capture_output=True)
+    """Remove `ref` from the local engine, with the containers made from it (only ever
+    this module's own test images); no error when it is not there."""
+    found = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", ref],
+                           capture_output=True, text=True)
+    image_id = found.stdout.strip() if found.returncode == 0 else ""
+    if image_id:
+        users = subprocess.run(["docker", "ps", "-aq", "--filter", f"ancestor={image_id}"],
+                               capture_output=True, text=True).stdout.split()
+        if users:
+            subprocess.run(["docker", "rm", "-f", *users], check=False, capture_output=True)
+    subprocess.run(["docker", "rmi", "-f", image_id or ref], check=False,
+                   capture_output=True)

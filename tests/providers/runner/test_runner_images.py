@@ -62,7 +62,7 @@ def test_refs_in_the_engines_form():
 
 def test_a_cold_image_is_pulled_with_progress_then_the_lease_runs(
         parts, marketplace, docker_client, docker_node, cold_image):
-    agent, runtime, lines = parts
+    agent, runtime, _lines = parts
     ref = cold_image(24, layers=3)
     marketplace.add_lease(31, UUIDS, image=ref, command=["sleep", "60"])
 
@@ -93,7 +93,7 @@ def test_a_cold_image_is_pulled_with_progress_then_the_lease_runs(
 
 
 def test_a_failed_pull_fails_the_lease_with_its_cause(parts, marketplace, image_registry):
-    agent, _runtime, lines = parts
+    agent, _runtime, _lines = parts
     missing = image_registry.ref("test/never-pushed", "9")
     marketplace.add_lease(32, UUIDS, image=missing, command=["true"])
     tick_until(agent, "the lease to fail", lambda: any(
