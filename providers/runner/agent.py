@@ -105,6 +105,9 @@ class Agent(Reconciler):
         self.checkpoints = CheckpointSync(client, getattr(runtime, "workspaces", None), log)
         # images.Prefetcher (pre-pulls while idle) or None; `run` sets it (Docker only)
         self.prefetcher = None
+        puller = getattr(runtime, "puller", None)
+        if puller is not None:  # a pull that ends wakes the loop: the lease starts at once
+            puller.notify = self._wake.set
         self._progress_sent: dict[int, tuple[str, float]] = {}  # lease → (text, monotonic)
 
     # -- marketplace calls -------------------------------------------------------------

@@ -111,9 +111,11 @@ class Puller:
     each thread on a client of its own. `pull_fn(ref, on_message)` may replace the Docker
     call (it must call on_message with each stream message and raise on failure). The
     caller reads the states from one thread (the runner's loop); a pull's thread only
-    writes its own state."""
+    writes its own state, then calls `notify()` (the agent sets it: its loop ticks at once
+    instead of at its next poll)."""
 
     def __init__(self, *, timeout: float = 600.0, pull_fn=None) -> None:
+        self.notify = None
         self.timeout = timeout
         self.pulls: dict[str, PullState] = {}
         self._lock = threading.Lock()
@@ -178,3 +180,5 @@ class Puller:
             state.done = state.total
             state.phase = "done"
         state.ended = time.monotonic()
+        if self.notify is not None:
+            self.notify()
