@@ -14,6 +14,7 @@ from marketplace import telemetry
 from marketplace.errors import MarketError, NotFound
 from marketplace.models import Lease
 from providers import api as providers_api
+from providers import node_images
 from providers import services as provider_services
 
 
@@ -25,6 +26,8 @@ class HeartbeatIn(providers_api.HeartbeatIn):
 
     telemetry = serializers.ListField(child=serializers.JSONField(), required=False,
                                       default=list, max_length=telemetry.MAX_LEASES)
+    # what the node's engine holds (docs/IMAGES.md), sent when it changed: [{image, bytes}]
+    images = serializers.JSONField(required=False, default=None)
 
 
 class HeartbeatOut(providers_api.HeartbeatOut):
@@ -43,7 +46,12 @@ class RunnerHeartbeat(providers_api.RunnerView):
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
         items = v.pop("telemetry")
+        images = v.pop("images")
+        # checked first: a bad report is a 400 and nothing of the heartbeat is applied
+        report = node_images.clean_report(images) if images is not None else None
         warnings = provider_services.heartbeat_record(node=request.auth, **v)
+        if report is not None:
+            node_images.record(node=request.auth, report=report)
         _kept, errors = telemetry.record(node=request.auth, items=items)
         body = {"server_time": timezone.now().isoformat()}
         if warnings:

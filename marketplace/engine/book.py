@@ -54,13 +54,14 @@ from __future__ import annotations
 from collections import deque
 
 from .gang_walks import GangWalks, _ge_gc, _lower_lo
+from .prefer_walk import PreferWalks
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _rest
 
 __all__ = ["OrderBook"]
 
 
-class OrderBook(Walks, GangWalks):
+class OrderBook(Walks, GangWalks, PreferWalks):
     """One GPU class's continuous auction: price-time priority.
 
     Order ids must be unique across bids and asks of one book (``cancel`` takes either);
@@ -171,7 +172,8 @@ class OrderBook(Walks, GangWalks):
         if px and px[0] <= price:
             if tif == "FOK" and self._bid_fillable(bid, now) < gpus:
                 return MatchResult(fills, False, stc, gpus, True)
-            left = self._take_asks(bid, now, fills, stc)
+            left = (self._take_preferring(bid, now, fills, stc) if bid.prefer
+                    else self._take_asks(bid, now, fills, stc))
         else:
             if tif == "FOK":
                 return MatchResult(fills, False, stc, gpus, True)
