@@ -42,6 +42,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -314,8 +315,9 @@ def main() -> None:
     slugs, users = seeded["slugs"], seeded["users"]
     ports = [args.port + i for i in range(args.web)]
     servers = []
+    counts = Path(tempfile.mkdtemp(prefix="feedfleet"))
     for port in ports:
-        server_env = dict(env)
+        server_env = {**env, "FEED_BENCH_COUNTS": str(counts / f"{port}.txt")}
         if args.profile:
             server_env["FEED_BENCH_SAMPLE"] = str(Path(f"{args.profile}.{port}.txt").resolve())
         servers.append(subprocess.Popen(
@@ -367,6 +369,14 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 s.kill()
     load_after = Path("/proc/loadavg").read_text().split()[:3]
+    frames = writes = 0
+    for port in ports:
+        path = counts / f"{port}.txt"
+        if path.exists():
+            f, w = path.read_text().split()
+            frames, writes = frames + int(f), writes + int(w)
+    print(f"direct frames {frames} in {writes} socket writes "
+          f"({frames / max(writes, 1):.2f} frames a write)")
     report(args, results, slugs, connect_s, web, wall, busy, load_before, load_after, nofile)
 
 
@@ -431,7 +441,7 @@ def report(args, results, slugs, connect_s, web, wall, busy, load_before, load_a
           f"{' + '.join(f'{c:.1f}' for c in web)} s in {wall:.1f} s ({sum(web) / wall:.2f} "
           f"cores); per delivered message {sum(web) / max(tot['messages'], 1) * 1e6:.1f} µs; "
           f"machine {busy / wall:.2f} of {os.cpu_count()} cores busy; client CPU "
-          f"{sum(r['cpu'] for r in cls):.1f} s, publishers "
+          f"{sum(r['cpu'] for r in cls):.1f} s (whole run, connects included), publishers "
           f"{sum(r['cpu'] for r in pubs):.1f} s (whole run)")
 
 
