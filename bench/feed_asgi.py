@@ -6,6 +6,7 @@ bench needs to tell the server's share of the latency from the clients' share.
   (message ts, time written) and write them to <file> (array of doubles) at exit. The
   clients' receive time minus this is time spent in the kernel and in the client
   processes (a client process that is short of CPU reads late).
+- FEED_BENCH_COALESCE=0: one socket write per frame (FEED_COALESCE_WRITES off).
 - FEED_BENCH_COUNTS=<file>: "frames writes" of the feed hubs' coalesced direct writes
   (frontend/feed/hub.py, `write_later`), written at exit.
 - FEED_BENCH_SAMPLE=<file>: a sampling profiler (every 2 ms, the stack of every thread
@@ -27,6 +28,11 @@ import time
 from array import array
 
 from marketplace.asgi import application as inner
+
+if os.environ.get("FEED_BENCH_COALESCE") == "0":  # the A/B of bench/feed_fleet.py
+    from django.conf import settings
+
+    settings.FEED_COALESCE_WRITES = False
 
 _WRITES = os.environ.get("FEED_BENCH_WRITES", "")
 _SAMPLE = os.environ.get("FEED_BENCH_SAMPLE", "")

@@ -301,6 +301,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=25000)
     parser.add_argument("--profile", default="",
                         help="a sampling profile of each web process: <this>.<port>.txt")
+    parser.add_argument("--no-coalesce", action="store_true",
+                        help="one socket write per frame (FEED_COALESCE_WRITES off)")
     parser.add_argument("--db", default="gpumarket_feedfleet")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/5?socket_timeout=30")
     args = parser.parse_args()
@@ -317,7 +319,8 @@ def main() -> None:
     servers = []
     counts = Path(tempfile.mkdtemp(prefix="feedfleet"))
     for port in ports:
-        server_env = {**env, "FEED_BENCH_COUNTS": str(counts / f"{port}.txt")}
+        server_env = {**env, "FEED_BENCH_COUNTS": str(counts / f"{port}.txt"),
+                      "FEED_BENCH_COALESCE": "0" if args.no_coalesce else "1"}
         if args.profile:
             server_env["FEED_BENCH_SAMPLE"] = str(Path(f"{args.profile}.{port}.txt").resolve())
         servers.append(subprocess.Popen(
@@ -417,7 +420,8 @@ def report(args, results, slugs, connect_s, web, wall, busy, load_before, load_a
     changes = sum(r["changes"] for r in pubs)
     elapsed = max(r["elapsed"] for r in pubs)
     ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
-    print(f"feed fleet bench: {args.clients} clients ({args.me:.0%} /ws/me/, "
+    writes = "one write per frame" if args.no_coalesce else "coalesced writes"
+    print(f"feed fleet bench ({writes}): {args.clients} clients ({args.me:.0%} /ws/me/, "
           f"{args.summary:.0%} /ws/summary/, the rest on {len(slugs)} markets {slugs}) in "
           f"{args.client_procs} client processes, {args.web} uvicorn processes, "
           f"{args.publishers} publisher(s); Redis {args.redis}, PostgreSQL {args.db}; "
