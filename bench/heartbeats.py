@@ -132,9 +132,10 @@ def set_up(n: int, leased: float, seed: int) -> list[dict]:
                    duration_seconds=86400, image="bench", hold_id=0, started_at=now,
                    ends_at=now + timedelta(days=1)) for i in chosen], batch_size=2000)
         LeaseGpu.objects.bulk_create(
-            [LeaseGpu(lease=lease, gpu=gpus[i * 8 + k]) for lease, i in zip(leases, chosen)
-             for k in range(8)], batch_size=4000)
-        for lease, i in zip(leases, chosen):
+            [LeaseGpu(lease=lease, gpu=gpus[i * 8 + k])
+             for lease, i in zip(leases, chosen, strict=True) for k in range(8)],
+            batch_size=4000)
+        for lease, i in zip(leases, chosen, strict=True):
             out[i]["lease"] = lease.pk
     return out
 
@@ -142,7 +143,7 @@ def set_up(n: int, leased: float, seed: int) -> list[dict]:
 def bodies_for(node: dict, vary: str, rng: random.Random, template) -> dict:
     """One heartbeat body of `node` (module docstring)."""
     _inv, gpus, readings, findings = template
-    by_dump = {r["uuid"]: u for r, u in zip(readings, node["uuids"])}
+    by_dump = {r["uuid"]: u for r, u in zip(readings, node["uuids"], strict=True)}
     items = []
     for g in gpus:
         item = {**g, "uuid": by_dump[g["uuid"]]}
@@ -156,7 +157,7 @@ def bodies_for(node: dict, vary: str, rng: random.Random, template) -> dict:
     if node["lease"]:
         from providers.runner.telemetry import lease_telemetry
 
-        merged = [{**r, **i} for r, i in zip(readings, items)]
+        merged = [{**r, **i} for r, i in zip(readings, items, strict=True)]
         body["telemetry"] = lease_telemetry(merged, {node["lease"]: node["uuids"]},
                                             {node["lease"]})
     return body
@@ -341,7 +342,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    load0 = open("/proc/loadavg").read().split()[:3]
+    load0 = Path("/proc/loadavg").read_text().split()[:3]
     database_url = fresh_database(args.pg, args.db)
     env = server_env(database_url)
     os.environ.update(env)
@@ -364,6 +365,7 @@ def main() -> None:
     kinds, sampled = statements(nodes, make_body, args.sample)
     Node.objects.update(last_heartbeat_at=timezone.now())  # every node heard just now
     connections.close_all()
+    getattr(connections["default"], "close_pool", lambda: None)()  # backends report on exit
     before = settled_writes(database_url)
 
     server = subprocess.Popen(
@@ -394,11 +396,12 @@ def main() -> None:
         server.wait(timeout=30)
     after = settled_writes(database_url)
     done = len(lat)
-    rows = {t: [a - b for a, b in zip(after.get(t, (0, 0, 0)), before.get(t, (0, 0, 0)))]
+    rows = {t: [a - b for a, b in zip(after.get(t, (0, 0, 0)), before.get(t, (0, 0, 0)),
+                                  strict=True)]
             for t in TABLES}
     all_rows = sum(sum(a) - sum(before.get(t, (0, 0, 0))) for t, a in after.items())
     ms = sorted(x * 1000 for x in lat)
-    load1 = open("/proc/loadavg").read().split()[:3]
+    load1 = Path("/proc/loadavg").read_text().split()[:3]
     leased = sum(1 for n in nodes if n["lease"])
     print(f"setup: {args.nodes} nodes × 8 GPUs ({leased} leased) in {setup_s:.1f} s; "
           f"mode {args.mode}, {args.concurrency} clients, vary {args.vary}; python "

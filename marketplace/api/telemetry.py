@@ -43,8 +43,9 @@ class RunnerHeartbeat(providers_api.RunnerView):
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
         items = v.pop("telemetry")
-        warnings = provider_services.heartbeat_record(node=request.auth, **v)
-        _kept, errors = telemetry.record(node=request.auth, items=items)
+        leases = {} if items else None  # read with the GPUs, for telemetry's check
+        warnings = provider_services.heartbeat_record(node=request.auth, leases=leases, **v)
+        _kept, errors = telemetry.record(node=request.auth, items=items, gpus_of=leases)
         body = {"server_time": timezone.now().isoformat()}
         if warnings:
             body["warnings"] = warnings
