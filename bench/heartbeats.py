@@ -362,8 +362,9 @@ def main() -> None:
 
     from providers.models import Node
 
-    kinds, sampled = statements(nodes, make_body, args.sample)
     Node.objects.update(last_heartbeat_at=timezone.now())  # every node heard just now
+    kinds, sampled = statements(nodes, make_body, args.sample)
+    Node.objects.update(last_heartbeat_at=timezone.now())
     connections.close_all()
     getattr(connections["default"], "close_pool", lambda: None)()  # backends report on exit
     before = settled_writes(database_url)

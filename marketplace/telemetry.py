@@ -130,7 +130,7 @@ def record(*, node, items: list[Any], now: datetime | None = None,
             seen.add(values["uuid"])
             rows.append((lease_id, values))
     if rows and connection.vendor == "postgresql":
-        _upsert(rows, now, prune={lease for lease, _ in rows})  # one statement, atomic
+        _upsert_pg(rows, now)  # one statement, atomic
         telemetry_recorded.send(sender=LeaseSample, lease_ids=sorted(seen_leases))
     elif rows:
         with transaction.atomic():
@@ -146,12 +146,9 @@ _COLUMNS = ("lease_id", "gpu_uuid", "resolution", "bucket_at", "samples", *FIELD
             "throttle_reasons")
 
 
-def _upsert(rows: list[tuple[int, dict]], now: datetime, prune: set[int] = frozenset()
-            ) -> None:
+def _upsert(rows: list[tuple[int, dict]], now: datetime) -> None:
     """One INSERT … ON CONFLICT DO UPDATE (PostgreSQL and SQLite): each bucket's running
-    mean, a value left as it was where the new reading has none. With `prune` (lease
-    ids; PostgreSQL only), the same statement deletes those leases' expired buckets
-    (_prune's rows) in a WITH: they are never the buckets it writes."""
+    mean, a value left as it was where the new reading has none."""
     table = LeaseSample._meta.db_table
     params: list[Any] = []
     for seconds, _keep in RESOLUTIONS:
@@ -160,29 +157,52 @@ def _upsert(rows: list[tuple[int, dict]], now: datetime, prune: set[int] = froze
             params += [lease_id, v["uuid"], seconds, bucket, 1,
                        *(v[k] for k in FIELDS), v["throttle_reasons"]]
     one = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
-    values = ", ".join([one] * (len(params) // len(_COLUMNS)))
+    # only our own table and column names are formatted in; every value is a parameter
+    sql = (f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
+           + ", ".join([one] * (len(params) // len(_COLUMNS))) + _on_conflict(table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _on_conflict(table: str) -> str:
     means = ", ".join(
         f"{k} = CASE WHEN excluded.{k} IS NULL THEN {table}.{k} "
         f"WHEN {table}.{k} IS NULL THEN excluded.{k} "
         f"ELSE ({table}.{k} * {table}.samples + excluded.{k}) / ({table}.samples + 1) END"
         for k in FIELDS)
+    return (" ON CONFLICT (lease_id, resolution, bucket_at, gpu_uuid) DO UPDATE SET "
+            + means + f", samples = {table}.samples + 1, "
+            f"throttle_reasons = {table}.throttle_reasons | excluded.throttle_reasons")
+
+
+_PG_TYPES = ("bigint", "text", "integer", "timestamptz", "integer",
+             *("float8" for _ in FIELDS), "integer")
+
+
+def _upsert_pg(rows: list[tuple[int, dict]], now: datetime) -> None:
+    """_upsert and _prune in one PostgreSQL statement: the delete of these leases' expired
+    buckets in a WITH (never the buckets written), the rows as one array per column
+    (unnest), so the statement's text is the same whatever the number of readings."""
+    table = LeaseSample._meta.db_table
+    columns: list[list[Any]] = [[] for _ in _COLUMNS]
+    for seconds, _keep in RESOLUTIONS:
+        bucket = _bucket(now, seconds)
+        for lease_id, v in rows:
+            for column, value in zip(columns, (lease_id, v["uuid"], seconds, bucket, 1,
+                                               *(v[k] for k in FIELDS),
+                                               v["throttle_reasons"]), strict=True):
+                column.append(value)
+    expired: list[Any] = [sorted({lease for lease, _ in rows})]
+    for seconds, keep in RESOLUTIONS:
+        expired += [seconds, _bucket(now, seconds) - timedelta(seconds=keep)]
+    kept = " OR ".join(["(resolution = %s AND bucket_at <= %s)"] * len(RESOLUTIONS))
+    arrays = ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
     # only our own table and column names are formatted in; every value is a parameter
-    head = ""
-    if prune:
-        kept = " OR ".join(["(resolution = %s AND bucket_at <= %s)"] * len(RESOLUTIONS))
-        head = (f"WITH pruned AS (DELETE FROM {table} WHERE lease_id = ANY(%s) "  # noqa: S608
-                f"AND ({kept})) ")
-        expired: list[Any] = [sorted(prune)]
-        for seconds, keep in RESOLUTIONS:
-            expired += [seconds, _bucket(now, seconds) - timedelta(seconds=keep)]
-        params = expired + params
-    sql = (head + f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
-           + values
-           + " ON CONFLICT (lease_id, resolution, bucket_at, gpu_uuid) DO UPDATE SET "
-           + means + f", samples = {table}.samples + 1, "
-           f"throttle_reasons = {table}.throttle_reasons | excluded.throttle_reasons")
+    sql = (f"WITH pruned AS (DELETE FROM {table} WHERE lease_id = ANY(%s) "  # noqa: S608
+           f"AND ({kept})) INSERT INTO {table} ({', '.join(_COLUMNS)}) "
+           f"SELECT * FROM unnest({arrays})" + _on_conflict(table))
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, expired + columns)
 
 
 def _prune(lease_ids: set[int], now: datetime) -> None:

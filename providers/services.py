@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import Q
 from django.utils import timezone
 
 from core import metrics
@@ -153,8 +153,14 @@ def node_retire_mark(node: Node, *, now=None) -> Node:
     return node
 
 
-def node_for_token(token: str) -> Node | None:
-    """The node in service whose current runner token this is (a retired node's: None)."""
+def node_for_token(token: str, *, with_user: bool = True) -> Node | None:
+    """The node in service whose current runner token this is (a retired node's: None),
+    with its provider and user loaded; `with_user=False`: the node's row only, by plain
+    SQL (the heartbeat's fast path, which needs no user)."""
+    if not with_user:
+        sql = (f"SELECT * FROM {Node._meta.db_table} "  # noqa: S608
+               "WHERE token_hash = %s AND retired_at IS NULL")
+        return next(iter(Node.objects.raw(sql, [hash_token(token)])), None)
     return (Node.objects.select_related("provider__user")
             .filter(token_hash=hash_token(token), retired_at__isnull=True).first())
 
@@ -431,23 +437,37 @@ def _unit_rows(node: Node, leases: dict[int, set[str]] | None) -> list[_Unit]:
     """The node's reported units (_reported_units), in id order, in one SELECT; with
     `leases`, the same SELECT reads every unit of the node with its running lease (an
     active LeaseGpu of a running lease on this node), added to `leases` — telemetry's
-    check, a replaced layout's slice included."""
-    fields = ["pk", "uuid", "parent_id", "healthy", "findings", "last_health"]
-    if leases is None:
-        return [_Unit(*r) for r in _reported_units(node).order_by("pk").values_list(*fields)]
+    check, a replaced layout's slice included. Plain SQL: the ORM's compiling of it
+    cost more CPU than the query (bench/README.md, "Heartbeats at fleet scale")."""
     # the market's lease tables are named, not imported (providers imports no marketplace)
     lease_gpu = Gpu._meta.get_field("lease_gpus").related_model
-    running = lease_gpu.objects.filter(gpu=OuterRef("pk"), active=True, lease__node=node,
-                                       lease__status="running").values("lease_id")[:1]
+    lease = lease_gpu._meta.get_field("lease").related_model
+    running = "NULL"
+    params: list[Any] = [node.pk]
+    if leases is not None:
+        running = (f"(SELECT lg.lease_id FROM {lease_gpu._meta.db_table} lg "  # noqa: S608
+                   f"JOIN {lease._meta.db_table} l ON l.id = lg.lease_id "
+                   "WHERE lg.gpu_id = g.id AND lg.active AND l.node_id = %s "
+                   "AND l.status = 'running' LIMIT 1)")
+        params.insert(0, node.pk)
+    sql = (f"SELECT g.id, g.uuid, g.parent_id, g.healthy, g.findings, "  # noqa: S608
+           f"g.last_health, g.listed, {running} FROM {Gpu._meta.db_table} g "
+           "WHERE g.node_id = %s ORDER BY g.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
     out = []
-    for *r, listed, lease_id in (Gpu.every.filter(node=node).order_by("pk")
-                                 .annotate(running_lease=Subquery(running))
-                                 .values_list(*fields, "listed", "running_lease")):
-        if listed or r[2] is None:  # what _reported_units holds
-            out.append(_Unit(*r))
+    for pk, uuid, parent_id, healthy, findings, health, listed, lease_id in rows:
+        if listed or parent_id is None:  # what _reported_units holds
+            out.append(_Unit(pk, uuid, parent_id, bool(healthy), _json(findings),
+                             _json(health)))
         if lease_id is not None:
-            leases.setdefault(lease_id, set()).add(r[1])
+            leases.setdefault(lease_id, set()).add(uuid)
     return out
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _findings_of(u: _Unit, uuid_of: dict[int, str], found: dict[str, list]) -> list:
@@ -474,7 +494,7 @@ def _without_at(health: dict) -> dict:
 
 def _write_beat(node: Node, changed: list[tuple[int, dict, list]]) -> None:
     """The node's heartbeat time and runtime, and the changed GPU rows (id, last_health,
-    findings): on PostgreSQL one statement (an UPDATE … FROM (VALUES …) after the node's
+    findings): on PostgreSQL one statement (an UPDATE … FROM unnest(…) after the node's
     in a WITH), elsewhere one UPDATE each in a transaction."""
     if connection.vendor != "postgresql":
         with transaction.atomic():
@@ -491,13 +511,15 @@ def _write_beat(node: Node, changed: list[tuple[int, dict, list]]) -> None:
             cursor.execute(node_sql, params)
         return
     table = Gpu._meta.db_table
-    values = ", ".join(["(%s::bigint, %s::jsonb, %s::jsonb)"] * len(changed))
-    for pk, health, found in sorted(changed, key=lambda c: c[0]):
-        params += [pk, json.dumps(health), json.dumps(found)]
-    # only our own table names are formatted in; every value is a parameter
+    changed = sorted(changed, key=lambda c: c[0])  # in id order (unnest keeps it)
+    params += [[c[0] for c in changed], [json.dumps(c[1]) for c in changed],
+               [json.dumps(c[2]) for c in changed]]
+    # only our own table names are formatted in; every value is a parameter; one query
+    # text whatever the number of rows (psycopg parses it once)
     sql = (f"WITH beat AS ({node_sql} RETURNING id) "  # noqa: S608
            f"UPDATE {table} AS g SET last_health = v.health, findings = v.found "
-           f"FROM (VALUES {values}) AS v(id, health, found) WHERE g.id = v.id")
+           "FROM unnest(%s::bigint[], %s::jsonb[], %s::jsonb[]) AS v(id, health, found) "
+           "WHERE g.id = v.id")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 

@@ -145,7 +145,7 @@ def _serve(token: str, beat: dict[str, Any], request_id: str) -> tuple[int, dict
     keeps its connection between heartbeats; a failed one is closed (a fresh one next)."""
     reset = logs._current.set(request_id)
     try:
-        node = provider_services.node_for_token(token)
+        node = provider_services.node_for_token(token, with_user=False)
         if node is None:
             raise _Unknown
         try:
