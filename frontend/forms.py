@@ -20,12 +20,8 @@ from frontend.forms_fields import (
 )
 from frontend.forms_terms import BidTerms, term_fields
 from marketplace.api.accounts import SignupIn
-from marketplace.api.serializers import (
-    AuctionInSerializer,
-    LeaseExtendInSerializer,
-    OrderInSerializer,
-    SealedBidInSerializer,
-)
+from marketplace.api.auction_serializers import AuctionInSerializer, SealedBidInSerializer
+from marketplace.api.serializers import LeaseExtendInSerializer, OrderInSerializer
 from marketplace.api.ssh_keys import SshKeyIn
 from marketplace.book import NVLINK_GANG_OF_ONE
 from marketplace.env_templates import CUSTOM, TEMPLATES

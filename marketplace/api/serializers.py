@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from decimal import Decimal
 
-from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -18,21 +17,19 @@ from core.fields import (
     StrictIntegerField,
 )
 from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
-from marketplace import checkpoint_reports, env_templates, interconnect, selectors, telemetry
+from marketplace import checkpoint_reports, env_templates, selectors, telemetry
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
 from marketplace.book import CLIENT_ORDER_ID, NVLINK_GANG_OF_ONE, BidRequest, Placed
-from marketplace.catalog import slice_of
 from marketplace.chains import chain_body
 from marketplace.checkpoint_reports import SCHEMA as CHECKPOINTS_SCHEMA
 from marketplace.connect import connect_info
 from marketplace.errors import InvalidInput
 from marketplace.lease_notice import runner_notice
-from marketplace.models import Auction, Fill, GpuClass, Interconnect, Lease, Order, SealedBid
+from marketplace.models import Fill, Interconnect, Lease, Order
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
 from marketplace.workload_env import clean_env_and_secrets, clean_vars
-from providers.benchmarks import class_summary
 from settlement.fields import UsdField
 
 MAX_HOURS = 366 * 24
@@ -97,115 +94,6 @@ class DockerImageField(serializers.CharField):
         if len(match.group("name")) > IMAGE_NAME_MAX:
             self.fail("name_length")
         return value
-
-
-class GpuClassSerializer(serializers.ModelSerializer):
-    """A GPU class with its datasheet figures (and their source) and `benchmark`: what the
-    runners measured, the median of the latest passed results of the class's healthy GPUs
-    ({gpus, bf16_tflops, datasheet_bf16_tflops, memory_bandwidth_gbps,
-    datasheet_memory_bandwidth_gbps, measured_at, summary}; TFLOPS and GB/s as decimal
-    strings), or null when no GPU of the class has been benchmarked yet
-    (providers/benchmarks.py). A MIG slice market has `parent` (the whole GPU's slug),
-    `mig_profile` ("1g.10gb") and `slice` ({of, fraction "1/7", memory_gb, sm_count or
-    null}); a whole GPU has them null/""/null and lists its slice markets in `slices`
-    (docs/CATALOG.md)."""
-
-    reference_price = UsdField()
-    benchmark = serializers.SerializerMethodField()
-    parent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    slice = serializers.SerializerMethodField()
-    slices = serializers.SerializerMethodField()
-
-    class Meta:
-        model = GpuClass
-        fields = ["slug", "name", "memory_gb", "memory_bandwidth_gbps", "bf16_dense_tflops",
-                  "datasheet_source", "reference_price", "benchmark", "parent", "mig_profile",
-                  "slice", "slices"]
-
-    def get_slice(self, gpu_class) -> dict | None:
-        return slice_of(gpu_class)
-
-    def get_slices(self, gpu_class) -> list[str]:
-        return sorted(c.slug for c in gpu_class.slices.all())
-
-    def get_benchmark(self, gpu_class) -> dict | None:
-        benchmarked = self.context.get("benchmarked")  # the list's: 1 query, not 1 per class
-        if benchmarked is not None and gpu_class.pk not in benchmarked:
-            return None
-        score = class_summary(gpu_class)
-        return score.as_api() if score else None
-
-
-class TemplatePortSerializer(serializers.Serializer):
-    port = serializers.IntegerField()
-    role = serializers.ChoiceField(choices=env_templates.ROLES)
-
-
-class TemplateSerializer(serializers.Serializer):
-    """One environment template (env_templates.Template.as_api)."""
-
-    id = serializers.CharField()
-    title = serializers.CharField()
-    image = serializers.CharField(help_text='"" for custom: your own image')
-    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
-    ports = TemplatePortSerializer(many=True)
-    env = serializers.DictField(child=serializers.CharField())
-    min_cuda = serializers.CharField(help_text='"12.4"; "" when none')
-    needs_shell_user = serializers.BooleanField()
-    cuda_source = serializers.CharField(help_text="where min_cuda comes from")
-
-
-class TemplateListSerializer(serializers.Serializer):
-    results = TemplateSerializer(many=True)
-class MaintenanceSpanSerializer(serializers.Serializer):
-    """A maintenance window of an offer's node: it sells no time past starts_at."""
-
-    starts_at = serializers.DateTimeField()
-    ends_at = serializers.DateTimeField()
-
-
-class OfferSerializer(serializers.Serializer):
-    """A standing ask of the market, anonymous: price, GPUs offered, the node's GPUs of the
-    class and their interconnect ("NVLink full mesh", "NVLink pairs", "NVLink, partly
-    connected", "PCIe only", "NVLink, peers unknown"; empty for a lone GPU),
-    `summary` ("8 × H100 SXM 80GB, NVLink full mesh") and `maintenance`: the node's
-    announced windows not yet over."""
-
-    price = UsdField()
-    gpus = serializers.IntegerField()
-    node_gpus = serializers.IntegerField()
-    interconnect = serializers.CharField()
-    summary = serializers.CharField()
-    maintenance = MaintenanceSpanSerializer(many=True)
-    reliability = serializers.CharField(
-        allow_null=True, help_text='the node\'s 30-day reliability, "0.950" (docs/FAULTS.md); '
-                                   "null: no record yet")
-
-
-class GpuClassDetailSerializer(GpuClassSerializer):
-    """GpuClassSerializer with `offers`: the market's standing asks, cheapest first, each
-    with its node's GPUs and interconnect (OfferSerializer; marketplace/interconnect.py)."""
-
-    offers = serializers.SerializerMethodField()
-
-    class Meta(GpuClassSerializer.Meta):
-        fields = [*GpuClassSerializer.Meta.fields, "offers"]
-
-    def get_offers(self, gpu_class) -> list[dict]:
-        return OfferSerializer(interconnect.offers(gpu_class), many=True).data
-
-
-class LevelSerializer(serializers.Serializer):
-    price = UsdField()
-    gpus = serializers.IntegerField()
-
-
-class DepthSerializer(serializers.Serializer):
-    gpu_class = serializers.CharField()
-    bids = LevelSerializer(many=True)
-    asks = LevelSerializer(many=True)
-    note = serializers.CharField(help_text="why bids at or above the best ask rest "
-                                 "(selectors.crossed_note), \"\" when none does")
 
 
 def ports_field() -> serializers.ListField:
@@ -617,107 +505,6 @@ class LeaseExtendInSerializer(StrictInputSerializer):
                 {"request_id": "differs from the Idempotency-Key header; give one, or the "
                                "same in both"})
         return body or header or ""
-
-
-class AuctionInSerializer(StrictInputSerializer):
-    node = StrictIntegerField(min_value=1)
-    gpu_class = StrictCharField(required=False, max_length=40)
-    gpus = StrictIntegerField(min_value=1, max_value=4096)
-    reserve_price = UsdField()
-    hours = StrictIntegerField(min_value=1, max_value=MAX_HOURS, required=False)
-    duration_seconds = StrictIntegerField(min_value=1, max_value=MAX_HOURS * 3600,
-                                          required=False)
-    rule = serializers.ChoiceField(choices=Auction.Rule.choices, default="second_price")
-    opens_at = serializers.DateTimeField(required=False)
-    closes_at = serializers.DateTimeField()
-
-    def validate(self, attrs):
-        return resolve_duration(super().validate(attrs))
-
-
-class AuctionSerializer(serializers.ModelSerializer):
-    """The public view: bid count and time left before close; anonymous awards after
-    close. Never a sealed bid's price or quantity before close, nor a bidder, ever."""
-
-    gpu_class = serializers.SlugRelatedField(source="market", slug_field="slug", read_only=True)
-    reserve_price = UsdField()
-    clearing_price = UsdField(positive=False, allow_null=True)  # null until it closes
-    bid_count = serializers.SerializerMethodField()
-    seconds_left = serializers.SerializerMethodField()
-    awards = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Auction
-        fields = ["id", "status", "gpu_class", "node", "gpus", "reserve_price", "rule",
-                  "duration_seconds", "opens_at", "closes_at", "bid_count", "seconds_left",
-                  "clearing_price", "awards", "closed_at"]
-
-    def get_bid_count(self, auction) -> int:
-        return selectors.bid_count(auction)
-
-    def get_seconds_left(self, auction) -> int:
-        if auction.status != Auction.Status.OPEN:
-            return 0
-        return max(0, int((auction.closes_at - timezone.now()).total_seconds()))
-
-    def get_awards(self, auction) -> list[dict]:
-        """[{gpus, price}] after close, anonymous (no bid, no bidder; as the feed and the
-        pages): a winner sees its own award at /sealed-bids/."""
-        if auction.status != Auction.Status.CLOSED:
-            return []
-        return [
-            {"gpus": gpus, "price": UsdField().to_representation(price)}
-            for gpus, price in selectors.awards(auction)
-            .order_by("-paid_price", "pk").values_list("awarded_gpus", "paid_price")
-        ]
-
-
-class SealedBidInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
-    """A sealed bid: price, gpus, min_gpus; the container as for a bid (image, command,
-    ports, and TemplateFields)."""
-
-    price = UsdField()
-    gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
-    min_gpus = StrictIntegerField(min_value=1, max_value=4096, required=False)
-    image = DockerImageField(required=False, allow_blank=True, default="")
-    command = serializers.ListField(child=StrictCharField(max_length=1000), required=False,
-                                    allow_null=True, max_length=64, default=None,
-                                    help_text=COMMAND_HELP)
-    ports = ports_field()
-    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
-
-    def validate(self, attrs):
-        return self.resolve_template(super().validate(attrs))
-
-
-class SealedBidSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSerializer):
-    """A bidder's own view of its sealed bid (its secrets by name only). `lease`: the id of
-    the lease it won, null before or without one; `replaced`: in the answer to placing it,
-    the id of your earlier bid on this auction that it replaced (withdrawn, its hold
-    released); null otherwise."""
-
-    price = UsdField()
-    paid_price = UsdField(positive=False)
-    secret_names = secret_names_field()
-    replaced = serializers.SerializerMethodField()
-    lease = serializers.SerializerMethodField()
-    checkpoint = serializers.SerializerMethodField()
-
-    def get_replaced(self, obj) -> int | None:
-        return getattr(obj, "replaced_bid_id", None)
-
-    def get_lease(self, bid) -> int | None:
-        try:
-            return bid.lease.pk
-        except ObjectDoesNotExist:
-            return None
-
-    class Meta:
-        model = SealedBid
-        fields = ["id", "auction", "status", "price", "gpus", "min_gpus", "awarded_gpus",
-                  "paid_price", "lease", "image", "command", "ports", *TEMPLATE_TERMS,
-                  "secret_names", "checkpoint", "interconnect", *FAILOVER_TERMS, "created_at",
-                  "replaced"]
 
 
 _templates = threading.local()

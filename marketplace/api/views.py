@@ -11,6 +11,8 @@ from rest_framework.views import APIView
 
 from core.pagination import Pagination, paginated
 from marketplace import auctions, book, env_templates, lease_control, selectors
+from marketplace.api import auction_serializers as sa
+from marketplace.api import market_serializers as sm
 from marketplace.api import serializers as s
 from marketplace.errors import InvalidInput, NotFound
 from marketplace.models import Auction, Fill, GpuClass, Lease, Order, OrderEvent
@@ -30,7 +32,7 @@ class GpuClassList(generics.ListAPIView):
 
     permission_classes = [permissions.AllowAny]
     pagination_class = Pagination
-    serializer_class = s.GpuClassSerializer
+    serializer_class = sm.GpuClassSerializer
     queryset = (GpuClass.objects.select_related("parent").prefetch_related("slices")
                 .alias(is_slice=ExpressionWrapper(Q(parent__isnull=False),
                                                   output_field=BooleanField()))
@@ -49,7 +51,7 @@ class GpuClassDetail(generics.RetrieveAPIView):
     standing asks with each node's GPUs and interconnect (`offers`)."""
 
     permission_classes = [permissions.AllowAny]
-    serializer_class = s.GpuClassDetailSerializer
+    serializer_class = sm.GpuClassDetailSerializer
     queryset = GpuClass.objects.select_related("parent").prefetch_related("slices")
     lookup_field = "slug"
 
@@ -59,7 +61,7 @@ class OrderBookDepth(APIView):
 
     permission_classes = [permissions.AllowAny]
 
-    @extend_schema(responses=s.DepthSerializer)
+    @extend_schema(responses=sm.DepthSerializer)
     def get(self, request, slug: str):
         market = get_object_or_404(GpuClass, slug=slug)
         bids, asks = book.depth(market)
@@ -68,7 +70,7 @@ class OrderBookDepth(APIView):
                 "bids": [{"price": p, "gpus": q} for p, q in bids],
                 "asks": [{"price": p, "gpus": q} for p, q in asks],
                 "note": selectors.crossed_note(market.pk, asks[0][0]) if crossed else ""}
-        return Response(s.DepthSerializer(data).data)
+        return Response(sm.DepthSerializer(data).data)
 
 
 class TemplateList(APIView):
@@ -78,7 +80,7 @@ class TemplateList(APIView):
 
     permission_classes = [permissions.AllowAny]
 
-    @extend_schema(responses=s.TemplateListSerializer)
+    @extend_schema(responses=sm.TemplateListSerializer)
     def get(self, request):
         return Response({"results": [t.as_api() for t in env_templates.templates().values()]})
 
@@ -185,14 +187,14 @@ class AuctionListCreate(APIView):
             return [permissions.AllowAny()]
         return super().get_permissions()
 
-    @extend_schema(responses=s.AuctionSerializer(many=True))
+    @extend_schema(responses=sa.AuctionSerializer(many=True))
     def get(self, request):
         qs = Auction.objects.select_related("market").order_by("-pk")
-        return paginated(self, request, qs, s.AuctionSerializer)
+        return paginated(self, request, qs, sa.AuctionSerializer)
 
-    @extend_schema(request=s.AuctionInSerializer, responses={201: s.AuctionSerializer})
+    @extend_schema(request=sa.AuctionInSerializer, responses={201: sa.AuctionSerializer})
     def post(self, request):
-        data = s.AuctionInSerializer(data=request.data)
+        data = sa.AuctionInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
         own_node(request, v["node"])
@@ -202,21 +204,21 @@ class AuctionListCreate(APIView):
             closes_at=v["closes_at"], opens_at=v.get("opens_at"), rule=v["rule"],
             market_slug=v.get("gpu_class"),
         )
-        return Response(s.AuctionSerializer(auction).data, status=201)
+        return Response(sa.AuctionSerializer(auction).data, status=201)
 
 
 class AuctionDetail(generics.RetrieveAPIView):
     permission_classes = [permissions.AllowAny]
-    serializer_class = s.AuctionSerializer
+    serializer_class = sa.AuctionSerializer
     queryset = Auction.objects.all()
 
 
 class SealedBidCreate(APIView):
     """Place or replace your sealed bid on an auction (`replaced`: the earlier bid's id)."""
 
-    @extend_schema(request=s.SealedBidInSerializer, responses={201: s.SealedBidSerializer})
+    @extend_schema(request=sa.SealedBidInSerializer, responses={201: sa.SealedBidSerializer})
     def post(self, request, pk: int):
-        data = s.SealedBidInSerializer(data=request.data)
+        data = sa.SealedBidInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
         bid = auctions.place_sealed_bid(
@@ -227,24 +229,24 @@ class SealedBidCreate(APIView):
             failover=v.get("failover") is not False, min_reliability=v.get("min_reliability"),
             **{name: v[name] for name in s.TEMPLATE_TERMS},
         )
-        return Response(s.SealedBidSerializer(bid).data, status=201)
+        return Response(sa.SealedBidSerializer(bid).data, status=201)
 
 
 class MySealedBids(generics.ListAPIView):
     """Your own sealed bids (nobody else's, ever)."""
 
     pagination_class = Pagination
-    serializer_class = s.SealedBidSerializer
+    serializer_class = sa.SealedBidSerializer
 
     def get_queryset(self):
         return selectors.own_bids(self.request.user.pk).select_related("lease").order_by("-pk")
 
 
 class SealedBidWithdraw(APIView):
-    @extend_schema(request=None, responses=s.SealedBidSerializer)
+    @extend_schema(request=None, responses=sa.SealedBidSerializer)
     def post(self, request, pk: int):
         bid = auctions.withdraw_sealed_bid(bidder_id=request.user.pk, bid_id=pk)
-        return Response(s.SealedBidSerializer(bid).data)
+        return Response(sa.SealedBidSerializer(bid).data)
 
 
 def _my_leases(user):

@@ -270,7 +270,8 @@ def test_every_operation_documents_its_answer_body_and_takes_json_only():
 
 LISTS = ["/api/v1/gpu-classes/", "/api/v1/fills/", "/api/v1/orders/", "/api/v1/auctions/",
          "/api/v1/sealed-bids/", "/api/v1/leases/", "/api/v1/nodes/", "/api/v1/payouts/",
-         "/api/v1/ledger/entries/", "/api/v1/auth/tokens/", "/api/v1/wallet/history/"]
+         "/api/v1/ledger/entries/", "/api/v1/auth/tokens/", "/api/v1/wallet/history/",
+         "/api/v1/webhooks/", "/api/v1/alert-rules/"]
 # lists under one of your objects: their pages are tested with their package
 # (tests/webhooks/test_api.py)
 LISTS_UNDER_AN_ID = ["/api/v1/webhooks/{id}/deliveries/"]
