@@ -60,8 +60,10 @@ def server_env(database_url: str) -> dict[str, str]:
             "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
 
 
-def set_up_market(n_buyers: int) -> list[str]:
-    """Provider, node with 8 H100s, a standing ask; funded buyers. Returns their tokens."""
+def set_up_market(n_buyers: int, resting: int = 0, seed: int = 1) -> list[str]:
+    """Provider, node with 8 H100s (heartbeating), a standing ask; funded buyers; then
+    `resting` bids resting below the ask (book.place_bids, in groups). Returns the
+    buyers' tokens."""
     from datetime import timedelta
 
     import django
@@ -85,6 +87,7 @@ def set_up_market(n_buyers: int) -> list[str]:
         node=node, hostname="bench-node", driver_version=inv.driver_version,
         cuda_version=inv.cuda_version, runner_version="bench", source="simulate",
         gpus=[g.as_protocol() for g in inv.gpus])
+    provider_services.heartbeat_record(node=node, runtime="docker", gpus=[])  # asks need it
     book.place_ask(provider_id=owner.pk, node_id=node.pk, market_slug=None,
                    price=2_490_000, gpus=8, available_until=timezone.now() + timedelta(days=2))
     tokens = []
@@ -92,7 +95,32 @@ def set_up_market(n_buyers: int) -> list[str]:
         user = User.objects.create(username=f"bench-buyer-{i}", password="!")
         ledger.dev_credit(user_id=user.pk, amount=10**12)
         tokens.append(api_tokens.issue(user=user, name="bench").key)
+    buyers = list(User.objects.filter(username__startswith="bench-buyer-")
+                  .order_by("pk").values_list("pk", flat=True))
+    place_resting(resting, buyers, seed)
     return tokens
+
+
+def place_resting(n: int, buyer_ids: list[int], seed: int, group: int = 2000) -> None:
+    """`n` GTC bids (1–2 GPUs, 1 hour) resting below the ask: prices seeded normal around
+    2.10 (sigma 0.15), at most 2.48 — through book.place_bids, each with its hold, its
+    journal entry and its event, `group` bids per transaction."""
+    if n <= 0:
+        return
+    from marketplace import book
+
+    rng = random.Random(seed + 1000)
+    t0 = time.perf_counter()
+    for start in range(0, n, group):
+        requests = [book.BidRequest(
+            buyer_id=buyer_ids[i % len(buyer_ids)], market_slug="h100-sxm-80gb",
+            price=min(248, max(1, round(rng.gauss(2.10, 0.15) * 100))) * 10_000,
+            gpus=rng.choice((1, 2)), duration_seconds=3600)
+            for i in range(start, min(n, start + group))]
+        for r in book.place_bids(requests):
+            if isinstance(r, Exception):
+                raise SystemExit(f"a resting bid was refused: {r!r}")
+    print(f"{n:,} resting bids placed in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 async def wait_until_up(base: str, timeout: float = 30.0) -> None:
@@ -205,6 +233,8 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--resting", type=int, default=0,
+                    help="bids resting in the market before the run (the book at depth)")
     ap.add_argument("--httpx", action="store_true",
                     help="drive with httpx instead of the minimal raw HTTP/1.1 client")
     ap.add_argument("--app", default="marketplace.asgi:application",
@@ -216,7 +246,7 @@ def main() -> None:
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
-    tokens = set_up_market(args.buyers)
+    tokens = set_up_market(args.buyers, args.resting, args.seed)
     from django.db import connections
 
     connections.close_all()
@@ -239,7 +269,8 @@ def main() -> None:
     print(f"python {platform.python_version()} ({platform.python_implementation()}), "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (1 min, at the "
           f"end); uvicorn workers {args.workers}, clients "
-          f"{args.concurrency}, buyers {args.buyers}, database {args.db}")
+          f"{args.concurrency}, buyers {args.buyers}, resting {args.resting:,}, "
+          f"database {args.db}")
     print(f"orders {len(ms)} in {elapsed:.2f} s: {len(ms) / elapsed:,.0f} orders/s; "
           f"p50 {pct(ms, 50):.1f} ms, p99 {pct(ms, 99):.1f} ms, max {ms[-1]:.1f} ms; "
           f"status {dict(sorted(codes.items()))}")

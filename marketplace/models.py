@@ -213,7 +213,13 @@ class Order(StateMachine):
                    models.Index(fields=["market", "available_until"],
                                 name="order_active_window",
                                 condition=Q(status__in=["open", "partially_filled"],
-                                            side="ask"))]
+                                            side="ask")),
+                   # book.depth: the levels nearest the spread read from the index alone
+                   # (docs/MATCHING.md, "Depth")
+                   models.Index(fields=["market", "side", "price"], name="order_book_depth",
+                                include=["remaining_gpus", "expires_at", "available_until"],
+                                condition=Q(status__in=["open", "partially_filled"],
+                                            remaining_gpus__gt=0))]
 
     def __str__(self) -> str:
         return f"{self.side} #{self.pk} {self.market_id} {self.gpus}×{self.price}"
