@@ -30,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,6 +58,7 @@ def server_env(database_url: str) -> dict[str, str]:
             "SECRET_KEY": "bench-only-not-a-secret", "LOG_LEVEL": "WARNING",
             "GPUMARKET_SECRETS_KEY": BENCH_SECRETS_KEY,
             "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
+            "GPUMARKET_METRICS_ALLOW": "127.0.0.1/32",  # the report reads /metrics
             "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
 
 
@@ -123,7 +125,53 @@ def place_resting(n: int, buyer_ids: list[int], seed: int, group: int = 2000) ->
     print(f"{n:,} resting bids placed in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-async def wait_until_up(base: str, timeout: float = 30.0) -> None:
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (Linux /proc), seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(pid: int) -> list[int]:
+    """The uvicorn process and its workers."""
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _ppid(int(p.name)) == pid]
+    return [pid, *children]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def backend_pids(pg: str, db: str) -> list[int]:
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [db])]
+
+
+def scrape(base: str) -> dict[str, float]:
+    """The server's book loads and bid groups from /metrics (summed over labels)."""
+    wanted = ("gpumarket_book_loads_total", "gpumarket_bid_group_size_sum",
+              "gpumarket_bid_group_size_count")
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        for name in wanted:
+            if line.startswith(name):
+                key = name if "{" not in line else line.split(" ")[0]
+                found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def wait_until_up(base: str, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as client:
         while time.monotonic() < deadline:
@@ -252,15 +300,24 @@ def main() -> None:
     connections.close_all()
 
     base = f"http://127.0.0.1:{args.port}"
+    # the server's own metrics (the set-up's bids are not counted in its report)
+    env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-metrics-")}
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", args.app, "--host",
          "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
          "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)
     try:
+        t0 = time.perf_counter()
         asyncio.run(wait_until_up(base))
+        up = time.perf_counter() - t0
+        pids = server_pids(server.pid)
+        cpu0 = cpu_seconds(pids)
         latencies, codes, elapsed = asyncio.run(drive(
             base, tokens, orders=args.orders, concurrency=args.concurrency,
             seconds=args.seconds, seed=args.seed, use_httpx=args.httpx))
+        server_cpu = cpu_seconds(pids) - cpu0
+        pg_cpu = cpu_seconds(backend_pids(args.pg, args.db))
+        loads = scrape(base)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -274,6 +331,19 @@ def main() -> None:
     print(f"orders {len(ms)} in {elapsed:.2f} s: {len(ms) / elapsed:,.0f} orders/s; "
           f"p50 {pct(ms, 50):.1f} ms, p99 {pct(ms, 99):.1f} ms, max {ms[-1]:.1f} ms; "
           f"status {dict(sorted(codes.items()))}")
+    n = max(len(ms), 1)
+    groups = loads.pop("gpumarket_bid_group_size_count", 0)
+    size = loads.pop("gpumarket_bid_group_size_sum", 0) / groups if groups else 0
+    print(f"server up (warm-up included) {up:.1f} s; CPU per order: server "
+          f"{server_cpu * 1000 / n:.2f} ms, PostgreSQL backends {pg_cpu * 1000 / n:.2f} ms "
+          f"(their whole life); bid groups {groups:.0f}, {size:.1f} bids each; book loads "
+          + ", ".join(f"{_label(k)}: {v:.0f}" for k, v in sorted(loads.items())
+                      if "how=" in k))
+
+
+def _label(sample: str) -> str:
+    """'name{how="hit"}' → 'hit'."""
+    return sample.split('how="', 1)[1].split('"', 1)[0]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """ASGI entry point: HTTP through Django (a bid placed with an API token first through
 the bid batcher, marketplace/api/bid_batcher.py); websockets through Channels (the
 live feed, frontend/routing.py): session authentication, an Origin in ALLOWED_HOSTS, and
-no credential in the URL (frontend/ws_auth.py)."""
+no credential in the URL (frontend/ws_auth.py). The lifespan's startup fills the book
+cache before the process serves (marketplace/lifespan.py)."""
 
 import os
 
@@ -17,10 +18,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from frontend.routing import websocket_urlpatterns  # noqa: E402
 from frontend.ws_auth import RefuseCredentialsInUrl  # noqa: E402
 from marketplace.api.bid_batcher import BidFastPath  # noqa: E402
+from marketplace.lifespan import lifespan  # noqa: E402
 
 application = ProtocolTypeRouter({
     # token-authenticated bids go to the batcher (group commit); the rest to Django
     "http": BidFastPath(django_asgi_app),
+    "lifespan": lifespan,
     "websocket": AllowedHostsOriginValidator(RefuseCredentialsInUrl(
         AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

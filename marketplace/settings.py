@@ -31,6 +31,8 @@ Variables (default in brackets):
   (a registry mirror, or `pytorch-jupyter=gpumarket/jupyter:local` on a site with no
   registry), as a JSON object or id=image,id=image; an unknown id, `custom` or a bad
   image reference stops the start (marketplace/template_images.py).
+- GPUMARKET_BOOK_WARM_UP [1]: load every market's book into the web process's cache at
+  startup (marketplace/lifespan.py)
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
@@ -478,6 +480,7 @@ GPUMARKET_API_TOKEN_TOUCH_SECONDS = env.int("GPUMARKET_API_TOKEN_TOUCH_SECONDS",
 GPUMARKET_WS_TICKET_SECONDS = env.int("GPUMARKET_WS_TICKET_SECONDS", default=30)
 if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
     raise ImproperlyConfigured("GPUMARKET_WS_TICKET_SECONDS must be between 1 and 300")
+GPUMARKET_BOOK_WARM_UP = env.bool("GPUMARKET_BOOK_WARM_UP", default=True)
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
