@@ -254,10 +254,10 @@ def multiproc_dir() -> Path:
 
 def timed_group(write):
     """Decorate book._write_bids(market_id, items, now): its duration and group size."""
-    def wrapper(market_id, items, now):
+    def wrapper(market_id, items, now, *args, **kwargs):
         BID_GROUP_SIZE.observe(len(items))
         with BID_GROUP.time():
-            return write(market_id, items, now)
+            return write(market_id, items, now, *args, **kwargs)
     wrapper.__wrapped__, wrapper.__doc__, wrapper.__name__ = write, write.__doc__, write.__name__
     return wrapper
 

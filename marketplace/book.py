@@ -306,8 +306,8 @@ def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
     return result
 
 
-def place_bids(requests: list[BidRequest], *,
-               now: datetime | None = None) -> list[Placed | Exception]:
+def place_bids(requests: list[BidRequest], *, now: datetime | None = None,
+               fence: locking.Fence | None = None) -> list[Placed | Exception]:
     """Place several bids, each exactly as place_bid would, as if one after the other in
     the order given — but with one transaction, one market lock and a fixed number of
     statements per market for all of them (group commit: the API's order endpoint gathers
@@ -319,6 +319,10 @@ def place_bids(requests: list[BidRequest], *,
     again alone, so that error belongs to the bid that causes it only. A client_order_id
     that appears twice in one call (same buyer) is placed once; the second answers as a
     replay of the first.
+
+    fence: a bid queue consumer's claim (marketplace/api/bid_queue.py): each transaction
+    also records the last position of the group it commits (locking.claim_fence), and
+    raises locking.Fenced, writing nothing, once a later consumer took over.
     """
     now = now or timezone.now()
     results: list[Placed | Exception | None] = [None] * len(requests)
@@ -360,7 +364,8 @@ def place_bids(requests: list[BidRequest], *,
             continue
         groups.setdefault(market.pk, []).append((i, r, hold_amount))
     for market_id, items in groups.items():
-        for (i, _, _), result in zip(items, _place_group(market_id, items, now), strict=True):
+        for (i, _, _), result in zip(items, _place_group(market_id, items, now, fence),
+                                     strict=True):
             results[i] = result
     metrics.order_outcomes("bid", results)  # (the repeated ones count in the call below)
     if again:
@@ -417,20 +422,25 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
 
 
 def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
-                 now: datetime) -> list[Placed | Exception]:
+                 now: datetime, fence: locking.Fence | None = None
+                 ) -> list[Placed | Exception]:
     """One market's bids in one transaction; alone again when the group fails."""
+    through = max(fence.positions[i] for i, _, _ in items) if fence else None
     try:
         with locking.tracked(market_id), transaction.atomic():
-            return _write_bids(market_id, [(r, amount) for _, r, amount in items], now)
+            return _write_bids(market_id, [(r, amount) for _, r, amount in items], now,
+                               fence, through)
     except _Regroup:
-        return [_place_group(market_id, [item], now)[0] for item in items]
+        return [_place_group(market_id, [item], now, fence)[0] for item in items]
     except MarketBusy as exc:  # every bid of the group waited: none is placed
         return [exc] * len(items)
+    except locking.Fenced:
+        raise
     except Exception as exc:
         if len(items) > 1:
             log.warning("a group of %d bids failed (%r); placing them one by one",
                         len(items), exc)
-            return [_place_group(market_id, [item], now)[0] for item in items]
+            return [_place_group(market_id, [item], now, fence)[0] for item in items]
         r = items[0][1]
         # the same client_order_id raced in from another request (possibly another
         # market): that one committed first and stands
@@ -445,12 +455,15 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
 
 
 @metrics.timed_group
-def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
-                now: datetime) -> list[Placed | Exception]:
+def _write_bids(market_id: int, items: list[tuple[BidRequest, int]], now: datetime,
+                fence: locking.Fence | None = None,
+                through: int | None = None) -> list[Placed | Exception]:
     """Under the market lock: insert the orders (of bids _check_bid passed), hold their
     cost (one statement each for all of them), then match them one by one in the given
-    order."""
+    order. With a `fence`, first record the group committed `through` that position."""
     market = locking.lock_market(market_id)
+    if fence is not None:
+        locking.claim_fence(market.pk, fence, through)
     anything_due, victims_possible = _group_flags(market.pk, now)
     if anything_due:
         matching.expire_due(market, now)

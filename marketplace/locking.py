@@ -100,6 +100,52 @@ def lock_market(market_id: int) -> GpuClass:
     return market
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A bid queue consumer's claim on a market (marketplace/api/bid_queue.py): its
+    fencing token, the id of the group it places, and each request's position in that
+    group."""
+
+    token: int
+    group: str
+    positions: list[int]
+
+
+class Fenced(Exception):
+    """A consumer with a later fencing token took the market's queue over: this one's
+    transaction is rolled back, nothing of it written."""
+
+
+def claim_fence(market_id: int, fence: Fence, through: int) -> None:
+    """Under the market lock: record that `fence`'s group is committed through position
+    `through` with this transaction, or raise Fenced when a later token wrote first."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute('UPDATE "marketplace_gpuclass" SET "bid_queue_fence" = %s, '
+                       '"bid_queue_group" = %s, "bid_queue_done" = %s '
+                       'WHERE "id" = %s AND "bid_queue_fence" <= %s',
+                       [fence.token, fence.group, through, market_id, fence.token])
+        if cursor.rowcount != 1:
+            raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
+
+
+def take_over(market_id: int, token: int) -> tuple[str, int]:
+    """Raise the market's fence to `token` (waiting for a writer that holds the market
+    lock: the same row) and return (group, last position committed) of the group written
+    last. From then on an earlier token's transaction raises Fenced. Autocommit (its own
+    statement); takes no market lock, so no book cache is invalidated."""
+    with transaction.atomic():
+        _bound_lock_wait()
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute('UPDATE "marketplace_gpuclass" SET "bid_queue_fence" = %s '
+                           'WHERE "id" = %s AND "bid_queue_fence" <= %s '
+                           'RETURNING "bid_queue_group", "bid_queue_done"',
+                           [token, market_id, token])
+            row = cursor.fetchone()
+    if row is None:
+        raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
+    return row[0], row[1]
+
+
 def _bound_lock_wait() -> None:
     """SET LOCAL lock_timeout for this transaction (PostgreSQL; 0 in the setting: none)."""
     ms = settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS

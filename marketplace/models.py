@@ -50,6 +50,13 @@ class GpuClass(models.Model):
     book_version = models.BigIntegerField(default=0, editable=False)
     book_rebuild_version = models.BigIntegerField(default=0, editable=False)
     book_epoch = models.UUIDField(default=uuid.uuid4, editable=False)
+    # the market's bid queue (marketplace/api/bid_queue.py, GPUMARKET_BID_QUEUE=redis):
+    # the fencing token of the consumer that last wrote under the lock, the group it
+    # placed and the last position of that group committed (a consumer that takes over
+    # a dead one's group places only what is not committed; a fenced-off one writes none)
+    bid_queue_fence = models.BigIntegerField(default=0, editable=False)
+    bid_queue_group = models.CharField(max_length=32, blank=True, default="", editable=False)
+    bid_queue_done = models.IntegerField(default=-1, editable=False)
 
     class Meta:
         ordering = ["slug"]
