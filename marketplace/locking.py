@@ -71,19 +71,22 @@ _LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" 
 
 
 @metrics.LOCK_WAIT.time()
-def lock_market(market_id: int) -> GpuClass:
+def lock_market(market_id: int, *, orders_unchanged: bool = False) -> GpuClass:
     """Take the order book's single-writer lock for the rest of the transaction (the row
     lock of an UPDATE of the GPU class row, which bumps its book_version).
 
     Called by anyone but book.py's own writers it also marks the in-process book
-    caches stale (book_rebuild_version): such a caller may change orders directly.
+    caches stale (book_rebuild_version): such a caller may change orders directly —
+    unless it says it changes no order row (`orders_unchanged`: the sealed auctions),
+    when every process's cached book stays valid (a deep book is not rebuilt for it).
     Waits at most GPUMARKET_MARKET_LOCK_TIMEOUT_MS (PostgreSQL's lock_timeout, for the
     rest of the transaction), then raises MarketBusy (the API's 503)."""
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("lock_market needs a transaction (atomic block)")
     w = getattr(_local, "writer", None)
     tracked = w is not None and w.market_id == market_id and w.version is None
-    sql = _LOCK_SQL.format("" if tracked else ', "book_rebuild_version" = "book_version" + 1')
+    sql = _LOCK_SQL.format("" if tracked or orders_unchanged
+                           else ', "book_rebuild_version" = "book_version" + 1')
     _bound_lock_wait()
     try:
         rows = list(GpuClass.objects.raw(sql, [market_id]))
