@@ -30,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,11 +58,14 @@ def server_env(database_url: str) -> dict[str, str]:
             "SECRET_KEY": "bench-only-not-a-secret", "LOG_LEVEL": "WARNING",
             "GPUMARKET_SECRETS_KEY": BENCH_SECRETS_KEY,
             "GPUMARKET_SSL_REDIRECT": "0",  # plain http on 127.0.0.1
+            "GPUMARKET_METRICS_ALLOW": "127.0.0.1/32",  # the report reads /metrics
             "DJANGO_SETTINGS_MODULE": "marketplace.settings"}
 
 
-def set_up_market(n_buyers: int) -> list[str]:
-    """Provider, node with 8 H100s, a standing ask; funded buyers. Returns their tokens."""
+def set_up_market(n_buyers: int, resting: int = 0, seed: int = 1) -> list[str]:
+    """Provider, node with 8 H100s (heartbeating), a standing ask; funded buyers; then
+    `resting` bids resting below the ask (book.place_bids, in groups). Returns the
+    buyers' tokens."""
     from datetime import timedelta
 
     import django
@@ -85,6 +89,7 @@ def set_up_market(n_buyers: int) -> list[str]:
         node=node, hostname="bench-node", driver_version=inv.driver_version,
         cuda_version=inv.cuda_version, runner_version="bench", source="simulate",
         gpus=[g.as_protocol() for g in inv.gpus])
+    provider_services.heartbeat_record(node=node, runtime="docker", gpus=[])  # asks need it
     book.place_ask(provider_id=owner.pk, node_id=node.pk, market_slug=None,
                    price=2_490_000, gpus=8, available_until=timezone.now() + timedelta(days=2))
     tokens = []
@@ -92,10 +97,81 @@ def set_up_market(n_buyers: int) -> list[str]:
         user = User.objects.create(username=f"bench-buyer-{i}", password="!")
         ledger.dev_credit(user_id=user.pk, amount=10**12)
         tokens.append(api_tokens.issue(user=user, name="bench").key)
+    buyers = list(User.objects.filter(username__startswith="bench-buyer-")
+                  .order_by("pk").values_list("pk", flat=True))
+    place_resting(resting, buyers, seed)
     return tokens
 
 
-async def wait_until_up(base: str, timeout: float = 30.0) -> None:
+def place_resting(n: int, buyer_ids: list[int], seed: int, group: int = 2000) -> None:
+    """`n` GTC bids (1–2 GPUs, 1 hour) resting below the ask: prices seeded normal around
+    2.10 (sigma 0.15), at most 2.48 — through book.place_bids, each with its hold, its
+    journal entry and its event, `group` bids per transaction."""
+    if n <= 0:
+        return
+    from marketplace import book
+
+    rng = random.Random(seed + 1000)
+    t0 = time.perf_counter()
+    for start in range(0, n, group):
+        requests = [book.BidRequest(
+            buyer_id=buyer_ids[i % len(buyer_ids)], market_slug="h100-sxm-80gb",
+            price=min(248, max(1, round(rng.gauss(2.10, 0.15) * 100))) * 10_000,
+            gpus=rng.choice((1, 2)), duration_seconds=3600)
+            for i in range(start, min(n, start + group))]
+        for r in book.place_bids(requests):
+            if isinstance(r, Exception):
+                raise SystemExit(f"a resting bid was refused: {r!r}")
+    print(f"{n:,} resting bids placed in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (Linux /proc), seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(pid: int) -> list[int]:
+    """The uvicorn process and its workers."""
+    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _ppid(int(p.name)) == pid]
+    return [pid, *children]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def backend_pids(pg: str, db: str) -> list[int]:
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [db])]
+
+
+def scrape(base: str) -> dict[str, float]:
+    """The server's book loads and bid groups from /metrics (summed over labels)."""
+    wanted = ("gpumarket_book_loads_total", "gpumarket_bid_group_size_sum",
+              "gpumarket_bid_group_size_count")
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        for name in wanted:
+            if line.startswith(name):
+                key = name if "{" not in line else line.split(" ")[0]
+                found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def wait_until_up(base: str, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as client:
         while time.monotonic() < deadline:
@@ -205,6 +281,8 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--resting", type=int, default=0,
+                    help="bids resting in the market before the run (the book at depth)")
     ap.add_argument("--httpx", action="store_true",
                     help="drive with httpx instead of the minimal raw HTTP/1.1 client")
     ap.add_argument("--app", default="marketplace.asgi:application",
@@ -216,21 +294,30 @@ def main() -> None:
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
-    tokens = set_up_market(args.buyers)
+    tokens = set_up_market(args.buyers, args.resting, args.seed)
     from django.db import connections
 
     connections.close_all()
 
     base = f"http://127.0.0.1:{args.port}"
+    # the server's own metrics (the set-up's bids are not counted in its report)
+    env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-metrics-")}
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", args.app, "--host",
          "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
          "--no-access-log", "--log-level", "warning"], cwd=ROOT, env=env)
     try:
+        t0 = time.perf_counter()
         asyncio.run(wait_until_up(base))
+        up = time.perf_counter() - t0
+        pids = server_pids(server.pid)
+        cpu0 = cpu_seconds(pids)
         latencies, codes, elapsed = asyncio.run(drive(
             base, tokens, orders=args.orders, concurrency=args.concurrency,
             seconds=args.seconds, seed=args.seed, use_httpx=args.httpx))
+        server_cpu = cpu_seconds(pids) - cpu0
+        pg_cpu = cpu_seconds(backend_pids(args.pg, args.db))
+        loads = scrape(base)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -239,10 +326,24 @@ def main() -> None:
     print(f"python {platform.python_version()} ({platform.python_implementation()}), "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (1 min, at the "
           f"end); uvicorn workers {args.workers}, clients "
-          f"{args.concurrency}, buyers {args.buyers}, database {args.db}")
+          f"{args.concurrency}, buyers {args.buyers}, resting {args.resting:,}, "
+          f"database {args.db}")
     print(f"orders {len(ms)} in {elapsed:.2f} s: {len(ms) / elapsed:,.0f} orders/s; "
           f"p50 {pct(ms, 50):.1f} ms, p99 {pct(ms, 99):.1f} ms, max {ms[-1]:.1f} ms; "
           f"status {dict(sorted(codes.items()))}")
+    n = max(len(ms), 1)
+    groups = loads.pop("gpumarket_bid_group_size_count", 0)
+    size = loads.pop("gpumarket_bid_group_size_sum", 0) / groups if groups else 0
+    print(f"server up (warm-up included) {up:.1f} s; CPU per order: server "
+          f"{server_cpu * 1000 / n:.2f} ms, PostgreSQL backends {pg_cpu * 1000 / n:.2f} ms "
+          f"(their whole life); bid groups {groups:.0f}, {size:.1f} bids each; book loads "
+          + ", ".join(f"{_label(k)}: {v:.0f}" for k, v in sorted(loads.items())
+                      if "how=" in k))
+
+
+def _label(sample: str) -> str:
+    """'name{how="hit"}' → 'hit'."""
+    return sample.split('how="', 1)[1].split('"', 1)[0]
 
 
 if __name__ == "__main__":

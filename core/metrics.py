@@ -60,6 +60,10 @@ BID_GROUP_SIZE = Histogram("gpumarket_bid_group_size", "Bids per group transacti
                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 LOCK_WAIT = Histogram("gpumarket_market_lock_wait_seconds",
                       "Wait for a market's single-writer lock", buckets=FAST)
+BOOK_LOADS = Counter("gpumarket_book_loads_total",
+                     "Order books a market's writer got from the process cache (hit, "
+                     "caught_up), rebuilt from the database (rebuilt), or loaded before "
+                     "serving (warmed)", ["how"])
 LEASE_STARTS = Counter("gpumarket_lease_starts_total", "Leases the runner reported running",
                        ["market"])
 HANDOFF = Histogram("gpumarket_lease_handoff_seconds",
@@ -250,10 +254,10 @@ def multiproc_dir() -> Path:
 
 def timed_group(write):
     """Decorate book._write_bids(market_id, items, now): its duration and group size."""
-    def wrapper(market_id, items, now):
+    def wrapper(market_id, items, now, *args, **kwargs):
         BID_GROUP_SIZE.observe(len(items))
         with BID_GROUP.time():
-            return write(market_id, items, now)
+            return write(market_id, items, now, *args, **kwargs)
     wrapper.__wrapped__, wrapper.__doc__, wrapper.__name__ = write, write.__doc__, write.__name__
     return wrapper
 

@@ -82,14 +82,20 @@ def authenticate(key: str, *, now: datetime | None = None) -> ApiToken:
 def user_ids(keys: set[str], *, now: datetime | None = None) -> dict[str, int]:
     """{key: user id} for those of `keys` that are valid tokens of active users (the bid
     batcher's group lookup: one query for the whole group). Refused keys are left out."""
-    now = now or timezone.now()
     by_hash = {hash_key(k): k for k in keys}
-    rows = (ApiToken.objects.filter(key_hash__in=by_hash, user__is_active=True,
+    return {by_hash[h]: user_id for h, user_id in user_ids_by_hash(set(by_hash), now=now).items()}
+
+
+def user_ids_by_hash(hashes: set[str], *, now: datetime | None = None) -> dict[str, int]:
+    """user_ids for keys given by their hash_key (the bid queue carries hashes, never a
+    key: marketplace/api/bid_queue.py)."""
+    now = now or timezone.now()
+    rows = (ApiToken.objects.filter(key_hash__in=hashes, user__is_active=True,
                                     expires_at__gt=now)
             .values_list("key_hash", "user_id", "pk", "last_used_at"))
     found = {}
     for key_hash, user_id, pk, last_used_at in rows:
-        found[by_hash[key_hash]] = user_id
+        found[key_hash] = user_id
         touch(pk, last_used_at, now)
     return found
 

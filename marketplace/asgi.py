@@ -2,7 +2,8 @@
 the bid batcher, marketplace/api/bid_batcher.py; a runner's heartbeat through
 marketplace/api/heartbeat_path.py); websockets through Channels (the
 live feed, frontend/routing.py): session authentication, an Origin in ALLOWED_HOSTS, and
-no credential in the URL (frontend/ws_auth.py)."""
+no credential in the URL (frontend/ws_auth.py). The lifespan's startup fills the book
+cache before the process serves (marketplace/lifespan.py)."""
 
 import os
 
@@ -19,11 +20,13 @@ from frontend.routing import websocket_urlpatterns  # noqa: E402
 from frontend.ws_auth import RefuseCredentialsInUrl  # noqa: E402
 from marketplace.api.bid_batcher import BidFastPath  # noqa: E402
 from marketplace.api.heartbeat_path import HeartbeatFastPath  # noqa: E402
+from marketplace.lifespan import lifespan  # noqa: E402
 
 application = ProtocolTypeRouter({
     # token-authenticated bids go to the batcher (group commit), runners' valid
     # heartbeats to the heartbeat threads; the rest to Django
     "http": BidFastPath(HeartbeatFastPath(django_asgi_app)),
+    "lifespan": lifespan,
     "websocket": AllowedHostsOriginValidator(RefuseCredentialsInUrl(
         AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

@@ -85,7 +85,7 @@ def open_auction(*, provider_id: int, node_id: int, gpus: int, reserve_price: in
     if closes_at <= now or closes_at <= opens_at:
         raise InvalidInput("must be in the future and after opens_at", field="closes_at")
     with transaction.atomic():
-        market = lock_market(market.pk)
+        market = lock_market(market.pk, orders_unchanged=True)  # (an auction is no order)
         if Node.objects.filter(pk=node.pk, retired_at__isnull=False).exists():
             raise Conflict(f"node {node.name} is retired: it takes no auctions", field="node")
         free = free_gpu_count(node, market)
@@ -268,7 +268,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
     if market_id is None:
         return None
     with transaction.atomic():
-        lock_market(market_id)
+        lock_market(market_id, orders_unchanged=True)  # its leases are on no ask's GPUs
         auction = Auction.objects.select_for_update().get(pk=auction_id)
         if auction.status != Auction.Status.OPEN or now < auction.closes_at:
             return None

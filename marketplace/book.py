@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q
 from django.db.models.signals import post_save
 from django.utils import timezone
 
@@ -309,8 +309,8 @@ def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
     return result
 
 
-def place_bids(requests: list[BidRequest], *,
-               now: datetime | None = None) -> list[Placed | Exception]:
+def place_bids(requests: list[BidRequest], *, now: datetime | None = None,
+               fence: locking.Fence | None = None) -> list[Placed | Exception]:
     """Place several bids, each exactly as place_bid would, as if one after the other in
     the order given — but with one transaction, one market lock and a fixed number of
     statements per market for all of them (group commit: the API's order endpoint gathers
@@ -322,6 +322,10 @@ def place_bids(requests: list[BidRequest], *,
     again alone, so that error belongs to the bid that causes it only. A client_order_id
     that appears twice in one call (same buyer) is placed once; the second answers as a
     replay of the first.
+
+    fence: a bid queue consumer's claim (marketplace/api/bid_queue.py): each transaction
+    also records the last position of the group it commits (locking.claim_fence), and
+    raises locking.Fenced, writing nothing, once a later consumer took over.
     """
     now = now or timezone.now()
     results: list[Placed | Exception | None] = [None] * len(requests)
@@ -363,7 +367,8 @@ def place_bids(requests: list[BidRequest], *,
             continue
         groups.setdefault(market.pk, []).append((i, r, hold_amount))
     for market_id, items in groups.items():
-        for (i, _, _), result in zip(items, _place_group(market_id, items, now), strict=True):
+        for (i, _, _), result in zip(items, _place_group(market_id, items, now, fence),
+                                     strict=True):
             results[i] = result
     metrics.order_outcomes("bid", results)  # (the repeated ones count in the call below)
     if again:
@@ -423,20 +428,25 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
 
 
 def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
-                 now: datetime) -> list[Placed | Exception]:
+                 now: datetime, fence: locking.Fence | None = None
+                 ) -> list[Placed | Exception]:
     """One market's bids in one transaction; alone again when the group fails."""
+    through = max(fence.positions[i] for i, _, _ in items) if fence else None
     try:
         with locking.tracked(market_id), transaction.atomic():
-            return _write_bids(market_id, [(r, amount) for _, r, amount in items], now)
+            return _write_bids(market_id, [(r, amount) for _, r, amount in items], now,
+                               fence, through)
     except _Regroup:
-        return [_place_group(market_id, [item], now)[0] for item in items]
+        return [_place_group(market_id, [item], now, fence)[0] for item in items]
     except MarketBusy as exc:  # every bid of the group waited: none is placed
         return [exc] * len(items)
+    except locking.Fenced:
+        raise
     except Exception as exc:
         if len(items) > 1:
             log.warning("a group of %d bids failed (%r); placing them one by one",
                         len(items), exc)
-            return [_place_group(market_id, [item], now)[0] for item in items]
+            return [_place_group(market_id, [item], now, fence)[0] for item in items]
         r = items[0][1]
         # the same client_order_id raced in from another request (possibly another
         # market): that one committed first and stands
@@ -451,12 +461,15 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
 
 
 @metrics.timed_group
-def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
-                now: datetime) -> list[Placed | Exception]:
+def _write_bids(market_id: int, items: list[tuple[BidRequest, int]], now: datetime,
+                fence: locking.Fence | None = None,
+                through: int | None = None) -> list[Placed | Exception]:
     """Under the market lock: insert the orders (of bids _check_bid passed), hold their
     cost (one statement each for all of them), then match them one by one in the given
-    order."""
+    order. With a `fence`, first record the group committed `through` that position."""
     market = locking.lock_market(market_id)
+    if fence is not None:
+        locking.claim_fence(market.pk, fence, through)
     anything_due, victims_possible = _group_flags(market.pk, now)
     if anything_due:
         matching.expire_due(market, now)
@@ -645,20 +658,36 @@ def cancel_order(*, user_id: int, order_id: int, cause: str = "cancelled by its 
     return order
 
 
-def depth(market: GpuClass, levels: int = 20) -> tuple[list[tuple[int, int]],
-                                                          list[tuple[int, int]]]:
+def depth(market: GpuClass, levels: int = 20, *,
+          now: datetime | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Order book depth: (bids high→low, asks low→high) as (price, GPUs) per level —
-    the engine's OrderBook.depth, aggregated by the database (no book is loaded)."""
+    the engine's OrderBook.depth of the resting orders not past their time at `now`,
+    aggregated by the database (no book is loaded). One statement per side, each read
+    from the partial index order_book_depth alone as far as the `levels` nearest the
+    spread reach: its cost grows with the orders in those levels, not the book's size
+    (docs/MATCHING.md, "Depth")."""
     if levels <= 0:
         return [], []
-    resting = locking.resting_orders(market, now=timezone.now()).filter(remaining_gpus__gt=0)
+    now = now or timezone.now()
+    # the states are written into the statement, not bound, so that the planner sees the
+    # partial index's predicate (as in _group_flags)
+    active = ", ".join(f"'{v}'" for v in Order.ACTIVE)
+    table = Order._meta.db_table
 
-    def side(name: str, order_by: str) -> list[tuple[int, int]]:
-        rows = (resting.filter(side=name).order_by().values("price")
-                .annotate(gpus=Sum("remaining_gpus")).order_by(order_by)[:levels])
-        return [(r["price"], r["gpus"]) for r in rows]
+    def side(name: str, direction: str) -> list[tuple[int, int]]:
+        sql = (f'SELECT "price", SUM("remaining_gpus") FROM "{table}" '  # noqa: S608
+               f"WHERE \"market_id\" = %s AND \"side\" = '{name}' "
+               f'AND "status" IN ({active}) AND "remaining_gpus" > 0 '
+               f'AND ("expires_at" IS NULL OR "expires_at" > %s) '
+               f'AND ("available_until" IS NULL OR "available_until" > %s) '
+               f'GROUP BY "price" ORDER BY "price" {direction} LIMIT %s')
+        connection = transaction.get_connection()
+        at = connection.ops.adapt_datetimefield_value(now)  # (SQLite: its stored text)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [market.pk, at, at, levels])
+            return [(int(price), int(gpus)) for price, gpus in cursor.fetchall()]
 
-    return side(Order.Side.BID, "-price"), side(Order.Side.ASK, "price")
+    return side(Order.Side.BID, "DESC"), side(Order.Side.ASK, "ASC")
 
 
 __all__ = ["BidRequest", "Placed", "cancel_order", "depth", "expire_orders", "place_ask",

@@ -71,19 +71,22 @@ _LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" 
 
 
 @metrics.LOCK_WAIT.time()
-def lock_market(market_id: int) -> GpuClass:
+def lock_market(market_id: int, *, orders_unchanged: bool = False) -> GpuClass:
     """Take the order book's single-writer lock for the rest of the transaction (the row
     lock of an UPDATE of the GPU class row, which bumps its book_version).
 
     Called by anyone but book.py's own writers it also marks the in-process book
-    caches stale (book_rebuild_version): such a caller may change orders directly.
+    caches stale (book_rebuild_version): such a caller may change orders directly —
+    unless it says it changes no order row (`orders_unchanged`: the sealed auctions),
+    when every process's cached book stays valid (a deep book is not rebuilt for it).
     Waits at most GPUMARKET_MARKET_LOCK_TIMEOUT_MS (PostgreSQL's lock_timeout, for the
     rest of the transaction), then raises MarketBusy (the API's 503)."""
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("lock_market needs a transaction (atomic block)")
     w = getattr(_local, "writer", None)
     tracked = w is not None and w.market_id == market_id and w.version is None
-    sql = _LOCK_SQL.format("" if tracked else ', "book_rebuild_version" = "book_version" + 1')
+    sql = _LOCK_SQL.format("" if tracked or orders_unchanged
+                           else ', "book_rebuild_version" = "book_version" + 1')
     _bound_lock_wait()
     try:
         rows = list(GpuClass.objects.raw(sql, [market_id]))
@@ -98,6 +101,52 @@ def lock_market(market_id: int) -> GpuClass:
         w.version, w.rebuild_version = market.book_version, market.book_rebuild_version
         w.epoch = market.book_epoch
     return market
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A bid queue consumer's claim on a market (marketplace/api/bid_queue.py): its
+    fencing token, the id of the group it places, and each request's position in that
+    group."""
+
+    token: int
+    group: str
+    positions: list[int]
+
+
+class Fenced(Exception):
+    """A consumer with a later fencing token took the market's queue over: this one's
+    transaction is rolled back, nothing of it written."""
+
+
+def claim_fence(market_id: int, fence: Fence, through: int) -> None:
+    """Under the market lock: record that `fence`'s group is committed through position
+    `through` with this transaction, or raise Fenced when a later token wrote first."""
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute('UPDATE "marketplace_gpuclass" SET "bid_queue_fence" = %s, '
+                       '"bid_queue_group" = %s, "bid_queue_done" = %s '
+                       'WHERE "id" = %s AND "bid_queue_fence" <= %s',
+                       [fence.token, fence.group, through, market_id, fence.token])
+        if cursor.rowcount != 1:
+            raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
+
+
+def take_over(market_id: int, token: int) -> tuple[str, int]:
+    """Raise the market's fence to `token` (waiting for a writer that holds the market
+    lock: the same row) and return (group, last position committed) of the group written
+    last. From then on an earlier token's transaction raises Fenced. Autocommit (its own
+    statement); takes no market lock, so no book cache is invalidated."""
+    with transaction.atomic():
+        _bound_lock_wait()
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute('UPDATE "marketplace_gpuclass" SET "bid_queue_fence" = %s '
+                           'WHERE "id" = %s AND "bid_queue_fence" <= %s '
+                           'RETURNING "bid_queue_group", "bid_queue_done"',
+                           [token, market_id, token])
+            row = cursor.fetchone()
+    if row is None:
+        raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
+    return row[0], row[1]
 
 
 def _bound_lock_wait() -> None:
@@ -236,7 +285,11 @@ class BookCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._books: dict[int, _Cached] = {}
-        self.stats = {"hit": 0, "caught_up": 0, "rebuilt": 0}
+        self.stats = {"hit": 0, "caught_up": 0, "rebuilt": 0, "warmed": 0}
+
+    def count(self, how: str) -> None:
+        self.stats[how] += 1
+        metrics.BOOK_LOADS.labels(how).inc()
 
     def take(self, market_id: int) -> _Cached | None:
         with self._lock:
@@ -281,7 +334,7 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
     if (entry is not None and entry.epoch == w.epoch and entry.version == base
             and w.rebuild_version <= entry.version):
         book = entry.book  # only this transaction's own changes are missing
-        cache.stats["hit"] += 1
+        cache.count("hit")
         for pk, o in w.touched.items():
             if pk != exclude:
                 _restate(book, pk, o.status, o.side, o.owner_id, o.price, o.remaining_gpus,
@@ -295,18 +348,44 @@ def load_book(market: GpuClass, *, exclude: int | None = None,
     elif (entry is not None and entry.epoch == w.epoch
           and w.rebuild_version <= entry.version < base):
         book = entry.book  # other processes wrote since: read what they changed
-        cache.stats["caught_up"] += 1
+        cache.count("caught_up")
         changed = (Order.objects.filter(market_id=market.pk, book_version__gt=entry.version)
                    .exclude(pk=exclude).values_list("status", *ROW))
         for status, pk, *rest in changed:
             _restate(book, pk, status, *rest)
     else:
         book = build_book(market, exclude=exclude)
-        cache.stats["rebuilt"] += 1
+        cache.count("rebuilt")
     book.links = interconnect.links_for(market.pk)  # reads the GPUs as they are now
     entry = _Cached(w.epoch, w.version, book)
     transaction.on_commit(lambda: cache.put(market.pk, entry))
     return book
+
+
+def warm_up(market_ids: list[int] | None = None) -> dict[int, int]:
+    """Fill this process's book cache before it serves (the ASGI lifespan's startup):
+    each market with resting orders (or `market_ids`) read as of one committed
+    book_version, in one snapshot (REPEATABLE READ on PostgreSQL), so the first writer
+    finds a hit or catches up instead of rebuilding under the lock. Takes no lock and
+    writes nothing. Returns {market id: resting orders loaded}."""
+    if market_ids is None:
+        market_ids = sorted(set(Order.objects.filter(status__in=Order.ACTIVE)
+                                .values_list("market_id", flat=True)))
+    loaded: dict[int, int] = {}
+    for market_id in market_ids:
+        with transaction.atomic():
+            connection = transaction.get_connection()
+            if connection.vendor == "postgresql":  # (the transaction's first statement)
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            market = GpuClass.objects.filter(pk=market_id).first()
+            if market is None:
+                continue
+            book = build_book(market)
+        book_cache.put(market_id, _Cached(market.book_epoch, market.book_version, book))
+        book_cache.count("warmed")
+        loaded[market_id] = len(book)
+    return loaded
 
 
 def resting_orders(market: GpuClass, *, now: datetime | None = None):

@@ -50,6 +50,13 @@ class GpuClass(models.Model):
     book_version = models.BigIntegerField(default=0, editable=False)
     book_rebuild_version = models.BigIntegerField(default=0, editable=False)
     book_epoch = models.UUIDField(default=uuid.uuid4, editable=False)
+    # the market's bid queue (marketplace/api/bid_queue.py, GPUMARKET_BID_QUEUE=redis):
+    # the fencing token of the consumer that last wrote under the lock, the group it
+    # placed and the last position of that group committed (a consumer that takes over
+    # a dead one's group places only what is not committed; a fenced-off one writes none)
+    bid_queue_fence = models.BigIntegerField(default=0, editable=False)
+    bid_queue_group = models.CharField(max_length=32, blank=True, default="", editable=False)
+    bid_queue_done = models.IntegerField(default=-1, editable=False)
 
     class Meta:
         ordering = ["slug"]
@@ -217,7 +224,13 @@ class Order(StateMachine):
                    models.Index(fields=["market", "available_until"],
                                 name="order_active_window",
                                 condition=Q(status__in=["open", "partially_filled"],
-                                            side="ask"))]
+                                            side="ask")),
+                   # book.depth: the levels nearest the spread read from the index alone
+                   # (docs/MATCHING.md, "Depth")
+                   models.Index(fields=["market", "side", "price"], name="order_book_depth",
+                                include=["remaining_gpus", "expires_at", "available_until"],
+                                condition=Q(status__in=["open", "partially_filled"],
+                                            remaining_gpus__gt=0))]
 
     def __str__(self) -> str:
         return f"{self.side} #{self.pk} {self.market_id} {self.gpus}×{self.price}"

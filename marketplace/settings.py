@@ -31,6 +31,14 @@ Variables (default in brackets):
   (a registry mirror, or `pytorch-jupyter=gpumarket/jupyter:local` on a site with no
   registry), as a JSON object or id=image,id=image; an unknown id, `custom` or a bad
   image reference stops the start (marketplace/template_images.py).
+- GPUMARKET_BID_QUEUE [redis with REDIS_URL, else process]: redis — one batcher per
+  market whatever the number of web processes (a per-market queue on Redis drained by
+  the process holding the market's lease: marketplace/api/bid_queue.py); process — each
+  web process groups its own bids. GPUMARKET_BID_QUEUE_LEASE_MS [5000]: a dead
+  consumer's queue is taken over after this; GPUMARKET_BID_QUEUE_TIMEOUT_SECONDS [30]:
+  a bid not placed by then is not placed (503).
+- GPUMARKET_BOOK_WARM_UP [1]: load every market's book into the web process's cache at
+  startup (marketplace/lifespan.py)
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
@@ -481,6 +489,14 @@ GPUMARKET_API_TOKEN_TOUCH_SECONDS = env.int("GPUMARKET_API_TOKEN_TOUCH_SECONDS",
 GPUMARKET_WS_TICKET_SECONDS = env.int("GPUMARKET_WS_TICKET_SECONDS", default=30)
 if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
     raise ImproperlyConfigured("GPUMARKET_WS_TICKET_SECONDS must be between 1 and 300")
+GPUMARKET_BOOK_WARM_UP = env.bool("GPUMARKET_BOOK_WARM_UP", default=True)
+GPUMARKET_BID_QUEUE = env.str("GPUMARKET_BID_QUEUE", default="redis" if REDIS_URL else "process")
+if GPUMARKET_BID_QUEUE not in ("redis", "process"):
+    raise ImproperlyConfigured("GPUMARKET_BID_QUEUE must be redis or process")
+if GPUMARKET_BID_QUEUE == "redis" and not REDIS_URL:
+    raise ImproperlyConfigured("GPUMARKET_BID_QUEUE=redis needs REDIS_URL")
+GPUMARKET_BID_QUEUE_LEASE_MS = env.int("GPUMARKET_BID_QUEUE_LEASE_MS", default=5000)
+GPUMARKET_BID_QUEUE_TIMEOUT_SECONDS = env.int("GPUMARKET_BID_QUEUE_TIMEOUT_SECONDS", default=30)
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
 GPUMARKET_HEARTBEAT_THREADS = env.int("GPUMARKET_HEARTBEAT_THREADS", default=4)
 if GPUMARKET_HEARTBEAT_THREADS < 1:

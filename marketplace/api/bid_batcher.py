@@ -23,6 +23,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.renderers import JSONRenderer
 
 from marketplace import api_tokens, book
+from marketplace.api import bid_queue
 from marketplace.api import serializers as s
 from marketplace.api.errors import exception_handler
 from marketplace.api.parsers import StrictJSONParser
@@ -154,12 +155,16 @@ _batcher: BidBatcher | None = None
 _batcher_lock = threading.Lock()
 
 
-def batcher() -> BidBatcher:
-    """This process's batcher (created on first use)."""
+def batcher() -> BidBatcher | bid_queue.BidQueue:
+    """This process's batcher (created on first use): with GPUMARKET_BID_QUEUE=redis the
+    per-market queues shared by every web process (bid_queue.py), else the process's own
+    batcher thread."""
     global _batcher
     with _batcher_lock:
         if _batcher is None:
-            _batcher = BidBatcher(settings.GPUMARKET_BID_BATCH_MAX)
+            _batcher = (bid_queue.BidQueue(settings.GPUMARKET_BID_BATCH_MAX)
+                        if settings.GPUMARKET_BID_QUEUE == "redis"
+                        else BidBatcher(settings.GPUMARKET_BID_BATCH_MAX))
         return _batcher
 
 
@@ -263,6 +268,13 @@ class BidFastPath:
                 status, answer = await batcher().place(token, bid)
             except Unauthenticated:
                 pass
+            except bid_queue.NotPlaced as exc:  # Redis unreachable, or past its deadline
+                log.warning("[request %s] 503 for a bid: %s", request_id, exc)
+                return await self._respond(
+                    send, 503, {"detail": f"the service is busy: {exc}; the bid was not "
+                                          f"placed, retry in {RETRY_AFTER_SECONDS} s"},
+                    request_id, secure,
+                    extra=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
             except Exception as exc:  # a bug, the database gone
                 if is_database_unavailable(exc):  # no connection: nothing was placed
                     log.warning("[request %s] 503 for a bid: no database connection (%s)",

@@ -29,7 +29,7 @@ from marketplace.models import GpuClass, Lease, Order
 from providers.models import Gpu
 from settlement import services as ledger
 from settlement.checks import first_violation
-from tests.factories import UserFactory, registered_node
+from tests.factories import UserFactory, funded_buyer, registered_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -228,5 +228,32 @@ def test_ending_a_lease_keeps_the_cached_book_warm(monkeypatch):
                             duration_seconds=3600)
     assert cache.stats["rebuilt"] == rebuilt  # the next order does not rebuild
     assert sum(x.gpu_count for x in placed.leases) == 8
+    assert snapshot(cache.peek(market.pk).book) == snapshot(locking.build_book(market))
+    assert first_violation() is None
+
+
+def test_a_sealed_auction_opening_and_closing_keeps_the_cached_book(monkeypatch):
+    """Auctions take the market lock but change no order (lock_market(orders_unchanged)):
+    the next bid catches up (nothing to read) instead of rebuilding the book."""
+    from marketplace import auctions
+
+    provider, node, _ = registered_node()
+    cache = locking.BookCache()
+    monkeypatch.setattr(locking, "book_cache", cache)
+    buyer = funded_buyer(1000)
+    book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
+                   price=2_000_000, gpus=4, available_until=timezone.now() + timedelta(days=1))
+    book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=1_500_000, gpus=1,
+                   duration_seconds=3600)
+    auction = auctions.open_auction(provider_id=provider.pk, node_id=node.pk, gpus=4,
+                                    reserve_price=1_000_000, duration_seconds=3600,
+                                    closes_at=timezone.now() + timedelta(minutes=5))
+    auctions.place_sealed_bid(bidder_id=buyer.pk, auction_id=auction.pk, price=1_200_000)
+    assert auctions.close_auction(auction_id=auction.pk, now=auction.closes_at) is not None
+    rebuilt = cache.stats["rebuilt"]
+    book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=1_600_000, gpus=1,
+                   duration_seconds=3600)
+    assert cache.stats["rebuilt"] == rebuilt
+    market = GpuClass.objects.get(slug=MARKET)
     assert snapshot(cache.peek(market.pk).book) == snapshot(locking.build_book(market))
     assert first_violation() is None
