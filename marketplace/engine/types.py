@@ -3,14 +3,15 @@
 Units (DESIGN.md "Units"): every price is integer micro-USD per GPU-hour (1 USD =
 1_000_000), durations are whole seconds, times are integer epoch seconds. Never float.
 
-These are plain mutable/frozen dataclasses with ``slots=True``; the order book mutates
-``Bid.gpus`` and ``Ask.gpus`` in place as they fill (they always mean "GPUs still
-wanted / still available").
+``Bid``/``Ask``/``MatchResult`` are dataclasses with ``slots=True``, ``Fill`` a named
+tuple; the order book mutates ``Bid.gpus`` and ``Ask.gpus`` in place as they fill (they
+always mean "GPUs still wanted / still available").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 TIME_IN_FORCE = ("GTC", "IOC", "FOK")
 """Valid ``Bid.tif`` values (DESIGN.md "Continuous auction")."""
@@ -93,13 +94,13 @@ class Ask:
     runs_images: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Fill:
+class Fill(NamedTuple):
     """One trade: ``gpus`` GPUs of node ``node`` for bid ``bid_id`` from ask ``ask_id``.
 
     ``gpus`` is a whole number of the bid's gangs; ``price`` (micro-USD per GPU-hour) is
     the RESTING order's price (DESIGN.md: "the trade is at the resting order's price").
-    Each fill becomes one lease.
+    Each fill becomes one lease. A named tuple (immutable): the engine's fast path
+    (``OrderBook.buy``/``sell``) gives the same fields as plain tuples, in this order.
     """
 
     bid_id: int
