@@ -3,7 +3,8 @@ heap-and-deque book in pure Python, on several seeded flows, all in the same run
 
 Every flow is a list of plain-int events ("B"|"A", id, price, qty, gang) or ("C", id);
 each contestant builds its own order objects INSIDE the timed region (what a caller
-pays: our ``Bid``/``Ask``, the heap book's lists; orderly-chaos takes ints). Shapes
+pays: our ``Bid``/``Ask`` for ``submit_bid``/``submit_ask``, the heap book's lists;
+orderly-chaos and our ``buy``/``sell`` fast path take ints). Shapes
 (``SHAPES``): ``base`` (the old flow: prices normal, sigma 4 ticks, 10 % cancels of any
 earlier id), ``narrow`` (sigma 1 tick), ``wide`` (uniform over ~100 ticks), ``deep``
 (40,000 resting orders first, then a flow that rarely crosses), ``cancels`` (35 % cancels,
@@ -177,7 +178,39 @@ class HeapBook:
 # ----------------------------------------------------------------------------- contestants
 
 
+def ours_ints_run(flow, latencies=None):
+    """Our fast path: ``OrderBook.buy``/``sell`` take plain ints (like orderly-chaos) and
+    append fill tuples to a list, which this caller reads (traded GPUs) and clears."""
+    book = OrderBook()
+    buy, sell, cancel = book.buy, book.sell, book.cancel
+    now, until = NOW, UNTIL
+    fills: list = []
+    stc: list = []
+    volume = 0
+    clock = time.perf_counter_ns
+    t0 = time.thread_time_ns()
+    for ev in flow:
+        t = clock() if latencies is not None else 0
+        kind = ev[0]
+        if kind == "B":
+            _, i, p, q, g = ev
+            buy(i, i, p, q, g, 3600, i, now, fills, stc)
+        elif kind == "A":
+            _, i, p, q, _g = ev
+            sell(i, i, p, q, i, until, i, now, fills, stc)
+        else:
+            cancel(ev[1])
+        if fills:
+            for f in fills:
+                volume += f[3]
+            fills.clear()
+        if latencies is not None:
+            latencies.append(clock() - t)
+    return time.thread_time_ns() - t0, volume
+
+
 def ours_run(flow, latencies=None):
+    """Our object API: a ``Bid``/``Ask`` per order, a ``MatchResult`` of ``Fill``s back."""
     book = OrderBook()
     sb, sa, cancel = book.submit_bid, book.submit_ask, book.cancel
     now = NOW
@@ -251,7 +284,8 @@ def heap_run(flow, latencies=None):
 
 
 ENGINES = {
-    "gpumarket OrderBook": ours_run,
+    "gpumarket buy/sell": ours_ints_run,
+    "gpumarket submit": ours_run,
     "orderly-chaos": orderly_run,
     "heap-and-deque book": heap_run,
 }
@@ -311,13 +345,12 @@ def main() -> None:
                     res[name] = measure(run, flow, args.repeat)
                 except ImportError as exc:
                     print(f"{name}: SKIPPED ({exc}); pip install orderly-chaos")
-            ours = res["gpumarket OrderBook"][0]
             for name, (rate, p50, p99, vol) in res.items():
                 extra = ""
-                if name == "gpumarket OrderBook":
+                if name.startswith("gpumarket"):
                     oc = res.get("orderly-chaos", (0,))[0]
                     hb = res["heap-and-deque book"][0]
-                    extra = f"  {ours / oc:.2f}x / {ours / hb:.2f}x" if oc else ""
+                    extra = f"  {rate / oc:.2f}x / {rate / hb:.2f}x" if oc else ""
                 print(f"{shape + ' s' + str(seed):14s} {name:20s} {rate:12,.0f} "
                       f"{p50 / 1000:7.2f} {p99 / 1000:7.2f} {vol:9,d}{extra}")
 

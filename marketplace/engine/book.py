@@ -54,7 +54,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 
-from .gang_walks import GangWalks, _ge_gc, _lower_lo
+from .gang_walks import _GE_SLACK, GangWalks, _ge_gc, _lower_lo
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _insert, _rest
 
@@ -167,7 +167,11 @@ class OrderBook(Walks, GangWalks):
         c = [gpus, owner, id, seq, price, gang, duration_s, min_cuda, min_rel, avoid_node,
              image_only, node, nvlink, tif, _mirror]
         px = self._ask_px
-        if px and px[0] <= price:
+        if px and px[0] <= price and (
+                gang < self._ge_min_gang or owner in self._ask_own
+                or self._ask_lo[gang if gang < _GE_TOP else _GE_TOP] <= price):
+            # (a gang bid skips the walk when no ask at or below its price holds a whole
+            # gang and none is its owner's: most gang bids of a book crossed by leftovers)
             if tif == "FOK" and self._bid_fillable(c, now) < gpus:
                 return gpus
             left = self._take_asks(c, now, fills, cancelled)
@@ -202,8 +206,10 @@ class OrderBook(Walks, GangWalks):
                     for v, d in lv.items():
                         if gang <= v:
                             d.append(c)
-                    self._bid_gen += len(lv)
-                    _ge_gc(self)
+                    n = self._bid_gen + len(lv)
+                    self._bid_gen = n
+                    if n > _GE_SLACK + 16 * len(bix):
+                        _ge_gc(self)
             mg = self._bid_mingang
             if mg[price] > gang:
                 mg[price] = gang
@@ -268,11 +274,17 @@ class OrderBook(Walks, GangWalks):
             else:
                 q.append(c)
                 if lv is not None:
-                    for v, d in lv.items():
-                        if left >= v:
+                    if left >= _GE_TOP:  # in every bucket
+                        for d in lv.values():
                             d.append(c)
-                    self._ask_gen += len(lv)
-                    _ge_gc(self)
+                    else:
+                        for v, d in lv.items():
+                            if left >= v:
+                                d.append(c)
+                    n = self._ask_gen + len(lv)
+                    self._ask_gen = n
+                    if n > _GE_SLACK + 16 * len(aix):
+                        _ge_gc(self)
             if cap[price] < left:
                 cap[price] = left
         aix[id] = c
