@@ -54,6 +54,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 
+from . import walks
 from .gang_walks import _GE_SLACK, GangWalks, _ge_gc, _lower_lo
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _insert, _rest
@@ -418,47 +419,62 @@ class OrderBook(Walks, GangWalks):
 
     def cancel(self, order_id: int) -> bool:
         """Remove a resting bid or ask by id; ``False`` if no such order rests."""
-        cell = self._bid_ix.pop(order_id, None)
-        if cell is not None:
+        c = self._bid_ix.pop(order_id, None)
+        if c is not None:  # (a dead cell off the head stays until a walk or compaction)
             own = self._bid_own
-            owner = cell[1]
-            n = own[owner] - 1
+            o = c[1]
+            n = own[o] - 1
             if n:
-                own[owner] = n
+                own[o] = n
             else:
-                del own[owner]
-            self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
-            return True
-        cell = self._ask_ix.pop(order_id, None)
-        if cell is not None:
-            _dec(self._ask_own, cell[1])
-            self._unlink(cell, self._ask_px, self._ask_q, self._ask_tot, bid=False)
-            return True
-        return False
-
-    def _unlink(self, cell: list, px: list, qs: dict, tots: dict, *, bid: bool) -> None:
-        """Kill a resting cell already removed from the id index."""
-        p = cell[4]
-        tot = tots[p] - cell[0]
-        cell[0] = 0
-        if not tot:
-            _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
-            if bid:
+                del own[o]
+            p = c[4]
+            tots = self._bid_tot
+            tot = tots[p] - c[0]
+            c[0] = 0
+            if not tot:
+                _drop_level(self._bid_px, self._bid_q, tots, p, self._bid_mingang)
                 self._bid_ge.pop(p, None)
                 self._bid_maxgang.pop(p, None)
+                return True
+            tots[p] = tot
+            q = self._bid_q[p]
+            if q[0] is c:
+                q.popleft()
             else:
+                self._bid_dead += 1
+                if self._bid_dead > walks._COMPACT_MIN + 2 * len(self._bid_ix):
+                    self._compact(self._bid_q)
+                    self._bid_dead = 0
+            return True
+        c = self._ask_ix.pop(order_id, None)
+        if c is not None:
+            own = self._ask_own
+            o = c[1]
+            n = own[o] - 1
+            if n:
+                own[o] = n
+            else:
+                del own[o]
+            p = c[4]
+            tots = self._ask_tot
+            tot = tots[p] - c[0]
+            c[0] = 0
+            if not tot:
+                _drop_level(self._ask_px, self._ask_q, tots, p, self._ask_cap)
                 self._ask_ge.pop(p, None)
-            return
-        tots[p] = tot
-        q = qs[p]
-        if q[0] is cell:
-            q.popleft()
-        elif bid:
-            self._bid_dead += 1
-            self._maybe_compact()
-        else:
-            self._ask_dead += 1
-            self._maybe_compact()
+                return True
+            tots[p] = tot
+            q = self._ask_q[p]
+            if q[0] is c:
+                q.popleft()
+            else:
+                self._ask_dead += 1
+                if self._ask_dead > walks._COMPACT_MIN + 2 * len(self._ask_ix):
+                    self._compact(self._ask_q)
+                    self._ask_dead = 0
+            return True
+        return False
 
     def add_gpus_to_ask(self, ask_id: int, gpus: int) -> bool:
         """Give ``gpus`` GPUs (of a lease that ended) back to a still-resting ask.

@@ -377,15 +377,6 @@ class Walks:
         taken = [(f[3], nvg.get(f[0], 0)) for f in fills[start:] if f[2] == node]
         return min(k, self.links(node, gang, taken))
 
-    def _maybe_compact(self) -> None:
-        """Compact a side whose dead cells exceed 1024 + 2 x its live orders."""
-        if self._bid_dead > _COMPACT_MIN + 2 * len(self._bid_ix):
-            self._compact(self._bid_q)
-            self._bid_dead = 0
-        if self._ask_dead > _COMPACT_MIN + 2 * len(self._ask_ix):
-            self._compact(self._ask_q)
-            self._ask_dead = 0
-
     @staticmethod
     def _compact(qs: dict) -> None:
         """Drop every dead cell of one side (amortised: runs when dead > 1024 + 2 x live)."""
