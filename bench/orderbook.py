@@ -298,30 +298,41 @@ def pct(sorted_ns: list[int], q: float) -> int:
     return sorted_ns[min(len(sorted_ns) - 1, int(q * len(sorted_ns)))]
 
 
-def measure(run, flow, repeat):
-    """(events/s best of `repeat` by CPU time, p50 ns, p99 ns, traded GPUs).
-
-    Throughput is CPU time (``time.thread_time_ns``: the shared machine's load does not
-    inflate it); p50/p99 come from one more run timing each event (perf_counter_ns)."""
-    best = None
-    volume = 0
-    for _ in range(repeat):
-        gc.collect()
-        gc.disable()
-        try:
-            elapsed, volume = run(flow)
-        finally:
-            gc.enable()
-        best = elapsed if best is None else min(best, elapsed)
-    lat: list[int] = []
+def _timed(run, flow, latencies=None):
     gc.collect()
     gc.disable()
     try:
-        run(flow, lat)
+        return run(flow, latencies)
     finally:
         gc.enable()
-    lat.sort()
-    return len(flow) / (best / 1e9), pct(lat, 0.50), pct(lat, 0.99), volume
+
+
+def measure(runs: dict, flow, repeat) -> dict:
+    """{name: (events/s best of `repeat` by CPU time, p50 ns, p99 ns, traded GPUs)}.
+
+    The contestants run in turn, `repeat` rounds (so a change of the shared machine's
+    load hits them alike); throughput is CPU time (``time.thread_time_ns``), p50/p99 come
+    from one more run each timing every event (perf_counter_ns). A contestant whose
+    package is missing is left out with a note."""
+    best: dict = {}
+    volume: dict = {}
+    for _ in range(repeat):
+        for name, run in list(runs.items()):
+            try:
+                elapsed, volume[name] = _timed(run, flow)
+            except ImportError as exc:
+                print(f"{name}: SKIPPED ({exc}); pip install orderly-chaos")
+                del runs[name]
+                continue
+            best[name] = min(best.get(name, elapsed), elapsed)
+    out = {}
+    for name, run in runs.items():
+        lat: list[int] = []
+        _timed(run, flow, lat)
+        lat.sort()
+        out[name] = (len(flow) / (best[name] / 1e9), pct(lat, 0.50), pct(lat, 0.99),
+                     volume[name])
+    return out
 
 
 def main() -> None:
@@ -332,19 +343,14 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()
     print(f"python {platform.python_version()} ({platform.python_implementation()}), "
-          f"{args.events:,} events per flow, best of {args.repeat}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"{args.events:,} events per flow, best CPU time of {args.repeat} interleaved "
+          f"rounds, load average {os.getloadavg()[0]:.1f}")
     print(f"{'flow':14s} {'engine':20s} {'events/s':>12s} {'p50 us':>7s} {'p99 us':>7s} "
           f"{'traded':>9s}  vs orderly / heap")
     for shape in args.shapes.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             flow = make_flow(args.events, seed, shape)
-            res = {}
-            for name, run in ENGINES.items():
-                try:
-                    res[name] = measure(run, flow, args.repeat)
-                except ImportError as exc:
-                    print(f"{name}: SKIPPED ({exc}); pip install orderly-chaos")
+            res = measure(dict(ENGINES), flow, args.repeat)
             for name, (rate, p50, p99, vol) in res.items():
                 extra = ""
                 if name.startswith("gpumarket"):
@@ -353,6 +359,7 @@ def main() -> None:
                     extra = f"  {rate / oc:.2f}x / {rate / hb:.2f}x" if oc else ""
                 print(f"{shape + ' s' + str(seed):14s} {name:20s} {rate:12,.0f} "
                       f"{p50 / 1000:7.2f} {p99 / 1000:7.2f} {vol:9,d}{extra}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
