@@ -6,6 +6,9 @@ bench needs to tell the server's share of the latency from the clients' share.
   (message ts, time written) and write them to <file> (array of doubles) at exit. The
   clients' receive time minus this is time spent in the kernel and in the client
   processes (a client process that is short of CPU reads late).
+- FEED_BENCH_COALESCE=0: one socket write per frame (FEED_COALESCE_WRITES off).
+- FEED_BENCH_COUNTS=<file>: "frames writes" of the feed hubs' coalesced direct writes
+  (frontend/feed/hub.py, `write_later`), written at exit.
 - FEED_BENCH_SAMPLE=<file>: a sampling profiler (every 2 ms, the stack of every thread
   but its own) written as text to <file> at exit: where the server spends its time,
   without cProfile's per-call overhead distorting a workload of tiny calls.
@@ -26,8 +29,14 @@ from array import array
 
 from marketplace.asgi import application as inner
 
+if os.environ.get("FEED_BENCH_COALESCE") == "0":  # the A/B of bench/feed_fleet.py
+    from django.conf import settings
+
+    settings.FEED_COALESCE_WRITES = False
+
 _WRITES = os.environ.get("FEED_BENCH_WRITES", "")
 _SAMPLE = os.environ.get("FEED_BENCH_SAMPLE", "")
+_COUNTS = os.environ.get("FEED_BENCH_COUNTS", "")
 _written = array("d")  # ts, written, ts, written, ...
 
 
@@ -59,7 +68,7 @@ async def _timed(scope, receive, send):
     return await inner(scope, receive, timed_send)
 
 
-application = _timed if (_WRITES or _SAMPLE) else inner
+application = _timed if (_WRITES or _SAMPLE or _COUNTS) else inner
 _sampler: _Sampler | None = None
 
 
@@ -69,6 +78,12 @@ def _dump() -> None:
             _written.tofile(f)
     if _sampler is not None:
         _sampler.dump()
+    if _COUNTS:  # the hubs' coalesced direct writes: frames and socket writes
+        from frontend import feed
+
+        hubs = list(feed._hubs.values())
+        with open(_COUNTS, "w") as f:
+            f.write(f"{sum(h.frames for h in hubs)} {sum(h.writes for h in hubs)}\n")
 
 
 class _Sampler(threading.Thread):

@@ -143,6 +143,8 @@ def bid_body(args) -> dict:
         body["interruptible"] = True
     if args.node:
         body["node"] = args.node
+    if args.prefer_cached_image:
+        body["prefer_cached_image"] = True
     if args.client_order_id:
         body["client_order_id"] = args.client_order_id
     return body

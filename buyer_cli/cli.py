@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cheaper GPUs a higher bid may preempt after a notice")
     p.add_argument("--node", type=_positive, metavar="NODE",
                    help="fill only on this node (a node id of the offers)")
+    p.add_argument("--prefer-cached-image", action="store_true",
+                   help="among offers at the same price, nodes that hold the image already "
+                   "first (a faster start; never a higher price)")
     p.add_argument("--client-order-id", metavar="ID",
                    help="your id: placing it again returns the first order")
 

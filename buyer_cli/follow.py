@@ -89,7 +89,11 @@ def lease_in(message: dict, lease_id: int) -> dict | bool | None:
 
 
 def progress_line(lease: dict) -> str:
+    """"lease 7: starting — the runner is starting the container"; while starting with
+    the runner's progress (an image pull, docs/IMAGES.md), that instead."""
     status = lease.get("status")
+    if status == "starting" and lease.get("progress"):
+        return f"lease {lease.get('id')}: starting — {lease['progress']}"
     cause = f" ({lease['cause']})" if lease.get("cause") else ""
     return f"lease {lease.get('id')}: {status}{cause}" + (f" — {SAYS[status]}"
                                                           if status in SAYS else "")
@@ -102,11 +106,16 @@ def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,
     deadline = time.monotonic() + timeout
     seen: list[str] = []
 
+    said: list[str] = []
+
     def note(lease: dict) -> dict | None:
         status = lease.get("status")
         if not seen or seen[-1] != status:
             seen.append(status)
-            say(progress_line(lease))
+        line = progress_line(lease)  # a new status, or new progress while starting
+        if not said or said[-1] != line:
+            said.append(line)
+            say(line)
         if status in ENDED:
             cause = f": {lease['cause']}" if lease.get("cause") else ""
             raise CliError(f"lease {lease_id} has ended ({status}{cause})"

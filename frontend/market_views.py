@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 
+from core.image_ref import image_reference_problem
 from frontend import forms as f
 from frontend.templatetags import gpumarket as money
 from frontend.views import (
@@ -27,6 +28,7 @@ from marketplace import book, env_templates, offers, price_history, runtimes, se
 from marketplace.catalog import slice_label
 from marketplace.errors import InvalidInput, MarketError
 from marketplace.models import Fill, GpuClass, Lease, Order
+from providers import node_images
 from providers.benchmarks import class_summary
 from settlement import services as ledger
 
@@ -85,8 +87,16 @@ def _offers_context(request, market: GpuClass) -> dict:
     except InvalidInput as exc:
         filters, error = offers.Filters(), {"field": exc.field, "message": exc.message}
         query = {}
-    selected = [{**offer_view(r), "bid_link": "?" + urlencode({**query, "node": r["node"]["id"]})
-                 + "#bid-h"} for r in offers.select(rows, filters)]
+    chosen = offers.select(rows, filters)
+    image, image_error, holding = request.GET.get("image", "").strip(), None, set()
+    if image:
+        image_error = image_reference_problem(image)
+        if image_error is None:
+            holding = node_images.nodes_holding(image, {r["node"]["id"] for r in chosen})
+            query["image"] = image
+    selected = [{**offer_view(r), "image_cached": r["node"]["id"] in holding,
+                 "bid_link": "?" + urlencode({**query, "node": r["node"]["id"]}) + "#bid-h"}
+                for r in chosen]
     columns = []
     for key, title in OFFER_COLUMNS:
         link = None
@@ -96,7 +106,12 @@ def _offers_context(request, market: GpuClass) -> dict:
         columns.append({"key": key, "title": title, "link": link,
                         "active": filters.sort.removeprefix("-") == key,
                         "descending": filters.sort.startswith("-")})
+    note = (node_images.cached_note(len(holding), len({r["node_id"] for r in selected}))
+            if image and image_error is None else "")
+    if image_error and error is None:
+        error = {"field": "image", "message": image_error}
     return {"offer_rows": selected, "offer_columns": columns, "offer_error": error,
+            "offer_image": image, "offer_image_note": note,
             "offer_query": query, "offer_sort": filters.sort, "offer_total": len(rows),
             "offer_sorts": [*offers.SORTS, *(f"-{k}" for k in offers.SORTS)],
             "offers_data": selected}

@@ -32,6 +32,7 @@ from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.sealing import same_secrets, seal
 from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
+from providers import node_images
 from providers.models import Gpu, Node
 from providers.services import runner_heard
 from settlement import services as ledger
@@ -261,6 +262,7 @@ class BidRequest:
     node: int | None = None  # fill only on this node (offers.check_bid_node)
     notice_signal: str = ""
     stop_grace_seconds: int = 10
+    prefer_cached_image: bool = False  # same-price asks of nodes holding the image first
 
     def terms(self) -> dict[str, Any]:
         """The bid's order, by Order attribute (`market` by slug; not its owner, id or
@@ -283,7 +285,8 @@ class BidRequest:
                 else bool(self.failover),
                 "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id,
                 "node_id": self.node, "notice_signal": self.notice_signal,
-                "stop_grace_seconds": self.stop_grace_seconds}
+                "stop_grace_seconds": self.stop_grace_seconds,
+                "prefer_cached_image": bool(self.prefer_cached_image)}
 
 
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
@@ -413,6 +416,9 @@ def _check_bid(r: BidRequest, now: datetime) -> int:
     clean_port_roles(roles, ports)
     clean_env_and_secrets(r.env, r.secrets)
     require_key(r.buyer_id, r.ssh)
+    if r.prefer_cached_image and not r.image:
+        raise InvalidInput("needs an image (the bid's or its template's): nodes are "
+                           "preferred for holding it", field="prefer_cached_image")
     return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
 
 
@@ -477,8 +483,14 @@ def _write_bids(market_id: int, items: list[tuple[BidRequest, int]],
         _set_hold_ids(placed)
         insert_all([o.created_event(cause="bid placed", at=now) for o in placed])
     leases_of: dict[int, list[Lease]] = {}
+    holding: dict[str, frozenset[int]] = {}  # image → nodes holding it (preferring bids)
     for order in placed:
-        result = book.submit_bid(locking.engine_bid(order), locking.epoch(now))
+        bid = locking.engine_bid(order)
+        if order.prefer_cached_image and order.image:
+            if order.image not in holding:
+                holding[order.image] = frozenset(node_images.nodes_holding(order.image))
+            bid.prefer = holding[order.image]
+        result = book.submit_bid(bid, locking.epoch(now))
         leases: list[Lease] = []
         if result.fills or result.killed or result.self_trade_cancels or not result.rested:
             leases = matching.apply_result(market, order, result, now)

@@ -74,6 +74,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^container exited with status -?\d+"), "workload_exit"),
     (re.compile(r"^the lease names no image"), "image_invalid"),
     (re.compile(r"^Docker (refused|failed) to start "), "runtime_failed"),
+    # the runner's background pull (providers/runner/pull.py; docs/IMAGES.md)
+    (re.compile(r"^image \S+ could not be pulled: "), "runtime_failed"),
     (re.compile(r"^the process runtime needs a command"), "runtime_failed"),
     # the checkpoint runner (providers/runner/checkpoint.py, issue 15's ckpt)
     (re.compile(r"^checkpoint restore failed: "), "checkpoint_restore_failed"),
@@ -106,8 +108,8 @@ def classify(cause: str) -> Fault:
             if pattern.search(text):
                 code = name
                 break
-        if code == "runtime_failed" and text.startswith("Docker refused") \
-                and _BAD_IMAGE.search(text):
+        if code == "runtime_failed" and text.startswith(("Docker refused", "image ")) \
+                and _BAD_IMAGE.search(text.split(": ", 1)[-1]):
             code = "image_invalid"
     rule = FAULT_TABLE[code]
     return Fault(code=code, side=rule.side, credit=rule.credit, evidence=text)

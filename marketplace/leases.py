@@ -192,14 +192,29 @@ def gpu_uuids(lease: Lease) -> list[str]:
     return list(lease.lease_gpus.order_by("gpu__pci_bus_id").values_list("gpu__uuid", flat=True))
 
 
-def mark_starting(*, lease: Lease, container_id: str = "") -> Lease:
+MAX_PROGRESS_EVENTS = 500  # progress notes kept as events per lease; later ones update only
+
+
+def mark_starting(*, lease: Lease, container_id: str = "", progress: str = "") -> Lease:
+    """The runner is starting the lease (pending → starting), or says how far it got
+    (`progress`, e.g. an image pull's "312 MiB of 1024 MiB"): stored in `progress` and
+    recorded as a starting → starting event when it changed (at most
+    MAX_PROGRESS_EVENTS of them). The lease clock does not run before `running`.
+    Conflict (409) for a lease past starting."""
     with transaction.atomic():
         lease = Lease.objects.select_for_update().get(pk=lease.pk)
-        if lease.status == Lease.Status.STARTING:
-            return lease
-        lease.container_id = container_id or lease.container_id
-        move(lease, "starting", cause="runner is starting the container",
-              update_fields=("container_id",))
+        if lease.status != Lease.Status.STARTING:
+            lease.container_id = container_id or lease.container_id
+            move(lease, "starting", cause="runner is starting the container",
+                  update_fields=("container_id",))
+        progress = progress.strip()[:300]
+        if progress and progress != lease.progress:
+            lease.progress = progress
+            notes = lease.events.filter(from_status="starting", to_status="starting")
+            if notes.count() < MAX_PROGRESS_EVENTS:
+                lease.note(cause=progress[:200], update_fields=("progress",))
+            else:
+                lease.save(update_fields=["progress"])
     return lease
 
 

@@ -165,6 +165,10 @@ class Order(StateMachine):
     interconnect = models.CharField(
         max_length=8, choices=Interconnect.choices, default=Interconnect.ANY,
         help_text="bid: nvlink — each gang's GPUs all NVLink-connected to each other")
+    prefer_cached_image = models.BooleanField(
+        default=False,
+        help_text="bid: among asks at the same price, nodes holding its image first "
+                  "(docs/IMAGES.md); never a worse price")
     # Failover (issue 15, docs/FAULTS.md)
     failover = models.BooleanField(
         default=True,
@@ -434,6 +438,10 @@ class Lease(StateMachine):
     ends_at = models.DateTimeField(null=True, blank=True, db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     cause = models.CharField(max_length=300, blank=True, help_text="why it ended")
+    progress = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text="the runner's latest word while starting, e.g. an image pull's progress "
+                  "(docs/IMAGES.md); each change is also a starting → starting event")
     cost = models.BigIntegerField(null=True, blank=True, help_text="micro-USD charged")
     provider_amount = models.BigIntegerField(null=True, blank=True)
     platform_fee = models.BigIntegerField(null=True, blank=True)

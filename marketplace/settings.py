@@ -34,6 +34,9 @@ Variables (default in brackets):
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
+- GPUMARKET_HEARTBEAT_THREADS [4]: threads of a web process that record runners'
+  heartbeats (marketplace/api/heartbeat_path.py), each holding one database connection
+  of the process's pool while the process runs (keep it under GPUMARKET_DB_POOL_MAX).
 - GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
   buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
@@ -479,6 +482,9 @@ GPUMARKET_WS_TICKET_SECONDS = env.int("GPUMARKET_WS_TICKET_SECONDS", default=30)
 if not 1 <= GPUMARKET_WS_TICKET_SECONDS <= 300:
     raise ImproperlyConfigured("GPUMARKET_WS_TICKET_SECONDS must be between 1 and 300")
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
+GPUMARKET_HEARTBEAT_THREADS = env.int("GPUMARKET_HEARTBEAT_THREADS", default=4)
+if GPUMARKET_HEARTBEAT_THREADS < 1:
+    raise ImproperlyConfigured("GPUMARKET_HEARTBEAT_THREADS must be at least 1")
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
 # A bid's checkpoint endpoint_url may be a private or loopback address (tests, an

@@ -80,20 +80,26 @@ def _clean_gpu(where: str, item: Any, allowed: set[str]) -> tuple[dict | None, s
     return values, None
 
 
-def record(*, node, items: list[Any], now: datetime | None = None) -> tuple[int, list[str]]:
+def record(*, node, items: list[Any], now: datetime | None = None,
+           gpus_of: dict[int, set[str]] | None = None) -> tuple[int, list[str]]:
     """Keep the heartbeat's `telemetry` items of `node`: [{"lease": id, "gpus": [{uuid,
     utilization_pct, fb_used_mib, power_w, temperature_c, sm_clock_mhz, mem_clock_mhz,
     throttle_reasons: [name]}]}]. Returns (readings kept, errors): a reading naming a GPU
     not in its lease, a lease not running on this node, or a value out of range is
     refused with an error naming it ("telemetry[0].gpus[1].uuid: …; refused"); the rest
-    is kept. Two statements: one upsert, one delete of the expired buckets."""
+    is kept. `gpus_of`: {running lease id of this node: its active GPUs' UUIDs} when the
+    caller read it already (providers' heartbeat_record `leases`), else one SELECT. On
+    PostgreSQL one statement (the upsert, with the delete of the expired buckets in its
+    WITH); elsewhere both in one transaction."""
     now = now or timezone.now()
     errors: list[str] = []
     wanted = [i.get("lease") for i in items if isinstance(i, dict)]
     wanted = [w for w in wanted if isinstance(w, int) and not isinstance(w, bool)
               and 0 < w < 2**63]
-    gpus_of: dict[int, set[str]] = {}
-    if wanted:
+    known, gpus_of = gpus_of, {}
+    if known is not None:
+        gpus_of = {k: known[k] for k in wanted if k in known}
+    elif wanted:
         for lease_id, uuid in LeaseGpu.objects.filter(
                 lease_id__in=wanted, lease__node=node, lease__status=Lease.Status.RUNNING,
                 active=True).values_list("lease_id", "gpu__uuid"):
@@ -123,7 +129,10 @@ def record(*, node, items: list[Any], now: datetime | None = None) -> tuple[int,
                 continue
             seen.add(values["uuid"])
             rows.append((lease_id, values))
-    if rows:
+    if rows and connection.vendor == "postgresql":
+        _upsert_pg(rows, now)  # one statement, atomic
+        telemetry_recorded.send(sender=LeaseSample, lease_ids=sorted(seen_leases))
+    elif rows:
         with transaction.atomic():
             _upsert(rows, now)
             _prune({lease for lease, _ in rows}, now)
@@ -148,19 +157,52 @@ def _upsert(rows: list[tuple[int, dict]], now: datetime) -> None:
             params += [lease_id, v["uuid"], seconds, bucket, 1,
                        *(v[k] for k in FIELDS), v["throttle_reasons"]]
     one = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    # only our own table and column names are formatted in; every value is a parameter
+    sql = (f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
+           + ", ".join([one] * (len(params) // len(_COLUMNS))) + _on_conflict(table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _on_conflict(table: str) -> str:
     means = ", ".join(
         f"{k} = CASE WHEN excluded.{k} IS NULL THEN {table}.{k} "
         f"WHEN {table}.{k} IS NULL THEN excluded.{k} "
         f"ELSE ({table}.{k} * {table}.samples + excluded.{k}) / ({table}.samples + 1) END"
         for k in FIELDS)
+    return (" ON CONFLICT (lease_id, resolution, bucket_at, gpu_uuid) DO UPDATE SET "
+            + means + f", samples = {table}.samples + 1, "
+            f"throttle_reasons = {table}.throttle_reasons | excluded.throttle_reasons")
+
+
+_PG_TYPES = ("bigint", "text", "integer", "timestamptz", "integer",
+             *("float8" for _ in FIELDS), "integer")
+
+
+def _upsert_pg(rows: list[tuple[int, dict]], now: datetime) -> None:
+    """_upsert and _prune in one PostgreSQL statement: the delete of these leases' expired
+    buckets in a WITH (never the buckets written), the rows as one array per column
+    (unnest), so the statement's text is the same whatever the number of readings."""
+    table = LeaseSample._meta.db_table
+    columns: list[list[Any]] = [[] for _ in _COLUMNS]
+    for seconds, _keep in RESOLUTIONS:
+        bucket = _bucket(now, seconds)
+        for lease_id, v in rows:
+            for column, value in zip(columns, (lease_id, v["uuid"], seconds, bucket, 1,
+                                               *(v[k] for k in FIELDS),
+                                               v["throttle_reasons"]), strict=True):
+                column.append(value)
+    expired: list[Any] = [sorted({lease for lease, _ in rows})]
+    for seconds, keep in RESOLUTIONS:
+        expired += [seconds, _bucket(now, seconds) - timedelta(seconds=keep)]
+    kept = " OR ".join(["(resolution = %s AND bucket_at <= %s)"] * len(RESOLUTIONS))
+    arrays = ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
     # only our own table and column names are formatted in; every value is a parameter
-    sql = (f"INSERT INTO {table} ({', '.join(_COLUMNS)}) VALUES "  # noqa: S608
-           + ", ".join([one] * (len(params) // len(_COLUMNS)))
-           + " ON CONFLICT (lease_id, resolution, bucket_at, gpu_uuid) DO UPDATE SET "
-           + means + f", samples = {table}.samples + 1, "
-           f"throttle_reasons = {table}.throttle_reasons | excluded.throttle_reasons")
+    sql = (f"WITH pruned AS (DELETE FROM {table} WHERE lease_id = ANY(%s) "  # noqa: S608
+           f"AND ({kept})) INSERT INTO {table} ({', '.join(_COLUMNS)}) "
+           f"SELECT * FROM unnest({arrays})" + _on_conflict(table))
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, expired + columns)
 
 
 def _prune(lease_ids: set[int], now: datetime) -> None:

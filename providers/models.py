@@ -226,3 +226,23 @@ class MaintenanceWindow(models.Model):
 
     def __str__(self) -> str:
         return f"maintenance of node {self.node_id} {self.starts_at} – {self.ends_at}"
+
+
+class NodeImage(models.Model):
+    """An image the node's engine holds, as its runner last reported it (heartbeat
+    `images`, docs/IMAGES.md): `image` in the runner's normal form (pull.normalize: a tag
+    always, no docker.io/library/), `bytes` its size on the engine. Rewritten only when
+    the report changes (providers/node_images.py)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="images")
+    image = models.CharField(max_length=255)
+    bytes = models.BigIntegerField(default=0)
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "image"],
+                                               name="node_image_unique")]
+        indexes = [models.Index(fields=["image"], name="node_image_by_image")]
+
+    def __str__(self) -> str:
+        return f"{self.image} on node {self.node_id}"

@@ -3,15 +3,16 @@ inventory and heartbeats. Called by the API views and the demo."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import unicodedata
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -160,9 +161,15 @@ def node_retire_mark(node: Node, *, now=None) -> Node:
     return node
 
 
-def node_for_token(token: str) -> Node | None:
-    """The node in service whose current runner token this is (a retired node's: None)."""
-    return (Node.objects.select_related("provider")
+def node_for_token(token: str, *, with_user: bool = True) -> Node | None:
+    """The node in service whose current runner token this is (a retired node's: None),
+    with its provider and user loaded; `with_user=False`: the node's row only, by plain
+    SQL (the heartbeat's fast path, which needs no user)."""
+    if not with_user:
+        sql = (f"SELECT * FROM {Node._meta.db_table} "  # noqa: S608
+               "WHERE token_hash = %s AND retired_at IS NULL")
+        return next(iter(Node.objects.raw(sql, [hash_token(token)])), None)
+    return (Node.objects.select_related("provider__user")
             .filter(token_hash=hash_token(token), retired_at__isnull=True).first())
 
 
@@ -341,8 +348,14 @@ def runner_heard(node: Node, now=None) -> str:
     return "silent" if node.last_heartbeat_at < (now or timezone.now()) - timeout else "heard"
 
 
+#: A GPU's stored reading (`last_health`, with its "at") is rewritten when a value changed,
+#: and otherwise only once its "at" is this old: an unchanged heartbeat writes no GPU row.
+HEALTH_AT_REFRESH_SECONDS = 30
+
+
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
-                     findings: list[dict[str, Any]] | None = None) -> list[str]:
+                     findings: list[dict[str, Any]] | None = None,
+                     leases: dict[int, set[str]] | None = None) -> list[str]:
     """Store the node's heartbeat time, each GPU's latest reading and health findings.
 
     Only this node's GPUs are read and written: a reading or finding that names another
@@ -358,13 +371,20 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     commit, and the market takes the GPU out of (or back into) the node's asks. It is also
     sent (with `back=True`) when the node had been silent longer than
     GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS, so the market offers its GPUs again.
+
+    Writes only what changed (docs/RUNNER_PROTOCOL.md, "Heartbeat"): the node's
+    `last_heartbeat_at` (and `runtime`) always, a GPU's row only when its findings or a
+    reading changed or its reading's "at" is HEALTH_AT_REFRESH_SECONDS old, all such rows
+    in one statement. The GPUs are locked (FOR UPDATE, in id order) only when a GPU's
+    health flips. `leases`, when given, is filled with {running lease id: its active GPUs'
+    UUIDs} from the same read (what telemetry.record checks readings against).
     """
     now = timezone.now()
     timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
     last_seen = node.last_heartbeat_at or node.registered_at
     back = last_seen is not None and last_seen < now - timeout
-    units = _reported_units(node)
-    mine = set(units.values_list("uuid", flat=True))
+    units = _unit_rows(node, leases)
+    mine = {u.uuid for u in units}
     if len(gpus) > len(mine):
         raise ProviderError(f"lists {len(gpus)} readings but the node has {len(mine)} GPUs "
                             "registered: at most one reading per GPU", field="gpus")
@@ -381,22 +401,151 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
         if f["uuid"] in mine:
             found.setdefault(f["uuid"], []).append(f)
     by_uuid = {g["uuid"]: g for g in gpus if g["uuid"] in mine}
-    unhealthy, recovered = [], []
     metrics.heartbeat(node.last_heartbeat_at, now,
                       getattr(settings, "GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS", 30))
+    old_runtime = node.runtime
+    node.last_heartbeat_at, node.runtime = now, runtime[:16]
+    stale = now - timedelta(seconds=HEALTH_AT_REFRESH_SECONDS)
+    uuid_of = {u.pk: u.uuid for u in units}
+    if any(_fatal(_findings_of(u, uuid_of, found)) != (not u.healthy) for u in units):
+        unhealthy, recovered = _record_flips(node, found, by_uuid, now)
+    else:
+        unhealthy, recovered = [], []
+        changed = []
+        for u in units:
+            new = _findings_of(u, uuid_of, found)
+            reading = by_uuid.get(u.uuid)
+            health = u.last_health
+            if reading is not None and (_without_at(health) != reading
+                                        or (_reading_at(health) or stale) <= stale):
+                health = {**reading, "at": now.isoformat()}
+            if new != u.findings or health is not u.last_health:
+                changed.append((u.pk, health, new))
+        _write_beat(node, changed)
+    if old_runtime != node.runtime:
+        transaction.on_commit(lambda: node_runtime_changed.send(
+            sender=Node, node=node, old=old_runtime, new=node.runtime))
+    if unhealthy or recovered or back:
+        transaction.on_commit(lambda: gpu_health_changed.send(
+            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
+    return warnings
+
+
+@dataclass
+class _Unit:
+    pk: int
+    uuid: str
+    parent_id: int | None
+    healthy: bool
+    findings: list
+    last_health: dict
+
+
+def _unit_rows(node: Node, leases: dict[int, set[str]] | None) -> list[_Unit]:
+    """The node's reported units (_reported_units), in id order, in one SELECT; with
+    `leases`, the same SELECT reads every unit of the node with its running lease (an
+    active LeaseGpu of a running lease on this node), added to `leases` — telemetry's
+    check, a replaced layout's slice included. Plain SQL: the ORM's compiling of it
+    cost more CPU than the query (bench/README.md, "Heartbeats at fleet scale")."""
+    # the market's lease tables are named, not imported (providers imports no marketplace)
+    lease_gpu = Gpu._meta.get_field("lease_gpus").related_model
+    lease = lease_gpu._meta.get_field("lease").related_model
+    running = "NULL"
+    params: list[Any] = [node.pk]
+    if leases is not None:
+        running = (f"(SELECT lg.lease_id FROM {lease_gpu._meta.db_table} lg "  # noqa: S608
+                   f"JOIN {lease._meta.db_table} l ON l.id = lg.lease_id "
+                   "WHERE lg.gpu_id = g.id AND lg.active AND l.node_id = %s "
+                   "AND l.status = 'running' LIMIT 1)")
+        params.insert(0, node.pk)
+    sql = (f"SELECT g.id, g.uuid, g.parent_id, g.healthy, g.findings, "  # noqa: S608
+           f"g.last_health, g.listed, {running} FROM {Gpu._meta.db_table} g "
+           "WHERE g.node_id = %s ORDER BY g.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    out = []
+    for pk, uuid, parent_id, healthy, findings, health, listed, lease_id in rows:
+        if listed or parent_id is None:  # what _reported_units holds
+            out.append(_Unit(pk, uuid, parent_id, bool(healthy), _json(findings),
+                             _json(health)))
+        if lease_id is not None:
+            leases.setdefault(lease_id, set()).add(uuid)
+    return out
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _findings_of(u: _Unit, uuid_of: dict[int, str], found: dict[str, list]) -> list:
+    # a MIG slice carries its parent GPU's findings: a fatal one takes it out too
+    inherited = found.get(uuid_of.get(u.parent_id), []) if u.parent_id else []
+    return found.get(u.uuid, []) + inherited
+
+
+def _reading_at(health: dict) -> datetime | None:
+    try:
+        at = datetime.fromisoformat(health["at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return at if at.tzinfo is not None else None
+
+
+def _fatal(findings: list) -> bool:
+    return any(f["severity"] == "fatal" for f in findings)
+
+
+def _without_at(health: dict) -> dict:
+    return {k: v for k, v in health.items() if k != "at"}
+
+
+def _write_beat(node: Node, changed: list[tuple[int, dict, list]]) -> None:
+    """The node's heartbeat time and runtime, and the changed GPU rows (id, last_health,
+    findings): on PostgreSQL one statement (an UPDATE … FROM unnest(…) after the node's
+    in a WITH), elsewhere one UPDATE each in a transaction."""
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            Node.objects.filter(pk=node.pk).update(last_heartbeat_at=node.last_heartbeat_at,
+                                                   runtime=node.runtime)
+            for pk, health, found in changed:
+                Gpu.every.filter(pk=pk).update(last_health=health, findings=found)
+        return
+    node_sql = (f"UPDATE {Node._meta.db_table} SET last_heartbeat_at = %s, "  # noqa: S608
+                "runtime = %s WHERE id = %s")
+    params: list[Any] = [node.last_heartbeat_at, node.runtime, node.pk]
+    if not changed:
+        with connection.cursor() as cursor:
+            cursor.execute(node_sql, params)
+        return
+    table = Gpu._meta.db_table
+    changed = sorted(changed, key=lambda c: c[0])  # in id order (unnest keeps it)
+    params += [[c[0] for c in changed], [json.dumps(c[1]) for c in changed],
+               [json.dumps(c[2]) for c in changed]]
+    # only our own table names are formatted in; every value is a parameter; one query
+    # text whatever the number of rows (psycopg parses it once)
+    sql = (f"WITH beat AS ({node_sql} RETURNING id) "  # noqa: S608
+           f"UPDATE {table} AS g SET last_health = v.health, findings = v.found "
+           "FROM unnest(%s::bigint[], %s::jsonb[], %s::jsonb[]) AS v(id, health, found) "
+           "WHERE g.id = v.id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _record_flips(node: Node, found: dict[str, list], by_uuid: dict[str, dict],
+                  now) -> tuple[list[str], list[str]]:
+    """A GPU's health flips: in one transaction, the node's heartbeat and every reported
+    unit locked (FOR UPDATE, in id order, as leases and layout changes lock theirs) and
+    written, as before issue 17. Returns (UUIDs now unhealthy, UUIDs recovered)."""
+    unhealthy, recovered = [], []
     with transaction.atomic():
-        node.last_heartbeat_at = now
-        old_runtime, node.runtime = node.runtime, runtime[:16]
         node.save(update_fields=["last_heartbeat_at", "runtime"])
-        if old_runtime != node.runtime:
-            transaction.on_commit(lambda: node_runtime_changed.send(
-                sender=Node, node=node, old=old_runtime, new=node.runtime))
-        locked = units.select_for_update(of=("self",)).select_related("parent").order_by("pk")
+        locked = (_reported_units(node).select_for_update(of=("self",))
+                  .select_related("parent").order_by("pk"))
         for gpu in locked:
-            # a MIG slice carries its parent GPU's findings: a fatal one takes it out too
             inherited = found.get(gpu.parent.uuid, []) if gpu.parent_id else []
             gpu.findings = found.get(gpu.uuid, []) + inherited
-            fatal = any(f["severity"] == "fatal" for f in gpu.findings)
+            fatal = _fatal(gpu.findings)
             if gpu.uuid in by_uuid:
                 gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
             if fatal and gpu.healthy:
@@ -406,10 +555,7 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
                 gpu.healthy, gpu.unhealthy_since = True, None
                 recovered.append(gpu.uuid)
             gpu.save(update_fields=["last_health", "findings", "healthy", "unhealthy_since"])
-    if unhealthy or recovered or back:
-        transaction.on_commit(lambda: gpu_health_changed.send(
-            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
-    return warnings
+    return unhealthy, recovered
 
 
 def _reported_units(node: Node):

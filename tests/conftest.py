@@ -202,3 +202,40 @@ def s3_server():
     yield server
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def image_registry(docker_client):
+    """Debian's docker-registry on 127.0.0.1, once per session (tests/support/registry.py);
+    stopped, and its storage removed, at the end."""
+    from tests.support import registry
+
+    if registry.registry_binary() is None:
+        require_or_skip("docker-registry is not installed (apt-get install docker-registry)")
+    try:
+        server = registry.start()
+    except (OSError, RuntimeError) as exc:
+        require_or_skip(f"docker-registry does not start: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cold_image(image_registry):
+    """cold_image(mib, layers=1) → the reference of a fresh image of that size pushed to
+    the registry and absent from the engine; every one is removed locally afterwards."""
+    import uuid
+
+    from tests.support import registry
+
+    made: list[str] = []
+
+    def make(mib: int = 4, layers: int = 1) -> str:
+        ref = registry.push_cold(image_registry, f"test/cold-{uuid.uuid4().hex[:10]}", mib,
+                                 layers)
+        made.append(ref)
+        return ref
+
+    yield make
+    for ref in made:
+        registry.remove_local(ref)

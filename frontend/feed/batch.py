@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +59,15 @@ class Batch:
             getattr(self, name).update(getattr(other, name))
         self.committed_at = min(self.committed_at, other.committed_at)
 
-    def messages(self, listening: set[int] | None = None
+    def messages(self, listening: Listening = None
                  ) -> list[tuple[str, dict[str, Any], int | None]]:
         """(group, payload, user id for user groups) in publishing order, read after
         commit. Rows that no longer exist (rolled back in a savepoint) are skipped. A
         market's depth is a placeholder `{"type": "depth", "_depth_of": market}`, read
-        when it is published (see Publisher). `listening`: the users whose order and
-        balance messages are wanted (None: every user's)."""
+        when it is published (see Publisher). `listening`: the users whose order,
+        balance and metrics messages are wanted: a set, or a function asked with the
+        users concerned (their ids read first) that returns those wanted (the
+        publisher's: `counter().listening_among`); None: every user's."""
         out: list[tuple[str, dict[str, Any], int | None]] = []
         if self.fills:
             fills = Fill.objects.filter(pk__in=self.fills).select_related("market") \
@@ -83,9 +86,10 @@ class Batch:
                 out.append((auction_group(auction.pk), auction_payload(auction), None))
                 out.append((SUMMARY_GROUP, auction_summary_payload(auction), None))
         orders = Order.objects.filter(pk__in=self.orders)
-        if listening is not None:  # nobody else would receive them: not even read
-            orders = orders.filter(owner_id__in=listening)
-        if self.orders and listening != set():
+        wanted = _wanted(listening, orders, "owner_id") if self.orders else set()
+        if wanted is not None:  # nobody else would receive them: not even read
+            orders = orders.filter(owner_id__in=wanted)
+        if self.orders and wanted != set():
             for order in orders.select_related("market").order_by("pk"):
                 out.append((user_group(order.owner_id),
                             {"type": "order", "order": order_payload(order)}, order.owner_id))
@@ -102,15 +106,20 @@ class Batch:
                     out.append((user_group(user_id),
                                 {"type": "lease", "lease": lease_payload(lease, role)},
                                 user_id))
-        if self.telemetry and listening != set():
-            out.extend(_telemetry_messages(self.telemetry, listening))
-        if self.entries and listening != set():
+        if self.telemetry:
+            leases = Lease.objects.filter(pk__in=self.telemetry)
+            wanted = _wanted(listening, leases, "buyer_id")
+            if wanted != set():
+                out.extend(_telemetry_messages(leases, wanted))
+        # accounts without an owner (platform, external) are not published
+        postings = Posting.objects.filter(entry_id__in=self.entries,
+                                          account__owner__isnull=False)
+        wanted = _wanted(listening, postings, "account__owner_id") if self.entries \
+            else set()
+        if wanted != set():
             per_user: dict[int, dict[int, str]] = defaultdict(dict)
-            # accounts without an owner (platform, external) are not published
-            postings = Posting.objects.filter(entry_id__in=self.entries,
-                                              account__owner__isnull=False)
-            if listening is not None:
-                postings = postings.filter(account__owner_id__in=listening)
+            if wanted is not None:
+                postings = postings.filter(account__owner_id__in=wanted)
             rows = postings \
                 .values_list("account__owner_id", "entry_id", "entry__kind")
             for owner_id, entry_id, kind in rows:
@@ -123,11 +132,24 @@ class Batch:
         return out
 
 
+Listening = set[int] | Callable[[set[int]], set[int]] | None
 
-def _telemetry_messages(lease_ids: set[int], listening: set[int] | None):
+
+def _wanted(listening: Listening, rows, user_field: str) -> set[int] | None:
+    """The users of `rows` (a queryset; only `user_field` is read) whose messages are
+    wanted; None: every user's."""
+    if listening is None:
+        return None
+    if callable(listening):
+        users = set(rows.order_by().values_list(user_field, flat=True).distinct())
+        return listening(users) if users else set()
+    return set(listening)
+
+
+def _telemetry_messages(leases, listening: set[int] | None):
     """`lease_metrics` for each lease's buyer only (docs/FEED_PROTOCOL.md): its GPUs'
     newest 10 s bucket and its idle state."""
-    leases = Lease.objects.filter(pk__in=lease_ids).order_by("pk")
+    leases = leases.order_by("pk")
     if listening is not None:
         leases = leases.filter(buyer_id__in=listening)
     leases = list(leases)

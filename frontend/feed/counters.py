@@ -54,6 +54,10 @@ class _LocalCounter(LocalCounter):
         return {int(group[len("user."):]) for hub in list(_hubs.values())
                 for group in list(hub.groups) if group.startswith("user.")}
 
+    def listening_among(self, user_ids: set[int]) -> set[int]:
+        """Those of `user_ids` with a /ws/me/ subscriber (what the publisher asks)."""
+        return set(user_ids) & self.listening_users() if user_ids else set()
+
 
 class _RedisCounter:
     PREFIX = "gpumarket:feed:seq:"       # the group's last number (a plain integer)
@@ -150,13 +154,30 @@ return 0
     def depth_done(self, market_pk: int, covers: float) -> None:
         self._scripts("_DONE")(keys=[f"{self.DEPTH}{market_pk}"], args=[int(covers)])
 
-    def listening_users(self) -> set[int]:
-        """Users with a /ws/me/ subscriber in any process: the user groups' pub/sub
-        channels that have a subscriber (channels_redis names a group's channel
-        `<prefix>__group__<group>`; pub/sub spans every Redis database, so another
-        deployment's users may be counted too — which only costs a message)."""
+    @staticmethod
+    def _user_channel_prefix() -> str:
+        # channels_redis names a group's pub/sub channel `<prefix>__group__<group>`
         config = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
-        pattern = f"{config.get('prefix', 'asgi')}__group__user."
+        return f"{config.get('prefix', 'asgi')}__group__user."
+
+    def listening_among(self, user_ids: set[int]) -> set[int]:
+        """Those of `user_ids` with a /ws/me/ subscriber in any process: one PUBSUB
+        NUMSUB of their groups' channels, O(len(user_ids)) whatever the number of
+        subscribers (PUBSUB CHANNELS, which lists them all, cost 37 ms a round with
+        10,000 users: bench/README.md, "Live feed at fleet size"). Pub/sub spans every
+        Redis database: another deployment's user of the same id counts too, which only
+        costs a message."""
+        if not user_ids:
+            return set()
+        prefix = self._user_channel_prefix()
+        ids = sorted(user_ids)
+        counts = self._redis.pubsub_numsub(*(f"{prefix}{u}" for u in ids))
+        return {u for u, (_, n) in zip(ids, counts, strict=True) if int(n) > 0}
+
+    def listening_users(self) -> set[int]:
+        """Every user with a /ws/me/ subscriber in any process (lists every user
+        channel: O(subscribers); the publisher asks `listening_among` instead)."""
+        pattern = self._user_channel_prefix()
         users = set()
         for channel in self._redis.pubsub_channels(pattern + "*"):
             tail = channel.decode()[len(pattern):]

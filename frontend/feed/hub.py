@@ -62,6 +62,10 @@ class Hub:
         # group → (seq, monotonic time read, text) and the read in flight (seq, task)
         self.snapshots: dict[str, tuple[int, float, str]] = {}
         self._reading: dict[str, tuple[int, asyncio.Task]] = {}
+        # direct writes (frontend/consumers.py) coalesced per socket until the end of
+        # this loop iteration (`write_later`); frames and writes counted (bench)
+        self._outbox: dict[int, tuple[Any, Any, list[bytes]]] = {}
+        self.frames = self.writes = 0
 
     @property
     def local(self) -> bool:
@@ -296,6 +300,38 @@ class Hub:
             self._release(state)
             if state.pending:  # a further gap among the early ones: wait for it in turn
                 self._give_up(group)
+
+    # -- coalesced socket writes
+    def write_later(self, member, proto, data: bytes) -> None:
+        """Queue `data` (whole websocket frames) for `proto`'s socket: whatever is queued
+        for one socket goes out in ONE write when this loop iteration's callbacks are
+        done, in queue order (docs/FEED_PROTOCOL.md, Delivery). A socket's write (a
+        send() system call) was most of a frame's cost; several events of a burst (a
+        trade and its depth, a market's and the summary's) now share one, and the
+        client reads them with one recv. `member` is told `write_failed()` if the write
+        raises."""
+        pending = self._outbox.get(id(proto))  # (held by its member until the flush)
+        if pending is not None:
+            pending[2].append(data)
+            return
+        if not self._outbox:
+            self.loop.call_soon(self.flush_writes)
+        self._outbox[id(proto)] = (proto, member, [data])
+
+    def flush_writes(self) -> None:
+        """Write what `write_later` queued, one write per socket; a socket that closed
+        (or sent its close frame) meanwhile gets nothing more."""
+        outbox, self._outbox = self._outbox, {}
+        for proto, member, parts in outbox.values():
+            if proto.close_sent or proto.disconnected or proto.transport.is_closing():
+                continue
+            self.frames += len(parts)
+            self.writes += 1
+            try:
+                proto.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            except Exception:  # never let one socket break the others' writes
+                log.debug("feed hub: coalesced write failed", exc_info=True)
+                member.write_failed()
 
     @staticmethod
     def _fan_out(state: _GroupState, event: dict[str, Any]) -> None:

@@ -118,13 +118,11 @@ class Publisher(AfterCommitThread["Batch"]):
         interval = _setting("FEED_DEPTH_INTERVAL", 0.1)
         if merged is not None:
             noted: dict[int, float] = {}
-            # Order and balance messages only for users someone listens to (/ws/me/):
-            # asked after commit and before reading, and a subscriber reads its snapshot
-            # after subscribing, so a change it was not sent is in its snapshot.
-            listening = counter().listening_users() if (
-                merged.orders or merged.entries or merged.telemetry) \
-                else None
-            for group, payload, user_id in merged.messages(listening):
+            # Order, balance and metrics messages only for users someone listens to
+            # (/ws/me/): asked after commit and before reading, for the users concerned
+            # only (their ids read first), and a subscriber reads its snapshot after
+            # subscribing, so a change it was not sent is in its snapshot.
+            for group, payload, user_id in merged.messages(counter().listening_among):
                 market = payload.pop("_depth_of", None)
                 if market is None:
                     out.append((group, payload, user_id, merged.committed_at))

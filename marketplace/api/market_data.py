@@ -10,9 +10,11 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.image_ref import image_reference_problem
 from marketplace import offers, price_history
 from marketplace.errors import InvalidInput
 from marketplace.models import GpuClass
+from providers import node_images
 from settlement.fields import UsdField
 
 
@@ -57,6 +59,8 @@ class OfferRowSerializer(serializers.Serializer):
     datasheet_tflops = serializers.SerializerMethodField()
     reliability = serializers.SerializerMethodField()
     maintenance = MaintenanceSerializer(many=True)
+    image_cached = serializers.BooleanField(
+        required=False, help_text="with ?image=: whether the node's runner holds it")
 
     def get_measured_tflops(self, row) -> str | None:
         return _decimal_text(row["measured_tflops"])
@@ -73,6 +77,9 @@ class OffersSerializer(serializers.Serializer):
     gpu_class = serializers.CharField()
     sort = serializers.CharField()
     results = OfferRowSerializer(many=True)
+    image_note = serializers.CharField(
+        required=False, help_text='with ?image=: "image cached on 3 of 5 nodes" (the nodes '
+                                  "of the rows; docs/IMAGES.md)")
 
 
 class BucketSerializer(serializers.Serializer):
@@ -119,12 +126,26 @@ class MarketOffers(APIView):
         OpenApiParameter("provider", str, description="provider display name"),
         OpenApiParameter("sort", str, enum=[*offers.SORTS, *(f"-{k}" for k in offers.SORTS)],
                          description="default price; a leading - sorts high first"),
+        OpenApiParameter("image", str, description="an image: each row says whether its "
+                         "node holds it (image_cached), the answer how many do (image_note)"),
     ])
     def get(self, request, slug: str):
         market = _market(slug)
-        filters, rows = offers.offers(market, _once(request))
-        return Response(OffersSerializer({"gpu_class": slug, "sort": filters.sort,
-                                          "results": rows}).data)
+        query = _once(request)
+        image = query.pop("image", None)
+        if image is not None:
+            problem = image_reference_problem(image)
+            if problem:
+                raise InvalidInput(problem, field="image")
+        filters, rows = offers.offers(market, query)
+        body = {"gpu_class": slug, "sort": filters.sort, "results": rows}
+        if image is not None:
+            nodes = {row["node"]["id"] for row in rows}
+            holding = node_images.nodes_holding(image, nodes)
+            for row in rows:
+                row["image_cached"] = row["node"]["id"] in holding
+            body["image_note"] = node_images.cached_note(len(holding), len(nodes))
+        return Response(OffersSerializer(body).data)
 
 
 def _market(slug: str) -> GpuClass:

@@ -171,8 +171,9 @@ class RunnerLeaseEvent(RunnerView):
         lease = Lease.objects.filter(pk=pk, node=request.auth).first()
         if lease is None:
             raise NotFound(f"no lease {pk} on this node", field="lease")
-        if v["status"] == "starting":
-            lease = lease_services.mark_starting(lease=lease, container_id=v["container_id"])
+        if v["status"] == "starting":  # a cause with it: the runner's progress (pulls)
+            lease = lease_services.mark_starting(lease=lease, container_id=v["container_id"],
+                                                 progress=without_secrets(lease, v["cause"]))
         elif v["status"] == "running":
             if not v["container_id"]:
                 raise serializers.ValidationError({"container_id": "is required for running"})

@@ -308,7 +308,8 @@ COMMAND_HELP = ("argv of the workload; omitted or null: the template's, else the
                 "--runtime process needs a command (docs/MATCHING.md, \"Runtimes\")")
 BID_ONLY = ("hours", "duration_seconds", "gang_size", "time_in_force", "image", "command",
             "ports", "expires_at", "interruptible", "template", "min_cuda", "ssh", "env",
-            "secrets", "interconnect", "checkpoint", *FAILOVER_TERMS, *STOP_TERMS)
+            "secrets", "interconnect", "checkpoint", "prefer_cached_image", *FAILOVER_TERMS,
+            *STOP_TERMS)
 ASK_ONLY = ("node", "available_until")  # (a bid may name a node: it fills only there)
 
 
@@ -317,7 +318,8 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     expires_at, image, command, ports, interruptible: its leases may be preempted by a
     higher bid after a notice; template, min_cuda, ssh, env, secrets: TemplateFields;
     interconnect: "nvlink" for gangs all NVLink-connected; node: fill only on that node,
-    a node id of the offers) or
+    a node id of the offers; prefer_cached_image: among asks at the same price, nodes
+    holding the image first, docs/IMAGES.md) or
     an ask (node, gpus, price, available_until, optional gpu_class); either with an
     optional client_order_id (yours, unique per user: placing it again returns the first
     order with 200). A field of the other side is refused, named (BID_ONLY, ASK_ONLY),
@@ -343,6 +345,10 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
     interruptible = StrictBooleanField(required=False, default=False)
     ports = ports_field()
     interconnect = serializers.ChoiceField(choices=Interconnect.choices, default="any")
+    prefer_cached_image = StrictBooleanField(
+        required=False, default=False,
+        help_text="among asks at the same best price, fill first on nodes whose runner "
+                  "holds the image (never at a worse price; docs/IMAGES.md)")
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -388,7 +394,7 @@ class OrderInSerializer(FailoverFields, TemplateFields, StrictInputSerializer):
             interruptible=v["interruptible"], ports=v["ports"], secrets=v["secrets"],
             interconnect=v["interconnect"], checkpoint=v["checkpoint"],
             failover=v.get("failover"), min_reliability=v.get("min_reliability"),
-            node=v.get("node"),
+            node=v.get("node"), prefer_cached_image=v["prefer_cached_image"],
             **{name: v[name] for name in TEMPLATE_TERMS})
 
 
@@ -416,7 +422,8 @@ class OrderSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
                   "hours", "duration_seconds", "gang_size", "time_in_force", "expires_at",
                   "client_order_id", "interruptible", "ports", "interconnect", "node",
                   "available_until", "created_at", "image", "command", *TEMPLATE_TERMS,
-                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note", "cause"]
+                  *FAILOVER_TERMS, "secret_names", "checkpoint", "match_note", "cause",
+                  "prefer_cached_image"]
 
     match_note = serializers.SerializerMethodField()
     cause = serializers.SerializerMethodField()
@@ -512,7 +519,8 @@ class LeaseSerializer(SecretNamesMixin, CheckpointOutMixin, serializers.ModelSer
         fields = ["id", "status", "gpu_class", "node", "gpu_count", "gpu_uuids", "price",
                   "duration_seconds", "image", "command", "ports", "endpoints",
                   *TEMPLATE_TERMS, "secret_names", "connect", "container_id", "started_at",
-                  "ends_at", "ended_at", "cause", "cost", "provider_amount", "platform_fee",
+                  "ends_at", "ended_at", "cause", "progress", "cost", "provider_amount",
+                  "platform_fee",
                   "buyer", "provider", "interruptible", "preempt_at", "notice", *FAILOVER_TERMS,
                   "fault", "failure_code", "fault_credit", "failover_state", "chain_id",
                   "continues", "chain", "events", "created_at", "checkpoint", "checkpoints",

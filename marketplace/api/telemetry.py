@@ -4,17 +4,16 @@ buyer's `GET /api/v1/leases/<id>/metrics/?range=1h|24h`."""
 
 from __future__ import annotations
 
-from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace import telemetry
+from marketplace.api import heartbeat_path  # its record() is the ASGI fast path's too
 from marketplace.errors import MarketError, NotFound
 from marketplace.models import Lease
 from providers import api as providers_api
-from providers import services as provider_services
 
 
 class HeartbeatIn(providers_api.HeartbeatIn):
@@ -25,6 +24,8 @@ class HeartbeatIn(providers_api.HeartbeatIn):
 
     telemetry = serializers.ListField(child=serializers.JSONField(), required=False,
                                       default=list, max_length=telemetry.MAX_LEASES)
+    # what the node's engine holds (docs/IMAGES.md), sent when it changed: [{image, bytes}]
+    images = serializers.JSONField(required=False, default=None)
 
 
 class HeartbeatOut(providers_api.HeartbeatOut):
@@ -41,16 +42,7 @@ class RunnerHeartbeat(providers_api.RunnerView):
     def post(self, request):
         data = HeartbeatIn(data=request.data)
         data.is_valid(raise_exception=True)
-        v = dict(data.validated_data)
-        items = v.pop("telemetry")
-        warnings = provider_services.heartbeat_record(node=request.auth, **v)
-        _kept, errors = telemetry.record(node=request.auth, items=items)
-        body = {"server_time": timezone.now().isoformat()}
-        if warnings:
-            body["warnings"] = warnings
-        if errors:
-            body["telemetry_errors"] = errors
-        return Response(body)
+        return Response(heartbeat_path.record(request.auth, dict(data.validated_data)))
 
 
 class GpuSeriesOut(serializers.Serializer):

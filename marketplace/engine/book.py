@@ -56,15 +56,17 @@ from collections import deque
 
 from . import walks
 from .gang_walks import _GE_SLACK, GangWalks, _ge_gc, _lower_lo
+from .prefer_walk import PreferWalks
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _insert, _rest
 
 _tn = tuple.__new__  # Fill from a fill tuple, without a Python-level __new__
+_NO_NODES: frozenset[int] = frozenset()
 
 __all__ = ["OrderBook"]
 
 
-class OrderBook(Walks, GangWalks):
+class OrderBook(Walks, GangWalks, PreferWalks):
     """One GPU class's continuous auction: price-time priority.
 
     Order ids must be unique across bids and asks of one book (``cancel`` takes either);
@@ -142,13 +144,15 @@ class OrderBook(Walks, GangWalks):
     def buy(self, id: int, owner: int, price: int, gpus: int, gang: int, duration_s: int,
             seq: int, now: int, fills: list, cancelled: list, tif: str = "GTC",
             min_cuda: int = 0, nvlink: bool = False, min_rel: int = 0, avoid_node: int = 0,
-            image_only: bool = False, node: int = 0, _mirror: Bid | None = None) -> int:
+            image_only: bool = False, node: int = 0, prefer: frozenset[int] = _NO_NODES,
+            _mirror: Bid | None = None) -> int:
         """``submit_bid`` for plain ints: the fast path (no ``Bid``, no ``MatchResult``).
 
         Args: ``Bid``'s fields (same meaning, same checks), ``now`` (epoch seconds), and
         two lists the book appends to: ``fills`` gets one tuple ``(bid_id, ask_id, node,
         gpus, price)`` per trade (``Fill``'s fields, in matching order), ``cancelled`` the
-        ids of resting asks that self-trade prevention cancelled.
+        ids of resting asks that self-trade prevention cancelled. ``prefer`` is read only
+        now (``Bid.prefer``, prefer_walk.py); a resting bid does not keep it.
 
         Returns:
             GPUs left unfilled: with GTC they rest (``bids()`` shows a ``Bid``); with IOC
@@ -175,7 +179,8 @@ class OrderBook(Walks, GangWalks):
             # gang and none is its owner's: most gang bids of a book crossed by leftovers)
             if tif == "FOK" and self._bid_fillable(c, now) < gpus:
                 return gpus
-            left = self._take_asks(c, now, fills, cancelled)
+            left = (self._take_preferring(c, now, fills, cancelled, prefer) if prefer
+                    else self._take_asks(c, now, fills, cancelled))
             if not left or tif != "GTC":
                 return left
             c[0] = left
@@ -316,7 +321,7 @@ class OrderBook(Walks, GangWalks):
         tif = bid.tif
         left = self.buy(bid.id, bid.owner, bid.price, bid.gpus, bid.gang, bid.duration_s,
                         bid.seq, now, fills, stc, tif, bid.min_cuda, bid.nvlink, bid.min_rel,
-                        bid.avoid_node, bid.image_only, bid.node, bid)
+                        bid.avoid_node, bid.image_only, bid.node, bid.prefer, bid)
         bid.gpus = left
         return MatchResult([_tn(Fill, f) for f in fills], bool(left) and tif == "GTC", stc,
                            left, bool(left) and tif == "FOK")

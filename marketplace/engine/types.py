@@ -43,6 +43,9 @@ class Bid:
             against asks whose node runs container images (``Ask.runs_images``).
         node: fill only against asks of this node id (a bid for one node picked from
             the offers); 0: any node.
+        prefer: node ids it prefers (those holding its image): among asks at the SAME
+            price, theirs fill first; never a worse price for it (prefer_walk.py). Read
+            only when the bid comes in; empty: plain price-time order.
     """
 
     id: int
@@ -59,6 +62,7 @@ class Bid:
     avoid_node: int = 0
     image_only: bool = False
     node: int = 0
+    prefer: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)

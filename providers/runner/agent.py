@@ -28,6 +28,7 @@ from .lease import RunnerLease
 from .logtail import LOG_LINES, lease_tail
 from .notice import NoticeDesk
 from .nvml import PROTOCOL_KEYS, GpuSource
+from .pull import normalize
 from .reconcile import Reconciler, _parse_time
 from .runtime_common import Runtime, RuntimeFailure
 from .telemetry import lease_telemetry
@@ -102,6 +103,12 @@ class Agent(Reconciler):
         self.previous_runtimes: list = []
         # a lease's checkpoint uploads and restore (checkpoint.py; issue 15)
         self.checkpoints = CheckpointSync(client, getattr(runtime, "workspaces", None), log)
+        # images.Prefetcher (pre-pulls while idle) or None; `run` sets it (Docker only)
+        self.prefetcher = None
+        puller = getattr(runtime, "puller", None)
+        if puller is not None:  # a pull that ends wakes the loop: the lease starts at once
+            puller.notify = self._wake.set
+        self._progress_sent: dict[int, tuple[str, float]] = {}  # lease → (text, monotonic)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -223,10 +230,14 @@ class Agent(Reconciler):
                 if isinstance(item[key], float):
                     item[key] = round(item[key])
         items = lease_telemetry(readings, self._lease_gpus, self._running)
+        cache = getattr(self.runtime, "images", None)
+        images = cache.report_due() if cache is not None else None
         sent = datetime.now(UTC)
         answer = self.client.heartbeat(self.runtime.name, gpus,
                                        findings=[f.as_protocol() for f in findings],
-                                       telemetry=items)
+                                       telemetry=items, images=images)
+        if images is not None:
+            cache.sent(images)
         errors = answer.get("telemetry_errors") or []
         if errors and errors != self.telemetry_errors:  # logged once, not every beat
             self.log("telemetry refused: " + "; ".join(str(e) for e in errors[:5]))
@@ -277,10 +288,36 @@ class Agent(Reconciler):
             self._next_resync = time.monotonic() + self.resync_interval
         leases = self._leases
         self.reconcile(leases)
+        self.tend_images(leases)
         self.maybe_benchmark(leases)
         if time.monotonic() >= self._next_logs:
             self.send_logs(leases)
             self._next_logs = time.monotonic() + self.logs_interval
+
+    # -- the image cache (images.py; docs/IMAGES.md) ---------------------------------------
+    def tend_images(self, leases: list[RunnerLease]) -> None:
+        """Evict least-recently-used pulled images while over the bound (never one a listed
+        lease or a container of this node uses), then pre-pull while no lease waits to
+        start. A Docker error is logged by the loop and tried again next tick."""
+        cache = getattr(self.runtime, "images", None)
+        if cache is None:
+            return
+        puller = self.runtime.puller
+        waiting = {normalize(lease.image) for lease in leases
+                   if lease.image and lease.status in ("pending", "starting")}
+        current = self.prefetcher.current if self.prefetcher is not None else None
+        for ref, state in list(puller.pulls.items()):  # pulls no lease waits for any more
+            if state.phase != "pulling" and ref not in waiting and ref != current:
+                if state.phase == "done":
+                    cache.pulled_now(ref)
+                puller.forget(ref)
+        if cache.total() > cache.bound:
+            in_use = {lease.image for lease in leases if lease.image}
+            removed = cache.evict(in_use | self.runtime.images_in_use())
+            if self.prefetcher is not None:
+                self.prefetcher.evicted(removed)
+        if self.prefetcher is not None:
+            self.prefetcher.tick(idle=not waiting)
 
     # -- benchmark -----------------------------------------------------------------------
     def maybe_benchmark(self, leases: list[RunnerLease]) -> bool:

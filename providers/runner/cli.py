@@ -44,6 +44,7 @@ from .config import (
 from .doctor import doctor_checks
 from .gpu_processes import load_replay_process_left
 from .gpu_text import mig_lines, mig_summary, nvlink_summary
+from .images import DEFAULT_BOUND, ImageCache, Prefetcher, parse_size
 from .lease_network import isolation_check
 from .metrics_server import serve_metrics
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
@@ -258,6 +259,8 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
                            advertise_host=args.advertise_host, log=print_line)
     if isinstance(runtime, DockerRuntime):
         runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
+        runtime.images = ImageCache(runtime.client, state_dir / "images.json",
+                                    args.image_cache, log=print_line)
         if args.network not in ("per-lease", "none", "host"):
             print_line(f"WARNING: every lease on the network {args.network} can reach the "
                        "others' ports (SSH, Jupyter, …); the default --network per-lease "
@@ -280,6 +283,9 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
                   heartbeat_interval=args.heartbeat_interval, grace_s=args.grace,
                   logs_interval=args.logs_interval, push=push)
     agent.previous_runtimes = previous_runtimes(runtime, state_dir, node)
+    if isinstance(runtime, DockerRuntime) and not args.no_prefetch:
+        agent.prefetcher = Prefetcher(runtime.images, runtime.puller, client.images_wanted,
+                                      log=print_line)
     metrics_server = serve_metrics(agent, args.metrics_port, args.metrics_bind)
     if not simulate and args.benchmark_interval > 0:  # simulated GPUs are not measured
         agent.benchmark_schedule = bench.BenchmarkSchedule(args.benchmark_interval)
@@ -437,6 +443,14 @@ def _non_negative(value: str) -> float:
     return _seconds(value, zero=True)
 
 
+def _size(value: str) -> int:
+    """Bytes from a size (--image-cache 200g); argparse's error names the flag."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 1 (2 is reserved
     for "no NVIDIA driver / bad dump")."""
@@ -505,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shm-size", metavar="SIZE",
                      help="size of a lease container's shared memory (/dev/shm), e.g. "
                           "8g (default: half its memory limit, at most 16g)")
+    run.add_argument("--image-cache", type=_size, default=DEFAULT_BOUND, metavar="SIZE",
+                     help="bound on the images the runner pulls (200g; least recently used "
+                          "evicted first, never one a lease uses; docs/IMAGES.md)")
+    run.add_argument("--no-prefetch", action="store_true",
+                     help="never pre-pull the marketplace's wanted images while idle")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto (default) and docker: lease containers on the Docker Engine "
                           "(an error when none answers); process: local processes, each as "

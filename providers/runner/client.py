@@ -104,16 +104,27 @@ class MarketplaceClient:
         return self._call("POST", "/api/v1/runner/inventory/", inventory)
 
     def heartbeat(self, runtime: str, gpus: list[dict], findings: list[dict] | None = None,
-                  telemetry: list[dict] | None = None) -> dict:
+                  telemetry: list[dict] | None = None, images: list[dict] | None = None
+                  ) -> dict:
         """POST /api/v1/runner/heartbeat/ → {"server_time": ISO 8601 UTC, and
         "telemetry_errors" when readings were refused}. `findings` (health findings, not
-        ok ones) and `telemetry` (telemetry.lease_telemetry) are sent when given."""
+        ok ones), `telemetry` (telemetry.lease_telemetry) and `images` (what the image
+        cache holds, [{"image", "bytes"}]: images.ImageCache.report) are sent when given."""
         body = {"runtime": runtime, "gpus": gpus}
         if findings is not None:
             body["findings"] = findings
         if telemetry:
             body["telemetry"] = telemetry
+        if images is not None:
+            body["images"] = images
         return self._call("POST", "/api/v1/runner/heartbeat/", body)
+
+    def images_wanted(self) -> list[str]:
+        """GET /api/v1/runner/images/ → the image refs the marketplace wants pre-pulled on
+        this node, most wanted first (docs/IMAGES.md)."""
+        data = self._call("GET", "/api/v1/runner/images/")
+        return [str(item["image"]) for item in data.get("images") or []
+                if isinstance(item, dict) and item.get("image")]
 
     def leases(self) -> list[RunnerLease]:
         """GET /api/v1/runner/leases/ → the node's pending/starting/running leases, each

@@ -9,6 +9,7 @@ the stop sequence (notice, deadline, checkpoints) has a module of its own to gro
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from .checkpoint import NOTICE_SETTLE_S
@@ -35,6 +36,8 @@ def _short(handle: str) -> str:
 def _gpus(uuids: list[str]) -> str:
     return ",".join(u[:12] + "…" if len(u) > 12 else u for u in uuids) or "no GPU"
 
+
+PROGRESS_EVERY_S = 2.0  # seconds between two progress events of one lease's pull
 
 # the workload's notice at a stop, by the stop's reason (checkpoint_reports.REASONS or a
 # notice.py reason): the lease's time over is "end" to the workload
@@ -110,6 +113,8 @@ class Reconciler:
                      f"container {_short(handles[lease_id])} stopped and removed")
         for lease_id in list(self._lease_gpus.keys() - listed.keys()):
             del self._lease_gpus[lease_id]  # ended without a workload here
+        for lease_id in list(self._progress_sent.keys() - listed.keys()):
+            del self._progress_sent[lease_id]
         self._running = {i for i, lease in listed.items()
                          if lease.status == "running" and i in handles}
         for lease_id in list(self._secret_values.keys() - listed.keys()):
@@ -157,6 +162,8 @@ class Reconciler:
             if handle is None:
                 if status == "pending":
                     self._event(lease_id, "starting")
+                if not self._image_ready(lease):
+                    return  # pulling (progress sent) or failed (reported)
                 restore_failed = self.checkpoints.restore(lease)
                 if restore_failed:  # before running: charged nothing
                     self._event(lease_id, "failed", cause=restore_failed)
@@ -168,6 +175,9 @@ class Reconciler:
                     self._event(lease_id, "failed", cause=str(exc))
                     self.log(f"lease {lease_id}: failed to start: {exc}")
                     return
+                images = getattr(self.runtime, "images", None)
+                if images is not None and lease.image:
+                    images.used(lease.image)  # the most recently used now (LRU)
                 self.log(f"lease {lease_id}: started container {_short(handle)} "
                          f"on {_gpus(lease.gpu_uuids)}")
                 mismatch = self.runtime.verify_gpus(lease)
@@ -230,6 +240,44 @@ class Reconciler:
                         usage_seconds=usage)
             self.log(f"lease {lease_id}: failed: {cause} after {usage} s, container removed")
         self._stop(lease_id, "end" if code == 0 else "failure")
+
+    def _image_ready(self, lease: RunnerLease) -> bool:
+        """Whether the lease's image is on the engine (runtime.prepare; a runtime without
+        images: always). While its background pull runs, the progress goes to the buyer as
+        a `starting` event (at most every PROGRESS_EVERY_S, when it changed) and False is
+        returned; a failed pull fails the lease with the engine's cause (it never ran: no
+        charge), False; a finished pull is recorded in the image cache, True."""
+        prepare = getattr(self.runtime, "prepare", None)
+        state = prepare(lease) if prepare is not None else None
+        if state is None:
+            return True
+        if state.phase == "pulling":
+            self._progress(lease.id, state.text())
+            return False
+        self.runtime.puller.forget(state.ref)
+        if state.phase == "failed":
+            cause = state.text()[:300]
+            self._event(lease.id, "failed", cause=cause)
+            self.log(f"lease {lease.id}: failed: {cause}")
+            return False
+        self.runtime.images.pulled_now(state.ref)
+        self._progress(lease.id, state.text(), force=True)
+        self.log(f"lease {lease.id}: {state.text()} ({state.total >> 20} MiB)")
+        return True
+
+    def _progress(self, lease_id: int, text: str, force: bool = False) -> None:
+        """Send `text` as the lease's `starting` progress when it changed and
+        PROGRESS_EVERY_S passed since the last one (`force`: whenever it changed). A 409
+        (the lease moved on) is logged; an outage propagates (the loop retries)."""
+        last_text, last_at = self._progress_sent.get(lease_id, ("", 0.0))
+        now = time.monotonic()
+        if text == last_text or (not force and now < last_at + PROGRESS_EVERY_S):
+            return
+        try:
+            self.client.post_event(lease_id, "starting", cause=text[:300])
+        except Conflict as exc:
+            self.log(f"lease {lease_id}: progress not sent ({exc.detail})")
+        self._progress_sent[lease_id] = (text, now)
 
     def _endpoints(self, lease: RunnerLease) -> list[dict] | None:
         """Where the buyer reaches the lease's ports (runtime.endpoints), sent with

@@ -12,6 +12,9 @@ Both runtimes share one interface, keyed by the marketplace's lease id (int):
   found again after a runner restart (Docker: by label; processes: the state dir);
 - exit_status(lease_id) -> None while running, the exit code once it has exited;
 - logs(lease_id, lines) -> the last `lines` lines of the workload's output (text);
+- prepare(lease) -> None when the lease's image is on the engine, else the pull.PullState of
+  its background pull (Docker only; docs/IMAGES.md); images_in_use() -> the image refs of
+  this node's containers (never evicted from the image cache);
 - verify_gpus(lease) -> None if the workload sees exactly the leased GPUs (or the check
   cannot tell), else the evidence of a mismatch (Docker only; processes are not isolated);
 - endpoints(lease) -> [{container_port, host, host_port}] where the buyer reaches the
@@ -33,9 +36,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import lease_network, notice, ssh_access
+from .images import DEFAULT_BOUND, ImageCache
 from .lease import RunnerLease
 from .limits import Limits, ResourcePolicy
 from .process_runtime import ProcessRuntime
+from .pull import Puller, PullState, normalize
 from .runtime_common import RuntimeFailure, docker_sdk, lease_env
 from .workspace import Workspaces
 
@@ -98,7 +103,9 @@ class DockerRuntime:
     of its own. workspaces: where a lease with a checkpoint store gets its /workspace
     (workspace.Workspaces; the runner passes `<state dir>/workspaces`). notice_root: where
     each lease's notice directory is made (notice.py; the runner passes `<state
-    dir>/notice`; None: a directory under the system temp dir).
+    dir>/notice`; None: a directory under the system temp dir). images: the image cache
+    (images.ImageCache; default: in memory, DEFAULT_BOUND; the runner passes `<state
+    dir>/images.json` and --image-cache), pulled in the background by `puller`.
     Raises RuntimeFailure when no engine answers.
     """
 
@@ -112,7 +119,8 @@ class DockerRuntime:
                  simulate: bool = False, public_host: str | None = None,
                  advertise_host: str | None = None, keys_dir: str | Path | None = None,
                  workspaces: Workspaces | None = None,
-                 notice_root: str | Path | None = None) -> None:
+                 notice_root: str | Path | None = None,
+                 images: ImageCache | None = None) -> None:
         docker = docker_sdk()
         self._docker = docker
         try:
@@ -132,6 +140,34 @@ class DockerRuntime:
         self.workspaces = workspaces  # a lease's /workspace (workspace.py); None: none
         self.notice_root = Path(notice_root) if notice_root is not None else \
             Path(tempfile.gettempdir()) / "gpumarket-notice"
+        self.images = images or ImageCache(self.client, None, DEFAULT_BOUND)
+        self.puller = Puller()
+
+    def prepare(self, lease: RunnerLease | Mapping) -> PullState | None:
+        """None when the lease's image is on the engine (start() may run now); else the
+        state of its pull, started in the background now unless one is under way. A
+        finished pull's state ("done" or "failed") is returned until the caller forgets it
+        (puller.forget), so the caller reads how it ended. A lease without an image: None
+        (start() refuses it)."""
+        lease = RunnerLease.of(lease)
+        if not lease.image:
+            return None
+        ref = normalize(lease.image)
+        state = self.puller.state(ref)
+        if state is not None:
+            return state
+        if self.images.present(ref):
+            return None
+        return self.puller.ensure(ref)
+
+    def images_in_use(self) -> set[str]:
+        """The image refs this node's containers were created from (any state)."""
+        out = set()
+        for container in self._containers():
+            ref = (container.attrs.get("Config") or {}).get("Image")
+            if ref:
+                out.add(normalize(ref))
+        return out
 
     def _containers(self, lease_id: int | None = None) -> list:
         if self.node is None:

@@ -119,3 +119,11 @@ def test_checkpoint_usage_errors_exit_2_before_anything_is_sent(gm, market, tmp_
         [line] = done.stderr.splitlines()
         assert says in line, line
     assert Order.objects.filter(side="bid").count() == 0
+
+
+def test_bid_prefer_cached_image_is_sent_and_kept_on_the_order(gm, market):
+    gm.login(market.buyer)
+    done = gm(*BID, "--prefer-cached-image", "--json")
+    assert done.returncode == 0, done.stderr
+    assert Order.objects.get(side="bid").prefer_cached_image is True
+

@@ -149,3 +149,8 @@ def test_the_human_lines_show_what_was_paid_and_when_a_lease_ended():
     assert "2026-01-01T00:10:00Z" in render.leases([ended])
     assert "2026-01-01T02:00:00Z" not in render.leases([ended])
     assert progress_line({"id": 5, "status": "running"}) == "lease 5: running"
+    pulling = "pulling image r:1: 312 MiB of 1024 MiB (30 %), 1 of 3 layers"
+    assert progress_line({"id": 5, "status": "starting", "progress": pulling}) == \
+        f"lease 5: starting — {pulling}"  # the runner's pull progress (docs/IMAGES.md)
+    assert progress_line({"id": 5, "status": "running", "progress": pulling}) == \
+        "lease 5: running"

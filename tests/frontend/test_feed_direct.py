@@ -50,6 +50,10 @@ def _proto(**state):
     return SimpleNamespace(**{**base, **state})
 
 
+def _now(proto, data):
+    proto.transport.write(data)
+
+
 def test_a_failing_direct_write_falls_back_to_the_queue():
     from frontend.consumers import FeedConsumer
 
@@ -61,15 +65,23 @@ def test_a_failing_direct_write_falls_back_to_the_queue():
     consumer.group, consumer.last_seq, consumer._idle = GROUP, 4, True
     consumer._socket = _proto(transport=Broken())
     consumer._queue = asyncio.Queue(maxsize=8)
-    consumer.offer({"group": GROUP, "seq": 5, "text": '{"type":"depth","seq":5}'})
-    assert consumer._socket is None and consumer._queue.qsize() == 1  # queued instead
-    assert consumer.last_seq == 4  # the sender will forward it
+    loop = asyncio.new_event_loop()
+    try:
+        consumer.hub = feed.Hub(loop)
+        consumer.offer({"group": GROUP, "seq": 5, "text": '{"type":"depth","seq":5}'})
+        assert consumer.last_seq == 5 and consumer._queue.qsize() == 0  # coalesced
+        loop.run_until_complete(asyncio.sleep(0))  # the write raises at the flush:
+    finally:
+        loop.close()
+    assert consumer._socket is None  # the ASGI path from now on
+    kind, text = consumer._queue.get_nowait()  # and the client is told to resync
+    assert kind == "text" and json.loads(text)["type"] == "resync_required"
 
 
 def test_a_socket_that_pushes_back_or_closes_is_not_written_directly():
     event = {"seq": 1, "text": '{"type":"depth","seq":1}'}
     ok = _proto()
-    assert _write_frame(ok, event) and ok.transport.written == [text_frame(event["text"])]
+    assert _write_frame(ok, event, _now) and ok.transport.written == [text_frame(event["text"])]
     assert event["frame"] == text_frame(event["text"])  # encoded once, then shared
     paused = _proto()
     paused.writable.clear()
@@ -77,7 +89,27 @@ def test_a_socket_that_pushes_back_or_closes_is_not_written_directly():
     closing.transport.closing = True
     for proto in (paused, closing, _proto(close_sent=True), _proto(disconnected=True),
                   _proto(handshake_complete=False)):
-        assert not _write_frame(proto, event) and proto.transport.written == []
+        assert not _write_frame(proto, event, _now) and proto.transport.written == []
+
+
+def test_the_frames_of_one_loop_iteration_share_one_write_per_socket():
+    loop = asyncio.new_event_loop()
+    hub, member = feed.Hub(loop), object()
+    a, b, closed = _proto(), _proto(), _proto()
+    try:
+        hub.write_later(member, a, b"1")
+        hub.write_later(member, b, b"x")
+        hub.write_later(member, a, b"2")
+        hub.write_later(member, closed, b"z")
+        closed.close_sent = True  # (its close frame went out first: nothing after it)
+        hub.write_later(member, a, b"3")
+        assert a.transport.written == []  # not before the iteration's callbacks are done
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert a.transport.written == [b"123"] and b.transport.written == [b"x"]
+    assert closed.transport.written == []
+    assert (hub.frames, hub.writes) == (4, 2)
 
 
 @pytest.fixture
@@ -117,8 +149,8 @@ def test_plain_and_compressed_clients_get_the_same_events_in_order(uvicorn_serve
     direct = []
     real_write = consumers._write_frame
 
-    def counting(proto, event):
-        done = real_write(proto, event)
+    def counting(proto, event, write):
+        done = real_write(proto, event, write)
         direct.append(done and event["seq"])
         return done
 

@@ -145,6 +145,7 @@ def test_order_and_balance_messages_only_for_users_someone_listens_to():
         assert connected
         await recv(comm)
         listening = await call(feed.counter().listening_users)
+        among = await call(feed.counter().listening_among, {alice.pk, 10**12})
         await call(book.place_bid, buyer_id=alice.pk, market_slug=H100, price=1_000_000,
                    gpus=1, duration_seconds=3600)
         bob_order = await call(book.place_bid, buyer_id=bob.pk, market_slug=H100,
@@ -154,12 +155,14 @@ def test_order_and_balance_messages_only_for_users_someone_listens_to():
         late, connected, _ = await connect(bob_path)
         snap = await recv(late)
         await late.disconnect()
-        return listening, heard, bob_order.order.pk, snap
+        return listening, among, heard, bob_order.order.pk, snap
 
-    listening, heard, bob_order_id, snap = async_to_sync(scenario)()
+    listening, among, heard, bob_order_id, snap = async_to_sync(scenario)()
     # (pub/sub channels span Redis databases: another test run's subscriber may share
     # bob's id, so only alice's presence is certain here; messages() is checked below)
     assert alice.pk in listening
+    # asked for the users concerned only (PUBSUB NUMSUB): nobody has user id 10**12
+    assert among == {alice.pk}
     kinds = [json.loads(f)["type"] for f in heard]
     assert "order" in kinds and "balance" in kinds
     assert bob_order_id in {o["id"] for o in snap["orders"]}
@@ -169,3 +172,11 @@ def test_order_and_balance_messages_only_for_users_someone_listens_to():
     batch = feed.Batch(orders={bob_order_id}, entries=set())
     assert batch.messages(listening=set()) == []
     assert [g for g, *_ in batch.messages(listening={bob.pk})] == [feed.user_group(bob.pk)]
+    # the publisher's form: a function asked with exactly the users concerned
+    asked = []
+    assert batch.messages(listening=lambda users: asked.append(users) or set()) == []
+    assert asked == [{bob.pk}]
+    assert [g for g, *_ in batch.messages(listening=lambda users: users)] \
+        == [feed.user_group(bob.pk)]
+    # a batch without user rows never asks
+    assert feed.Batch().messages(listening=lambda users: 1 / 0) == []

@@ -82,3 +82,21 @@ def test_the_price_history_data_has_the_ranges_buckets(client, nodes):
     assert data["range"] == "1h" and len(data["buckets"]) == 60
     traded = [b for b in data["buckets"] if b["trades"]]
     assert [(b["close"], b["gpu_hours"]) for b in traded] == [("1.00", "1")]
+
+
+def test_an_image_shows_which_offers_nodes_hold_it_and_a_bad_one_is_named(client, nodes):
+    from providers.models import NodeImage
+
+    n1, _n2 = nodes
+    NodeImage.objects.create(node=n1, image="registry.example/team/train:1", bytes=10**9,
+                             reported_at=timezone.now())
+    html = client.get(URL, {"image": "registry.example/team/train:1"}).content.decode()
+    assert re.search(r'id="image-note"[^>]*>image cached on 1 of 2 nodes<', html), html
+    body = re.search(r'<tbody id="offer-rows">(.*?)</tbody>', html, re.S).group(1)
+    rows = re.findall(r"<tr .*?</tr>", body, re.S)
+    assert ["image cached" in row for row in rows] == [True, False]  # alpha, beta
+    assert "image=registry.example%2Fteam%2Ftrain%3A1" in rows[0]  # the bid link keeps it
+    r = client.get(URL, {"image": "Not An Image!"})
+    assert r.status_code == 400
+    assert re.search(r'id="offer-filter-error"[^>]*><li>image: ', r.content.decode())
+    assert "image cached" not in client.get(URL).content.decode()

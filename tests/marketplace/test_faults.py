@@ -47,6 +47,12 @@ CASES = [
     ("Docker refused to start nosuch/image:1: pull access denied for nosuch/image, "
      "repository does not exist", "image_invalid"),
     ("Docker refused to start x:1: No such image: x:1", "image_invalid"),
+    # the runner's background pull (docs/IMAGES.md): a missing image is the buyer's, a
+    # registry the node cannot reach the provider's
+    ("image 127.0.0.1:5000/a/b:1 could not be pulled: manifest for 127.0.0.1:5000/a/b:1 "
+     "not found: manifest unknown: manifest unknown", "image_invalid"),
+    ("image 127.0.0.1:5000/a/b:1 could not be pulled: Get \"http://127.0.0.1:5000/v2/\": "
+     "dial tcp 127.0.0.1:5000: connect: connection refused", "runtime_failed"),
     ("the lease names no image", "image_invalid"),
     ("checkpoint restore failed: AccessDenied: the access key is not valid",
      "checkpoint_restore_failed"),

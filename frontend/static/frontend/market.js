@@ -117,7 +117,8 @@
 
   /* Offers: the rows the page's query selected; refreshed from the API with the same
    * query (offers filters and sort from the address bar) whenever the book changes. */
-  var OFFER_KEYS = ["min_gpus", "max_price", "min_cuda", "min_tflops", "provider", "sort"];
+  var OFFER_KEYS = ["min_gpus", "max_price", "min_cuda", "min_tflops", "provider", "sort",
+                    "image"];
   function offerQuery() {
     var here = new URLSearchParams(location.search), q = new URLSearchParams();
     OFFER_KEYS.forEach(function (k) { if (here.get(k)) q.set(k, here.get(k)); });
@@ -130,7 +131,7 @@
             reliability: r.reliability === null ? "new" : String(r.reliability),
             driver: r.driver_version || "—",
             cuda: r.cuda_version || "—", interconnect: r.summary || "—",
-            gpus_free: r.gpus_free, price: GM.price(r.price),
+            gpus_free: r.gpus_free, price: GM.price(r.price), image_cached: !!r.image_cached,
             until: String(r.available_until).replace("T", " ").slice(0, 16) + " UTC",
             maintenance: (r.maintenance || []).map(function (w) {
               return utc(w.starts_at) + " – " + utc(w.ends_at) + " UTC"; }).join("; ")};
@@ -151,6 +152,11 @@
       var tr = document.createElement("tr");
       tr.dataset.node = o.node_id; tr.dataset.ask = o.ask;
       var node = cell(o.node); node.className = "offer-node"; node.title = o.node;
+      if (o.image_cached) {
+        var cached = document.createElement("div");
+        cached.className = "offer-cached"; cached.textContent = "image cached";
+        node.appendChild(cached);
+      }
       maintenanceNote(node, o.maintenance);
       var prov = cell(o.provider); prov.title = o.provider;
       [node, prov, cell(o.measured + " / " + o.datasheet, true), rel(o.reliability),
@@ -178,7 +184,11 @@
     offersTimer = setTimeout(function () {
       offersTimer = null;
       GM.getJSON("/api/v1/gpu-classes/" + slug + "/offers/?" + offerQuery().toString())
-        .then(function (d) { drawOffers(d.results.map(offerView)); })
+        .then(function (d) {
+          drawOffers(d.results.map(offerView));
+          var note = document.getElementById("image-note");
+          if (note) { note.textContent = d.image_note || ""; note.hidden = !d.image_note; }
+        })
         .catch(function (e) { console.warn("offers refresh failed:", e.message); });
     }, 150);
   }

@@ -39,7 +39,7 @@ class FakeMarketplace:
 
     TRANSITIONS = {
         "pending": {"starting", "running", "failed"},
-        "starting": {"running", "failed"},
+        "starting": {"starting", "running", "failed"},  # starting again: progress
         "running": {"completed", "failed"},
     }
 
@@ -53,6 +53,7 @@ class FakeMarketplace:
         self.logs: dict[int, list[str]] = {}  # lease id → every tail received, in order
         self.checkpoints: dict[int, list[dict]] = {}  # lease id → checkpoint reports
         self.outage = False  # True: every call answers 503, as during a deploy
+        self.wanted_images: list[str] = []  # GET /api/v1/runner/images/
         self.lock = threading.Lock()
         fake = self
 
@@ -97,6 +98,9 @@ class FakeMarketplace:
         if method == "POST" and path == "/api/v1/runner/heartbeat/":
             self.heartbeats.append(body)
             return 200, {"server_time": iso(datetime.now(UTC))}
+        if method == "GET" and path == "/api/v1/runner/images/":
+            return 200, {"images": [{"image": i, "why": "template", "leases": 0}
+                                    for i in self.wanted_images]}
         if method == "GET" and path == "/api/v1/runner/leases/":
             listed = [dict(lease) for lease in self.leases.values()
                       if lease["status"] in self.TRANSITIONS]

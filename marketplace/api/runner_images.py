@@ -1,0 +1,63 @@
+"""GET /api/v1/runner/images/: the images the marketplace wants a node to hold, for the
+runner's pre-pulls while idle (docs/IMAGES.md): the images of recent leases in the node's
+markets (most leases first), then the templates' images (the site's, with
+GPUMARKET_TEMPLATE_IMAGES applied)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Count
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from marketplace.env_templates import templates
+from marketplace.models import Lease
+from providers.api import RunnerView
+from providers.models import Gpu
+from providers.runner.pull import normalize
+
+RECENT = timedelta(days=1)  # how far back "recent leases" reach
+WANTED_MAX = 20  # images in the answer
+
+
+def wanted_images(node) -> list[dict]:
+    """[{"image", "why": "recent leases" | "template", "leases": count (recent leases)}],
+    most wanted first, each image once (normal form), at most WANTED_MAX."""
+    markets = set(Gpu.objects.filter(node=node).values_list("gpu_class_id", flat=True))
+    rows = (Lease.objects.filter(market_id__in=markets,
+                                 created_at__gte=timezone.now() - RECENT)
+            .exclude(image="").values("image").annotate(n=Count("id"))
+            .order_by("-n", "image")[:WANTED_MAX])
+    out: dict[str, dict] = {}
+    for row in rows:
+        ref = normalize(row["image"])
+        if ref in out:
+            out[ref]["leases"] += row["n"]
+        else:
+            out[ref] = {"image": ref, "why": "recent leases", "leases": row["n"]}
+    for template in sorted(templates().values(), key=lambda t: t.id):
+        if template.image and normalize(template.image) not in out:
+            ref = normalize(template.image)
+            out[ref] = {"image": ref, "why": "template", "leases": 0}
+    return list(out.values())[:WANTED_MAX]
+
+
+class WantedImageOut(serializers.Serializer):
+    image = serializers.CharField()
+    why = serializers.ChoiceField(choices=["recent leases", "template"])
+    leases = serializers.IntegerField()
+
+
+class WantedImagesOut(serializers.Serializer):
+    images = WantedImageOut(many=True)
+
+
+class RunnerImages(RunnerView):
+    """The runner asks which images to pre-pull (its own node's markets)."""
+
+    @extend_schema(responses=WantedImagesOut)
+    def get(self, request):
+        return Response({"images": wanted_images(request.auth)})
