@@ -28,8 +28,10 @@ Units: prices are integer micro-USD per GPU-hour, GPUs are counts, times are int
 epoch seconds, durations whole seconds (DESIGN.md "Units").
 
 Implementation: per side, a sorted list of the prices that have resting GPUs, and per
-price a deque of one-element list "cells" ``[order]`` in seq order plus the total GPUs at
-that price. Cancels are lazy (the cell is emptied, ``[None]``) and dead cells are
+price a deque of "cells" (plain lists of the order's fields, layout in walks.py) in seq
+order plus the total GPUs at that price. ``buy``/``sell`` take plain ints (the fast path);
+``submit_bid``/``submit_ask`` wrap them for ``Bid``/``Ask`` objects. Cancels are lazy (the
+cell's GPUs set to 0) and dead cells are
 dropped when they reach the head of a level, when the level empties, or by an amortised
 compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid level a
 lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
@@ -60,7 +62,6 @@ from .prefer_walk import PreferWalks
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
 from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _insert, _rest
 
-_tn = tuple.__new__  # Fill from a fill tuple, without a Python-level __new__
 _NO_NODES: frozenset[int] = frozenset()
 
 __all__ = ["OrderBook"]
@@ -323,7 +324,7 @@ class OrderBook(Walks, GangWalks, PreferWalks):
                         bid.seq, now, fills, stc, tif, bid.min_cuda, bid.nvlink, bid.min_rel,
                         bid.avoid_node, bid.image_only, bid.node, bid.prefer, bid)
         bid.gpus = left
-        return MatchResult([_tn(Fill, f) for f in fills], bool(left) and tif == "GTC", stc,
+        return MatchResult([Fill(*f) for f in fills], bool(left) and tif == "GTC", stc,
                            left, bool(left) and tif == "FOK")
 
     def submit_ask(self, ask: Ask, now: int) -> MatchResult:
@@ -347,7 +348,7 @@ class OrderBook(Walks, GangWalks, PreferWalks):
                          ask.available_until, ask.seq, now, fills, stc, ask.cuda, ask.rel,
                          ask.runs_images, ask)
         ask.gpus = left
-        return MatchResult([_tn(Fill, f) for f in fills], bool(left), stc, left)
+        return MatchResult([Fill(*f) for f in fills], bool(left), stc, left)
 
     def rest_bid(self, bid: Bid) -> None:
         """Put a bid straight into the book, WITHOUT matching (rebuilding a saved book).
@@ -541,7 +542,7 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         a[0] = left
         if a[10] is not None:
             a[10].gpus = left
-        fills = [_tn(Fill, f) for f in fills]
+        fills = [Fill(*f) for f in fills]
         if left:
             _rest(self._ask_px, self._ask_q, self._ask_tot, a, p, a[3], left)
             self._ask_ix[ask_id] = a

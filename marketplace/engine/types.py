@@ -3,15 +3,14 @@
 Units (DESIGN.md "Units"): every price is integer micro-USD per GPU-hour (1 USD =
 1_000_000), durations are whole seconds, times are integer epoch seconds. Never float.
 
-``Bid``/``Ask``/``MatchResult`` are dataclasses with ``slots=True``, ``Fill`` a named
-tuple; the order book mutates ``Bid.gpus`` and ``Ask.gpus`` in place as they fill (they
-always mean "GPUs still wanted / still available").
+These are dataclasses with ``slots=True`` (``Fill`` frozen); the order book mutates
+``Bid.gpus`` and ``Ask.gpus`` in place as they fill (they always mean "GPUs still
+wanted / still available").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 TIME_IN_FORCE = ("GTC", "IOC", "FOK")
 """Valid ``Bid.tif`` values (DESIGN.md "Continuous auction")."""
@@ -98,13 +97,14 @@ class Ask:
     runs_images: bool = True
 
 
-class Fill(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Fill:
     """One trade: ``gpus`` GPUs of node ``node`` for bid ``bid_id`` from ask ``ask_id``.
 
     ``gpus`` is a whole number of the bid's gangs; ``price`` (micro-USD per GPU-hour) is
     the RESTING order's price (DESIGN.md: "the trade is at the resting order's price").
-    Each fill becomes one lease. A named tuple (immutable): the engine's fast path
-    (``OrderBook.buy``/``sell``) gives the same fields as plain tuples, in this order.
+    Each fill becomes one lease. The engine's fast path (``OrderBook.buy``/``sell``) gives
+    the same fields as plain tuples, in this order.
     """
 
     bid_id: int
