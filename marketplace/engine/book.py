@@ -28,8 +28,10 @@ Units: prices are integer micro-USD per GPU-hour, GPUs are counts, times are int
 epoch seconds, durations whole seconds (DESIGN.md "Units").
 
 Implementation: per side, a sorted list of the prices that have resting GPUs, and per
-price a deque of one-element list "cells" ``[order]`` in seq order plus the total GPUs at
-that price. Cancels are lazy (the cell is emptied, ``[None]``) and dead cells are
+price a deque of "cells" (plain lists of the order's fields, layout in walks.py) in seq
+order plus the total GPUs at that price. ``buy``/``sell`` take plain ints (the fast path);
+``submit_bid``/``submit_ask`` wrap them for ``Bid``/``Ask`` objects. Cancels are lazy (the
+cell's GPUs set to 0) and dead cells are
 dropped when they reach the head of a level, when the level empties, or by an amortised
 compaction. Each ask level keeps an upper bound of its asks' GPUs, each bid level a
 lower bound of its bids' gangs (widened on rest, made exact by every walk of the whole
@@ -51,12 +53,16 @@ always mean "still wanted / still available".
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 
-from .gang_walks import GangWalks, _ge_gc, _lower_lo
+from . import walks
+from .gang_walks import _GE_SLACK, GangWalks, _ge_gc, _lower_lo
 from .prefer_walk import PreferWalks
 from .types import TIME_IN_FORCE, Ask, Bid, Fill, MatchResult
-from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _rest
+from .walks import _BIG, _GE_TOP, Walks, _dec, _drop_level, _insert, _rest
+
+_NO_NODES: frozenset[int] = frozenset()
 
 __all__ = ["OrderBook"]
 
@@ -136,11 +142,172 @@ class OrderBook(Walks, GangWalks, PreferWalks):
 
     # ------------------------------------------------------------------ submit
 
+    def buy(self, id: int, owner: int, price: int, gpus: int, gang: int, duration_s: int,
+            seq: int, now: int, fills: list, cancelled: list, tif: str = "GTC",
+            min_cuda: int = 0, nvlink: bool = False, min_rel: int = 0, avoid_node: int = 0,
+            image_only: bool = False, node: int = 0, prefer: frozenset[int] = _NO_NODES,
+            _mirror: Bid | None = None) -> int:
+        """``submit_bid`` for plain ints: the fast path (no ``Bid``, no ``MatchResult``).
+
+        Args: ``Bid``'s fields (same meaning, same checks), ``now`` (epoch seconds), and
+        two lists the book appends to: ``fills`` gets one tuple ``(bid_id, ask_id, node,
+        gpus, price)`` per trade (``Fill``'s fields, in matching order), ``cancelled`` the
+        ids of resting asks that self-trade prevention cancelled. ``prefer`` is read only
+        now (``Bid.prefer``, prefer_walk.py); a resting bid does not keep it.
+
+        Returns:
+            GPUs left unfilled: with GTC they rest (``bids()`` shows a ``Bid``); with IOC
+            they are dropped; with FOK a non-zero result means killed (nothing changed).
+
+        Raises:
+            ValueError: invalid fields or a duplicate id; nothing changes.
+        """
+        if (price <= 0 or gpus <= 0 or gang <= 0 or gpus % gang or duration_s <= 0
+                or tif not in TIME_IN_FORCE):
+            raise ValueError(f"invalid bid {_mirror!r}" if _mirror is not None else
+                             f"invalid bid: id={id} price={price} gpus={gpus} gang={gang} "
+                             f"duration_s={duration_s} tif={tif!r}")
+        bix = self._bid_ix
+        if id in bix or id in self._ask_ix:
+            raise ValueError(f"duplicate order id {id}")
+        c = [gpus, owner, id, seq, price, gang, duration_s, min_cuda, min_rel, avoid_node,
+             image_only, node, nvlink, tif, _mirror]
+        px = self._ask_px
+        if px and px[0] <= price and (
+                gang < self._ge_min_gang or owner in self._ask_own
+                or self._ask_lo[gang if gang < _GE_TOP else _GE_TOP] <= price):
+            # (a gang bid skips the walk when no ask at or below its price holds a whole
+            # gang and none is its owner's: most gang bids of a book crossed by leftovers)
+            if tif == "FOK" and self._bid_fillable(c, now) < gpus:
+                return gpus
+            left = (self._take_preferring(c, now, fills, cancelled, prefer) if prefer
+                    else self._take_asks(c, now, fills, cancelled))
+            if not left or tif != "GTC":
+                return left
+            c[0] = left
+        elif tif != "GTC":
+            return gpus
+        else:
+            left = gpus
+        # rest (inline _rest and _rested_bid: the hot path)
+        qs = self._bid_q
+        q = qs.get(price)
+        if q is None:
+            insort(self._bid_px, price)
+            qs[price] = deque((c,))
+            self._bid_tot[price] = left
+            self._bid_mingang[price] = gang
+            self._bid_maxgang[price] = gang
+        else:
+            self._bid_tot[price] += left
+            while q and not q[-1][0]:  # dead cells at the tail: drop them, no scan
+                q.pop()
+            lv = self._bid_ge.get(price)
+            if q and q[-1][3] > seq:
+                _insert(q, c, seq)
+                if lv is not None:  # not at the tail: the level's index is rebuilt
+                    del self._bid_ge[price]
+            else:
+                q.append(c)
+                if lv is not None:
+                    for v, d in lv.items():
+                        if gang <= v:
+                            d.append(c)
+                    n = self._bid_gen + len(lv)
+                    self._bid_gen = n
+                    if n > _GE_SLACK + 16 * len(bix):
+                        _ge_gc(self)
+            mg = self._bid_mingang
+            if mg[price] > gang:
+                mg[price] = gang
+            mg = self._bid_maxgang
+            if mg[price] < gang:
+                mg[price] = gang
+        bix[id] = c
+        own = self._bid_own
+        own[owner] = own.get(owner, 0) + 1
+        return left
+
+    def sell(self, id: int, owner: int, price: int, gpus: int, node: int,
+             available_until: int, seq: int, now: int, fills: list, cancelled: list,
+             cuda: int = 0, rel: int = 1000, runs_images: bool = True,
+             _mirror: Ask | None = None) -> int:
+        """``submit_ask`` for plain ints: the fast path (no ``Ask``, no ``MatchResult``).
+
+        Args: ``Ask``'s fields, ``now``, and the lists ``fills`` (tuples ``(bid_id, ask_id,
+        node, gpus, price)``, at the resting bids' prices) and ``cancelled`` (resting bids
+        cancelled by self-trade prevention) that the book appends to.
+
+        Returns:
+            GPUs left; they rest (asks are always GTC).
+
+        Raises:
+            ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
+        """
+        if price <= 0 or gpus <= 0:
+            raise ValueError(f"invalid ask {_mirror!r}" if _mirror is not None else
+                             f"invalid ask: id={id} price={price} gpus={gpus}")
+        aix = self._ask_ix
+        if id in aix or id in self._bid_ix:
+            raise ValueError(f"duplicate order id {id}")
+        c = [gpus, owner, id, seq, price, node, available_until, cuda, rel, runs_images,
+             _mirror]
+        px = self._bid_px
+        if px and px[-1] >= price:
+            left = self._take_bids(c, now, fills, cancelled)
+            if not left:
+                return 0
+            c[0] = left
+        else:
+            left = gpus
+        # rest (inline _rest and _rested_ask: the hot path)
+        qs = self._ask_q
+        q = qs.get(price)
+        cap = self._ask_cap
+        if q is None:
+            insort(self._ask_px, price)
+            qs[price] = deque((c,))
+            self._ask_tot[price] = left
+            cap[price] = left
+        else:
+            self._ask_tot[price] += left
+            while q and not q[-1][0]:  # dead cells at the tail: drop them, no scan
+                q.pop()
+            lv = self._ask_ge.get(price)
+            if q and q[-1][3] > seq:
+                _insert(q, c, seq)
+                if lv is not None:  # not at the tail: the level's index is rebuilt
+                    del self._ask_ge[price]
+            else:
+                q.append(c)
+                if lv is not None:
+                    if left >= _GE_TOP:  # in every bucket
+                        for d in lv.values():
+                            d.append(c)
+                    else:
+                        for v, d in lv.items():
+                            if left >= v:
+                                d.append(c)
+                    n = self._ask_gen + len(lv)
+                    self._ask_gen = n
+                    if n > _GE_SLACK + 16 * len(aix):
+                        _ge_gc(self)
+            if cap[price] < left:
+                cap[price] = left
+        aix[id] = c
+        own = self._ask_own
+        own[owner] = own.get(owner, 0) + 1
+        lo = self._ask_lo
+        if lo[left if left < _GE_TOP else _GE_TOP] > price:
+            _lower_lo(lo, price, left)
+        return left
+
     def submit_bid(self, bid: Bid, now: int) -> MatchResult:
         """Match an incoming bid against resting asks, then apply its time in force.
 
         Args:
-            bid: the buy order; ``bid.gpus`` is decremented by what fills (unless killed).
+            bid: the buy order; ``bid.gpus`` is set to what is left (unless killed); a
+                resting bid's ``gpus`` follows its later fills.
             now: current time, epoch seconds (for the ask windows).
 
         Returns:
@@ -150,66 +317,22 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         Raises:
             ValueError: invalid bid (see class docstring); nothing changes.
         """
-        price = bid.price
-        gpus = bid.gpus
-        gang = bid.gang
-        tif = bid.tif
-        if (
-            price <= 0
-            or gpus <= 0
-            or gang <= 0
-            or gpus % gang
-            or bid.duration_s <= 0
-            or tif not in TIME_IN_FORCE
-        ):
-            raise ValueError(f"invalid bid {bid!r}")
-        bid_id = bid.id
-        if bid_id in self._bid_ix or bid_id in self._ask_ix:
-            raise ValueError(f"duplicate order id {bid_id}")
-        fills: list[Fill] = []
+        fills: list = []
         stc: list[int] = []
-        px = self._ask_px
-        if px and px[0] <= price:
-            if tif == "FOK" and self._bid_fillable(bid, now) < gpus:
-                return MatchResult(fills, False, stc, gpus, True)
-            left = (self._take_preferring(bid, now, fills, stc) if bid.prefer
-                    else self._take_asks(bid, now, fills, stc))
-        else:
-            if tif == "FOK":
-                return MatchResult(fills, False, stc, gpus, True)
-            left = gpus
+        tif = bid.tif
+        left = self.buy(bid.id, bid.owner, bid.price, bid.gpus, bid.gang, bid.duration_s,
+                        bid.seq, now, fills, stc, tif, bid.min_cuda, bid.nvlink, bid.min_rel,
+                        bid.avoid_node, bid.image_only, bid.node, bid.prefer, bid)
         bid.gpus = left
-        if left and tif == "GTC":
-            cell = [bid]
-            moved = _rest(self._bid_px, self._bid_q, self._bid_tot, cell, price, bid.seq, left)
-            self._bid_ix[bid_id] = cell
-            lv = self._bid_ge.get(price)
-            if lv is not None:
-                if moved:  # not at the tail: the level's index is rebuilt when next used
-                    del self._bid_ge[price]
-                else:
-                    for v, d in lv.items():
-                        if gang <= v:
-                            d.append(cell)
-                    self._bid_gen += len(lv)
-                    _ge_gc(self)
-            own = self._bid_own  # inline _rested_bid (the hot path)
-            owner = bid.owner
-            own[owner] = own.get(owner, 0) + 1
-            mg = self._bid_mingang
-            if mg.get(price, _BIG) > gang:
-                mg[price] = gang
-            mg = self._bid_maxgang
-            if mg.get(price, 0) < gang:
-                mg[price] = gang
-            return MatchResult(fills, True, stc, left)
-        return MatchResult(fills, False, stc, left)
+        return MatchResult([Fill(*f) for f in fills], bool(left) and tif == "GTC", stc,
+                           left, bool(left) and tif == "FOK")
 
     def submit_ask(self, ask: Ask, now: int) -> MatchResult:
         """Match an incoming ask against resting bids; its remainder rests (always GTC).
 
         Args:
-            ask: the sell order (one node's GPUs); ``ask.gpus`` is decremented by fills.
+            ask: the sell order (one node's GPUs); ``ask.gpus`` is set to what is left
+                (and follows its later fills while it rests).
             now: current time, epoch seconds (a bid fits if ``now + duration_s <=
                 ask.available_until``).
 
@@ -219,43 +342,13 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         Raises:
             ValueError: non-positive price or gpus, or a duplicate id; nothing changes.
         """
-        price = ask.price
-        gpus = ask.gpus
-        if price <= 0 or gpus <= 0:
-            raise ValueError(f"invalid ask {ask!r}")
-        ask_id = ask.id
-        if ask_id in self._ask_ix or ask_id in self._bid_ix:
-            raise ValueError(f"duplicate order id {ask_id}")
-        fills: list[Fill] = []
+        fills: list = []
         stc: list[int] = []
-        px = self._bid_px
-        left = self._take_bids(ask, now, fills, stc) if px and px[-1] >= price else gpus
+        left = self.sell(ask.id, ask.owner, ask.price, ask.gpus, ask.node,
+                         ask.available_until, ask.seq, now, fills, stc, ask.cuda, ask.rel,
+                         ask.runs_images, ask)
         ask.gpus = left
-        if left:
-            cell = [ask]
-            moved = _rest(self._ask_px, self._ask_q, self._ask_tot, cell, price, ask.seq, left)
-            self._ask_ix[ask_id] = cell
-            lv = self._ask_ge.get(price)
-            if lv is not None:
-                if moved:  # not at the tail: the level's index is rebuilt when next used
-                    del self._ask_ge[price]
-                else:
-                    for v, d in lv.items():
-                        if left >= v:
-                            d.append(cell)
-                    self._ask_gen += len(lv)
-                    _ge_gc(self)
-            own = self._ask_own  # inline _rested_ask (the hot path)
-            owner = ask.owner
-            own[owner] = own.get(owner, 0) + 1
-            cap = self._ask_cap
-            if cap.get(price, 0) < left:
-                cap[price] = left
-            lo = self._ask_lo
-            if lo[left if left < _GE_TOP else _GE_TOP] > price:
-                _lower_lo(lo, price, left)
-            return MatchResult(fills, True, stc, left)
-        return MatchResult(fills, False, stc, 0)
+        return MatchResult([Fill(*f) for f in fills], bool(left), stc, left)
 
     def rest_bid(self, bid: Bid) -> None:
         """Put a bid straight into the book, WITHOUT matching (rebuilding a saved book).
@@ -274,11 +367,13 @@ class OrderBook(Walks, GangWalks, PreferWalks):
             raise ValueError(f"invalid bid {bid!r}")
         if bid.id in self._bid_ix or bid.id in self._ask_ix:
             raise ValueError(f"duplicate order id {bid.id}")
-        cell = [bid]
+        cell = [gpus, bid.owner, bid.id, bid.seq, bid.price, gang, bid.duration_s,
+                bid.min_cuda, bid.min_rel, bid.avoid_node, bid.image_only, bid.node,
+                bid.nvlink, bid.tif, bid]
         _rest(self._bid_px, self._bid_q, self._bid_tot, cell, bid.price, bid.seq, gpus)
         self._bid_ix[bid.id] = cell
         self._bid_ge.pop(bid.price, None)  # rebuilt when an ask next walks the level
-        self._rested_bid(bid)
+        self._rested_bid(cell)
 
     def rest_ask(self, ask: Ask) -> None:
         """Put an ask straight into the book, WITHOUT matching (rebuilding a saved book).
@@ -292,79 +387,100 @@ class OrderBook(Walks, GangWalks, PreferWalks):
             raise ValueError(f"invalid ask {ask!r}")
         if ask.id in self._ask_ix or ask.id in self._bid_ix:
             raise ValueError(f"duplicate order id {ask.id}")
-        cell = [ask]
+        cell = [ask.gpus, ask.owner, ask.id, ask.seq, ask.price, ask.node,
+                ask.available_until, ask.cuda, ask.rel, ask.runs_images, ask]
         _rest(self._ask_px, self._ask_q, self._ask_tot, cell, ask.price, ask.seq, ask.gpus)
         self._ask_ix[ask.id] = cell
         self._ask_ge.pop(ask.price, None)  # rebuilt when a gang bid next walks the level
-        self._rested_ask(ask)
+        self._rested_ask(cell)
 
-    def _rested_bid(self, bid: Bid) -> None:
-        """Book-keeping of a bid just rested: its owner's count, its level's gang bound."""
+    def _rested_bid(self, c: list) -> None:
+        """Book-keeping of a bid cell just rested: its owner's count, its level's gang
+        bounds."""
         own = self._bid_own
-        own[bid.owner] = own.get(bid.owner, 0) + 1
+        own[c[1]] = own.get(c[1], 0) + 1
+        price = c[4]
+        gang = c[5]
         mg = self._bid_mingang
-        m = mg.get(bid.price)
-        if m is None or m > bid.gang:
-            mg[bid.price] = bid.gang
-        if self._bid_maxgang.get(bid.price, 0) < bid.gang:
-            self._bid_maxgang[bid.price] = bid.gang
+        m = mg.get(price)
+        if m is None or m > gang:
+            mg[price] = gang
+        if self._bid_maxgang.get(price, 0) < gang:
+            self._bid_maxgang[price] = gang
 
-    def _rested_ask(self, ask: Ask) -> None:
-        """Book-keeping of an ask just (re)rested: owner's count, its level's GPU bound."""
+    def _rested_ask(self, c: list) -> None:
+        """Book-keeping of an ask cell just (re)rested: owner's count, its level's GPU
+        bound."""
         own = self._ask_own
-        own[ask.owner] = own.get(ask.owner, 0) + 1
+        own[c[1]] = own.get(c[1], 0) + 1
         cap = self._ask_cap
-        c = cap.get(ask.price)
-        if c is None or c < ask.gpus:
-            cap[ask.price] = ask.gpus
-        _lower_lo(self._ask_lo, ask.price, ask.gpus)
+        price = c[4]
+        gpus = c[0]
+        m = cap.get(price)
+        if m is None or m < gpus:
+            cap[price] = gpus
+        _lower_lo(self._ask_lo, price, gpus)
 
     # ------------------------------------------------------------------ maintenance
 
     def cancel(self, order_id: int) -> bool:
         """Remove a resting bid or ask by id; ``False`` if no such order rests."""
-        cell = self._bid_ix.pop(order_id, None)
-        if cell is not None:
+        c = self._bid_ix.pop(order_id, None)
+        if c is not None:  # (a dead cell off the head stays until a walk or compaction)
             own = self._bid_own
-            owner = cell[0].owner
-            n = own[owner] - 1
+            o = c[1]
+            n = own[o] - 1
             if n:
-                own[owner] = n
+                own[o] = n
             else:
-                del own[owner]
-            self._unlink(cell, self._bid_px, self._bid_q, self._bid_tot, bid=True)
-            return True
-        cell = self._ask_ix.pop(order_id, None)
-        if cell is not None:
-            _dec(self._ask_own, cell[0].owner)
-            self._unlink(cell, self._ask_px, self._ask_q, self._ask_tot, bid=False)
-            return True
-        return False
-
-    def _unlink(self, cell: list, px: list, qs: dict, tots: dict, *, bid: bool) -> None:
-        """Kill a resting cell already removed from the id index."""
-        o = cell[0]
-        cell[0] = None
-        p = o.price
-        tot = tots[p] - o.gpus
-        if not tot:
-            _drop_level(px, qs, tots, p, self._bid_mingang if bid else self._ask_cap)
-            if bid:
+                del own[o]
+            p = c[4]
+            tots = self._bid_tot
+            tot = tots[p] - c[0]
+            c[0] = 0
+            if not tot:
+                _drop_level(self._bid_px, self._bid_q, tots, p, self._bid_mingang)
                 self._bid_ge.pop(p, None)
                 self._bid_maxgang.pop(p, None)
+                return True
+            tots[p] = tot
+            q = self._bid_q[p]
+            if q[0] is c:
+                q.popleft()
             else:
+                self._bid_dead += 1
+                if self._bid_dead > walks._COMPACT_MIN + 2 * len(self._bid_ix):
+                    self._compact(self._bid_q)
+                    self._bid_dead = 0
+            return True
+        c = self._ask_ix.pop(order_id, None)
+        if c is not None:
+            own = self._ask_own
+            o = c[1]
+            n = own[o] - 1
+            if n:
+                own[o] = n
+            else:
+                del own[o]
+            p = c[4]
+            tots = self._ask_tot
+            tot = tots[p] - c[0]
+            c[0] = 0
+            if not tot:
+                _drop_level(self._ask_px, self._ask_q, tots, p, self._ask_cap)
                 self._ask_ge.pop(p, None)
-            return
-        tots[p] = tot
-        q = qs[p]
-        if q[0] is cell:
-            q.popleft()
-        elif bid:
-            self._bid_dead += 1
-            self._maybe_compact()
-        else:
-            self._ask_dead += 1
-            self._maybe_compact()
+                return True
+            tots[p] = tot
+            q = self._ask_q[p]
+            if q[0] is c:
+                q.popleft()
+            else:
+                self._ask_dead += 1
+                if self._ask_dead > walks._COMPACT_MIN + 2 * len(self._ask_ix):
+                    self._compact(self._ask_q)
+                    self._ask_dead = 0
+            return True
+        return False
 
     def add_gpus_to_ask(self, ask_id: int, gpus: int) -> bool:
         """Give ``gpus`` GPUs (of a lease that ended) back to a still-resting ask.
@@ -381,13 +497,16 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         cell = self._ask_ix.get(ask_id)
         if cell is None:
             return False
-        a = cell[0]
-        a.gpus += gpus
-        self._ask_tot[a.price] += gpus
-        self._ask_ge.pop(a.price, None)  # it may now belong to more buckets
-        _lower_lo(self._ask_lo, a.price, a.gpus)
-        if self._ask_cap[a.price] < a.gpus:
-            self._ask_cap[a.price] = a.gpus
+        have = cell[0] + gpus
+        cell[0] = have
+        if cell[10] is not None:
+            cell[10].gpus = have
+        p = cell[4]
+        self._ask_tot[p] += gpus
+        self._ask_ge.pop(p, None)  # it may now belong to more buckets
+        _lower_lo(self._ask_lo, p, have)
+        if self._ask_cap[p] < have:
+            self._ask_cap[p] = have
         return True
 
     def rematch_ask(self, ask_id: int, now: int) -> MatchResult:
@@ -401,12 +520,12 @@ class OrderBook(Walks, GangWalks, PreferWalks):
             KeyError: no resting ask with that id.
         """
         cell = self._ask_ix.pop(ask_id)
-        a = cell[0]
-        _dec(self._ask_own, a.owner)
-        cell[0] = None
-        p = a.price
+        _dec(self._ask_own, cell[1])
+        a = cell[:]  # the ask walks (and rests again) as a new cell; the old one dies
+        cell[0] = 0
+        p = a[4]
         self._ask_ge.pop(p, None)  # it rests again with its old seq: rebuilt when used
-        tot = self._ask_tot[p] - a.gpus
+        tot = self._ask_tot[p] - a[0]
         if tot:
             self._ask_tot[p] = tot
             q = self._ask_q[p]
@@ -416,15 +535,17 @@ class OrderBook(Walks, GangWalks, PreferWalks):
                     break
         else:
             _drop_level(self._ask_px, self._ask_q, self._ask_tot, p, self._ask_cap)
-        fills: list[Fill] = []
+        fills: list = []
         stc: list[int] = []
         bpx = self._bid_px
-        left = self._take_bids(a, now, fills, stc) if bpx and bpx[-1] >= p else a.gpus
-        a.gpus = left
+        left = self._take_bids(a, now, fills, stc) if bpx and bpx[-1] >= p else a[0]
+        a[0] = left
+        if a[10] is not None:
+            a[10].gpus = left
+        fills = [Fill(*f) for f in fills]
         if left:
-            cell = [a]
-            _rest(self._ask_px, self._ask_q, self._ask_tot, cell, p, a.seq, left)
-            self._ask_ix[ask_id] = cell
+            _rest(self._ask_px, self._ask_q, self._ask_tot, a, p, a[3], left)
+            self._ask_ix[ask_id] = a
             self._rested_ask(a)
             return MatchResult(fills, True, stc, left)
         return MatchResult(fills, False, stc, 0)
@@ -435,7 +556,8 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         Such an ask can never match (every bid has ``duration_s > 0``). Returns the ids
         removed, in priority order. O(resting asks); call it periodically.
         """
-        gone = [a.id for a in self.asks() if a.available_until <= now]
+        qs = self._ask_q
+        gone = [c[2] for p in self._ask_px for c in qs[p] if c[0] and c[6] <= now]
         for ask_id in gone:
             self.cancel(ask_id)
         return gone
@@ -465,14 +587,34 @@ class OrderBook(Walks, GangWalks, PreferWalks):
         return bids, asks
 
     def bids(self) -> list[Bid]:
-        """Resting bids in priority order (price high→low, then seq)."""
+        """Resting bids in priority order (price high→low, then seq): the ``Bid`` each
+        was submitted as (made from its fields for one given to ``buy``)."""
         qs = self._bid_q
-        return [c[0] for p in reversed(self._bid_px) for c in qs[p] if c[0] is not None]
+        out = []
+        for p in reversed(self._bid_px):
+            for c in qs[p]:
+                if c[0]:
+                    b = c[14]
+                    if b is None:
+                        b = c[14] = Bid(c[2], c[1], c[4], c[0], c[5], c[6], c[3], c[13],
+                                        c[7], c[12], c[8], c[9], c[10], c[11])
+                    out.append(b)
+        return out
 
     def asks(self) -> list[Ask]:
-        """Resting asks in priority order (price low→high, then seq)."""
+        """Resting asks in priority order (price low→high, then seq), as ``Ask``s (see
+        ``bids``)."""
         qs = self._ask_q
-        return [c[0] for p in self._ask_px for c in qs[p] if c[0] is not None]
+        out = []
+        for p in self._ask_px:
+            for c in qs[p]:
+                if c[0]:
+                    a = c[10]
+                    if a is None:
+                        a = c[10] = Ask(c[2], c[1], c[4], c[0], c[5], c[6], c[3], c[7],
+                                        c[8], c[9])
+                    out.append(a)
+        return out
 
     def __len__(self) -> int:
         """Number of resting orders (bids + asks)."""

@@ -1,6 +1,7 @@
 """The order book's walks through its level indexes for gangs (``OrderBook._ask_ge``,
 ``_bid_ge``, ``_ask_lo``; book.py's module docstring has the structure). ``GangWalks`` is
-a mixin: every attribute it reads is an ``OrderBook`` slot.
+a mixin: every attribute it reads is an ``OrderBook`` slot; cells and fill tuples are laid
+out as in ``walks.py``.
 
 Units: prices integer micro-USD per GPU-hour, GPUs counts, times epoch seconds.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from .types import Ask, Bid, Fill
 from .walks import _BIG, _GE_TOP, _dec
 
 _GE_SLACK = 4096  # index entries appended past 16 x live asks before a rebuild
@@ -37,7 +37,7 @@ def _lower_lo(lo: list[int], price: int, gpus: int) -> None:
 
 def _build_ge(q: deque, v: int) -> deque:
     """The cells of level deque ``q`` whose ask holds at least ``v`` GPUs, in seq order."""
-    return deque(c for c in q if c[0] is not None and c[0].gpus >= v)
+    return deque(c for c in q if c[0] >= v)
 
 
 class GangWalks:
@@ -45,14 +45,16 @@ class GangWalks:
 
     __slots__ = ()
 
-    def _take_ge(self, bid: Bid, p: int, q: deque, left: int, tot: int, dead: int,
-                 fills: list, end: int) -> tuple[int, int, int, int]:
+    def _take_ge(self, c: list, p: int, q: deque, left: int, tot: int, dead: int,
+                 fills: list, end: int, start: int) -> tuple[int, int, int, int]:
         """``_take_asks`` on level ``p`` through its index of asks holding >= v GPUs
         (v = min(gang, 8); built on first use, kept by every rest at the level, entries
-        stale once their ask holds fewer, dropped lazily). Only for a bid whose owner
-        rests no ask (no self-trade to find). Returns (left, tot, level GPU bound, dead):
-        the bound is exact up to v - 1 (the asks outside the index) when walked whole."""
-        gang = bid.gang
+        stale once their ask holds fewer, dropped lazily) for the bid cell ``c``. Only for
+        a bid whose owner rests no ask (no self-trade to find). Returns (left, tot, level
+        GPU bound, dead): the bound is exact up to v - 1 (the asks outside the index) when
+        walked whole. ``fills[start:]`` are this pass's."""
+        bid_id = c[2]
+        gang, _, need, mrel, avoid, image, only, nv = c[5:13]
         v = gang if gang < _GE_TOP else _GE_TOP
         lv = self._ask_ge.get(p)
         if lv is None:
@@ -63,30 +65,22 @@ class GangWalks:
             self._ask_gen += len(d)
         ix = self._ask_ix
         own = self._ask_own
-        bid_id = bid.id
-        need = bid.min_cuda
-        mrel = bid.min_rel
-        avoid = bid.avoid_node
-        image = bid.image_only
-        only = bid.node
-        nv = bid.nvlink
         mx = 0
         j = 0
         n = len(d)
         while j < n:
-            cell = d[j]
-            a = cell[0]
-            if a is None or a.gpus < v:  # gone, or no longer holds v GPUs: stale entry
+            a = d[j]
+            ag = a[0]
+            if ag < v:  # gone, or no longer holds v GPUs: stale entry
                 if j:
                     j += 1
                 else:
                     d.popleft()
                     n -= 1
                 continue
-            ag = a.gpus
-            if (ag < gang or end > a.available_until or (need and a.cuda < need)
-                    or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
-                    or (image and not a.runs_images) or (only and a.node != only)):
+            if (ag < gang or end > a[6] or (need and a[7] < need)
+                    or (mrel and a[8] < mrel) or (avoid and a[5] == avoid)
+                    or (image and not a[9]) or (only and a[5] != only)):
                 if ag > mx:
                     mx = ag
                 j += 1
@@ -96,28 +90,31 @@ class GangWalks:
             if k > lg:
                 k = lg
             if nv:
-                k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
+                k = self._nvlink_gangs(a[5], gang, k, fills, {bid_id: gang}, start)
                 if not k:
                     if ag > mx:
                         mx = ag
                     j += 1
                     continue
             g = k * gang
-            fills.append(Fill(bid_id, a.id, a.node, g, p))
+            fills.append((bid_id, a[2], a[5], g, p))
             left -= g
             tot -= g
             if ag != g:
-                a.gpus = ag - g
+                ag -= g
+                a[0] = ag
+                if a[10] is not None:
+                    a[10].gpus = ag
                 if not left:
                     break
-                if ag - g > mx:
-                    mx = ag - g
+                if ag > mx:
+                    mx = ag
                 j += 1
                 continue
-            cell[0] = None
-            del ix[a.id]
-            _dec(own, a.owner)
-            if q[0] is cell:
+            a[0] = 0
+            del ix[a[2]]
+            _dec(own, a[1])
+            if q[0] is a:
                 q.popleft()
             else:
                 dead += 1
@@ -132,12 +129,13 @@ class GangWalks:
             mx = v - 1
         return left, tot, mx, dead
 
-    def _take_gb(self, ask: Ask, p: int, q: deque, left: int, tot: int, dead: int,
-                 fills: list, nvg: dict, window: int, top: int) -> tuple[int, int, int, int]:
+    def _take_gb(self, c: list, p: int, q: deque, left: int, tot: int, dead: int,
+                 fills: list, nvg: dict, window: int, top: int,
+                 start: int) -> tuple[int, int, int, int]:
         """``_take_bids`` on level ``p`` through its index of bids of gang <= v (v = GPUs
-        the ask has left, < 8; the level's deque itself while 8 or more; gangs never
-        change, so entries only die); when a fill leaves fewer GPUs, the walk moves on in
-        the smaller index after the last seq seen.
+        the ask cell ``c`` has left, < 8; the level's deque itself while 8 or more; gangs
+        never change, so entries only die); when a fill leaves fewer GPUs, the walk moves
+        on in the smaller index after the last seq seen.
         Only for an ask whose owner rests no bid. Returns (left, tot, gang bound, dead):
         the bound is exact down to v + 1 (the bids outside the index) when walked whole."""
         lv = self._bid_ge.get(p)
@@ -145,11 +143,9 @@ class GangWalks:
             lv = self._bid_ge[p] = {}
         ix = self._bid_ix
         own = self._bid_own
-        ask_id = ask.id
-        node = ask.node
-        cuda = ask.cuda
-        rel = ask.rel
-        processes = not ask.runs_images
+        ask_id = c[2]
+        node, _, cuda, rel, images = c[5:10]
+        processes = not images
         mn = _BIG
         last = -_BIG  # seq of the last bid looked at
         v = 0
@@ -161,30 +157,29 @@ class GangWalks:
                 v = want
                 d = q if v == _BIG else lv.get(v)
                 if d is None:
-                    d = lv[v] = deque(c for c in q if c[0] is not None and c[0].gang <= v)
+                    d = lv[v] = deque(b for b in q if b[0] and b[5] <= v)
                     self._bid_gen += len(d)
                 j = 0
                 n = len(d)
             if j >= n:
                 break
-            cell = d[j]
-            b = cell[0]
-            if b is None:
+            b = d[j]
+            bg = b[0]
+            if not bg:
                 if j:
                     j += 1
                 else:
                     d.popleft()
                     n -= 1
                 continue
-            if b.seq <= last:  # seen before the move to this index
+            if b[3] <= last:  # seen before the move to this index
                 j += 1
                 continue
-            last = b.seq
-            bg = b.gpus
-            gang = b.gang
-            if (gang > left or b.duration_s > window or b.min_cuda > cuda
-                    or b.min_rel > rel or b.avoid_node == node
-                    or (processes and b.image_only) or (b.node and b.node != node)):
+            last = b[3]
+            gang = b[5]
+            if (gang > left or b[6] > window or b[7] > cuda
+                    or b[8] > rel or b[9] == node
+                    or (processes and b[10]) or (b[11] and b[11] != node)):
                 if gang < mn:
                     mn = gang
                 j += 1
@@ -193,29 +188,32 @@ class GangWalks:
             kb = bg // gang
             if k > kb:
                 k = kb
-            if b.nvlink:
-                nvg[b.id] = gang
-                k = self._nvlink_gangs(node, gang, k, fills, nvg)
+            if b[12]:
+                nvg[b[2]] = gang
+                k = self._nvlink_gangs(node, gang, k, fills, nvg, start)
                 if not k:
                     if gang < mn:
                         mn = gang
                     j += 1
                     continue
             g = k * gang
-            fills.append(Fill(b.id, ask_id, node, g, p))
+            fills.append((b[2], ask_id, node, g, p))
             left -= g
             tot -= g
             if bg != g:
-                b.gpus = bg - g
+                bg -= g
+                b[0] = bg
+                if b[14] is not None:
+                    b[14].gpus = bg
                 if gang < mn:
                     mn = gang
                 j += 1
                 continue
-            cell[0] = None
-            del ix[b.id]
-            _dec(own, b.owner)
+            b[0] = 0
+            del ix[b[2]]
+            _dec(own, b[1])
             if d is not q:
-                if q[0] is cell:
+                if q[0] is b:
                     q.popleft()
                 else:
                     dead += 1

@@ -16,34 +16,33 @@ bids with a non-empty ``prefer`` come here; the plain walk is untouched.
 
 from __future__ import annotations
 
-from .types import Bid, Fill
 from .walks import _COMPACT_MIN, _dec
 
 
 class PreferWalks:
     __slots__ = ()
 
-    def _take_preferring(self, bid: Bid, now: int, fills: list, stc: list) -> int:
-        """Walk asks for ``bid`` (``bid.prefer`` non-empty); return the GPUs left unfilled.
-        Mutates the book as ``_take_asks`` does. Level bounds (``_ask_cap``, ``_ask_lo``)
-        stay upper/lower bounds: this walk only takes GPUs away."""
+    def _take_preferring(self, c: list, now: int, fills: list, stc: list,
+                         prefer: frozenset[int]) -> int:
+        """Walk asks for the bid cell ``c`` (``prefer`` non-empty: node ids); return the
+        GPUs left unfilled. Mutates the book as ``_take_asks`` does (cells and fill tuples
+        as in walks.py). Level bounds (``_ask_cap``, ``_ask_lo``) stay upper/lower bounds:
+        this walk only takes GPUs away."""
         px = self._ask_px
         qs = self._ask_q
         tots = self._ask_tot
         ix = self._ask_ix
         caps = self._ask_cap
         own = self._ask_own
-        owner = bid.owner
-        gang = bid.gang
-        prefer = bid.prefer
+        left, owner, bid_id, _, limit, gang, dur, need, mrel, avoid, image, only, nv = c[:13]
         mine = owner in own
-        left = bid.gpus
-        end = now + bid.duration_s
+        end = now + dur
+        start = len(fills)
         dead = 0
         i = 0
         while i < len(px) and left:
             p = px[i]
-            if p > bid.price:
+            if p > limit:
                 break
             if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
                 i += 1
@@ -51,36 +50,39 @@ class PreferWalks:
             q = qs[p]
             tot = tots[p]
             for first in (True, False):  # the preferred nodes' asks, then the others
-                for cell in q:
-                    a = cell[0]
-                    if a is None or (a.node in prefer) is not first:
+                for a in q:
+                    ag = a[0]
+                    if not ag or (a[5] in prefer) is not first:
                         continue
-                    ag = a.gpus
-                    if a.owner == owner:  # self-trade prevention: the resting ask goes
-                        cell[0] = None
-                        del ix[a.id]
+                    if a[1] == owner:  # self-trade prevention: the resting ask goes
+                        a[0] = 0
+                        del ix[a[2]]
                         _dec(own, owner)
                         tot -= ag
-                        stc.append(a.id)
+                        stc.append(a[2])
                         dead += 1
                         continue
-                    if not self._serves(bid, a, end):
-                        continue
+                    if (ag < gang or end > a[6] or (need and a[7] < need)
+                            or (mrel and a[8] < mrel) or (avoid and a[5] == avoid)
+                            or (image and not a[9]) or (only and a[5] != only)):
+                        continue  # (the plain walk's conditions)
                     k = min(ag // gang, left // gang)
-                    if bid.nvlink:
-                        k = self._nvlink_gangs(a.node, gang, k, fills, {bid.id: gang})
+                    if nv:
+                        k = self._nvlink_gangs(a[5], gang, k, fills, {bid_id: gang}, start)
                         if not k:
                             continue
                     g = k * gang
-                    fills.append(Fill(bid.id, a.id, a.node, g, p))
+                    fills.append((bid_id, a[2], a[5], g, p))
                     left -= g
                     tot -= g
                     if ag != g:
-                        a.gpus = ag - g
+                        a[0] = ag - g
+                        if a[10] is not None:
+                            a[10].gpus = ag - g
                     else:
-                        cell[0] = None
-                        del ix[a.id]
-                        _dec(own, a.owner)
+                        a[0] = 0
+                        del ix[a[2]]
+                        _dec(own, a[1])
                         dead += 1
                     if not left:
                         break
@@ -101,13 +103,3 @@ class PreferWalks:
                 self._compact(self._ask_q)
                 self._ask_dead = 0
         return left
-
-    @staticmethod
-    def _serves(bid: Bid, a, end: int) -> bool:
-        """Whether ask ``a`` may fill ``bid`` at all (the plain walk's conditions)."""
-        return not (a.gpus < bid.gang or end > a.available_until
-                    or (bid.min_cuda and a.cuda < bid.min_cuda)
-                    or (bid.min_rel and a.rel < bid.min_rel)
-                    or (bid.avoid_node and a.node == bid.avoid_node)
-                    or (bid.image_only and not a.runs_images)
-                    or (bid.node and a.node != bid.node))

@@ -3,7 +3,7 @@
 Units (DESIGN.md "Units"): every price is integer micro-USD per GPU-hour (1 USD =
 1_000_000), durations are whole seconds, times are integer epoch seconds. Never float.
 
-These are plain mutable/frozen dataclasses with ``slots=True``; the order book mutates
+These are dataclasses with ``slots=True`` (``Fill`` frozen); the order book mutates
 ``Bid.gpus`` and ``Ask.gpus`` in place as they fill (they always mean "GPUs still
 wanted / still available").
 """
@@ -103,7 +103,8 @@ class Fill:
 
     ``gpus`` is a whole number of the bid's gangs; ``price`` (micro-USD per GPU-hour) is
     the RESTING order's price (DESIGN.md: "the trade is at the resting order's price").
-    Each fill becomes one lease.
+    Each fill becomes one lease. The engine's fast path (``OrderBook.buy``/``sell``) gives
+    the same fields as plain tuples, in this order.
     """
 
     bid_id: int

@@ -2,6 +2,19 @@
 ``marketplace.engine.book.OrderBook``; its module docstring has the rules and the
 structure). ``Walks`` is a mixin: every attribute it reads is an ``OrderBook`` slot.
 
+A resting order is a "cell", a plain list (built and read faster than an object; the
+walks index it with literal ints, so the layout below is fixed):
+
+* both sides: ``[0] gpus`` left (0: dead, cancelled or filled), ``[1] owner``, ``[2] id``,
+  ``[3] seq``, ``[4] price``;
+* ask: ``[5] node``, ``[6] available_until``, ``[7] cuda``, ``[8] rel``, ``[9] runs_images``,
+  ``[10]`` the ``Ask`` it mirrors (None until ``asks()`` makes one);
+* bid: ``[5] gang``, ``[6] duration_s``, ``[7] min_cuda``, ``[8] min_rel``, ``[9] avoid_node``,
+  ``[10] image_only``, ``[11] node`` (only), ``[12] nvlink``, ``[13] tif``, ``[14]`` the
+  ``Bid`` it mirrors (None until ``bids()`` makes one). A partial fill of a resting order
+  sets its mirror's ``gpus`` too.
+
+Fills are plain tuples ``(bid_id, ask_id, node, gpus, price)`` (``Fill``'s fields).
 Units: prices integer micro-USD per GPU-hour, GPUs counts, times epoch seconds.
 """
 
@@ -9,8 +22,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-
-from .types import Ask, Bid, Fill
 
 _COMPACT_MIN = 1024
 _BIG = 1 << 62
@@ -28,22 +39,25 @@ def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int,
         tots[price] = gpus
         return False
     tots[price] += gpus
-    while q and q[-1][0] is None:  # dead cells at the tail: drop them, no scan
+    while q and not q[-1][0]:  # dead cells at the tail: drop them, no scan
         q.pop()
-    if q:
-        last = q[-1][0]
-        if last.seq > seq:
-            # Rare: out-of-order seq (e.g. a re-matched order keeps its priority).
-            j = len(q)
-            while j:
-                o = q[j - 1][0]
-                if o is not None and o.seq < seq:
-                    break
-                j -= 1
-            q.insert(j, cell)
-            return True
+    if q and q[-1][3] > seq:
+        return _insert(q, cell, seq)
     q.append(cell)
     return False
+
+
+def _insert(q: deque, cell: list, seq: int) -> bool:
+    """Put ``cell`` before the live cells of a larger seq (rare: a re-matched or reloaded
+    order keeps its priority). Returns True (the cell is not at the tail)."""
+    j = len(q)
+    while j:
+        o = q[j - 1]
+        if o[0] and o[3] < seq:
+            break
+        j -= 1
+    q.insert(j, cell)
+    return True
 
 
 def _drop_level(px: list[int], qs: dict, tots: dict, price: int, bound: dict) -> None:
@@ -67,28 +81,21 @@ class Walks:
 
     __slots__ = ()
 
-    def _take_asks(self, bid: Bid, now: int, fills: list, stc: list) -> int:
-        """Walk asks for ``bid``; return the GPUs left unfilled. Mutates the book."""
+    def _take_asks(self, c: list, now: int, fills: list, stc: list) -> int:
+        """Walk asks for the incoming bid cell ``c``; return the GPUs left unfilled.
+        Appends fill tuples to ``fills`` and self-trade cancels to ``stc``; mutates the
+        book (not ``c``)."""
         px = self._ask_px
         qs = self._ask_q
         tots = self._ask_tot
         ix = self._ask_ix
-        limit = bid.price
-        owner = bid.owner
-        gang = bid.gang
-        bid_id = bid.id
-        end = now + bid.duration_s
-        need = bid.min_cuda
-        mrel = bid.min_rel
-        avoid = bid.avoid_node
-        image = bid.image_only
-        left = bid.gpus
-        nv = bid.nvlink
-        only = bid.node
+        left, owner, bid_id, _, limit, gang, dur, need, mrel, avoid, image, only, nv = c[:13]
+        end = now + dur
         caps = self._ask_cap
         own = self._ask_own
         mine = owner in own
         ges = self._ask_ge
+        start = len(fills)
         use = gang >= self._ge_min_gang and not mine
         lop = -1  # the first price this walk saw that may hold >= v GPUs (-1: none yet)
         stop = _BIG  # the first price this walk did not look at
@@ -114,31 +121,31 @@ class Walks:
             tot = tots[p]
             mx = 0
             if use:
-                left, tot, mx, dead = self._take_ge(bid, p, q, left, tot, dead, fills, end)
+                left, tot, mx, dead = self._take_ge(c, p, q, left, tot, dead, fills, end,
+                                                    start)
                 n = 0  # the level was walked through its index
             else:
                 n = len(q)
             j = 0
             while j < n:
-                cell = q[j]
-                a = cell[0]
-                if a is None:
+                a = q[j]
+                ag = a[0]
+                if not ag:
                     if j:
                         j += 1
                     else:
                         q.popleft()
                         n -= 1
                     continue
-                ag = a.gpus
-                if a.owner == owner:
-                    cell[0] = None
-                    del ix[a.id]
+                if a[1] == owner:
+                    a[0] = 0
+                    del ix[a[2]]
                     _dec(own, owner)
                     tot -= ag
-                    stc.append(a.id)
-                elif (ag < gang or end > a.available_until or (need and a.cuda < need)
-                      or (mrel and a.rel < mrel) or (avoid and a.node == avoid)
-                      or (image and not a.runs_images) or (only and a.node != only)):
+                    stc.append(a[2])
+                elif (ag < gang or end > a[6] or (need and a[7] < need)
+                      or (mrel and a[8] < mrel) or (avoid and a[5] == avoid)
+                      or (image and not a[9]) or (only and a[5] != only)):
                     if ag > mx:
                         mx = ag
                     j += 1
@@ -149,27 +156,30 @@ class Walks:
                     if k > lg:
                         k = lg
                     if nv:
-                        k = self._nvlink_gangs(a.node, gang, k, fills, {bid_id: gang})
+                        k = self._nvlink_gangs(a[5], gang, k, fills, {bid_id: gang}, start)
                         if not k:
                             if ag > mx:
                                 mx = ag
                             j += 1
                             continue
                     g = k * gang
-                    fills.append(Fill(bid_id, a.id, a.node, g, p))
+                    fills.append((bid_id, a[2], a[5], g, p))
                     left -= g
                     tot -= g
                     if ag != g:
-                        a.gpus = ag - g
+                        ag -= g
+                        a[0] = ag
+                        if a[10] is not None:
+                            a[10].gpus = ag
                         if not left:
                             break
-                        if ag - g > mx:
-                            mx = ag - g
+                        if ag > mx:
+                            mx = ag
                         j += 1
                         continue
-                    cell[0] = None
-                    del ix[a.id]
-                    _dec(own, a.owner)
+                    a[0] = 0
+                    del ix[a[2]]
+                    _dec(own, a[1])
                 # the cell at j is now dead
                 if j:
                     j += 1
@@ -209,21 +219,17 @@ class Walks:
                 self._ask_dead = 0
         return left
 
-    def _take_bids(self, ask: Ask, now: int, fills: list, stc: list) -> int:
-        """Walk bids for ``ask``; return the GPUs left. Mutates the book."""
+    def _take_bids(self, c: list, now: int, fills: list, stc: list) -> int:
+        """Walk bids for the incoming ask cell ``c``; return the GPUs left. Mutates the
+        book (not ``c``)."""
         px = self._bid_px
         qs = self._bid_q
         tots = self._bid_tot
         ix = self._bid_ix
-        limit = ask.price
-        owner = ask.owner
-        ask_id = ask.id
-        node = ask.node
-        window = ask.available_until - now
-        cuda = ask.cuda
-        rel = ask.rel
-        processes = not ask.runs_images
-        left = ask.gpus
+        left, owner, ask_id, _, limit, node, until, cuda, rel, images = c[:10]
+        window = until - now
+        processes = not images
+        start = len(fills)
         nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
         mgs = self._bid_mingang
         own = self._bid_own
@@ -245,33 +251,32 @@ class Walks:
             j = 0
             top = mxg[p]
             if top > 1 and bix and not mine:  # some bid here has a gang > 1
-                left, tot, mn, dead = self._take_gb(ask, p, q, left, tot, dead, fills, nvg,
-                                                    window, top)
+                left, tot, mn, dead = self._take_gb(c, p, q, left, tot, dead, fills, nvg,
+                                                    window, top, start)
                 n = 0  # the level was walked through its index
             else:
                 n = len(q)
             while j < n:
-                cell = q[j]
-                b = cell[0]
-                if b is None:
+                b = q[j]
+                bg = b[0]
+                if not bg:
                     if j:
                         j += 1
                     else:
                         q.popleft()
                         n -= 1
                     continue
-                bg = b.gpus
-                if b.owner == owner:
-                    cell[0] = None
-                    del ix[b.id]
+                if b[1] == owner:
+                    b[0] = 0
+                    del ix[b[2]]
                     _dec(own, owner)
                     tot -= bg
-                    stc.append(b.id)
+                    stc.append(b[2])
                 else:
-                    gang = b.gang
-                    if (gang > left or b.duration_s > window or b.min_cuda > cuda
-                            or b.min_rel > rel or b.avoid_node == node
-                            or (processes and b.image_only) or (b.node and b.node != node)):
+                    gang = b[5]
+                    if (gang > left or b[6] > window or b[7] > cuda
+                            or b[8] > rel or b[9] == node
+                            or (processes and b[10]) or (b[11] and b[11] != node)):
                         if gang < mn:
                             mn = gang
                         j += 1
@@ -280,29 +285,32 @@ class Walks:
                     kb = bg // gang
                     if k > kb:
                         k = kb
-                    if b.nvlink:
-                        nvg[b.id] = gang
-                        k = self._nvlink_gangs(node, gang, k, fills, nvg)
+                    if b[12]:
+                        nvg[b[2]] = gang
+                        k = self._nvlink_gangs(node, gang, k, fills, nvg, start)
                         if not k:
                             if gang < mn:
                                 mn = gang
                             j += 1
                             continue
                     g = k * gang
-                    fills.append(Fill(b.id, ask_id, node, g, p))
+                    fills.append((b[2], ask_id, node, g, p))
                     left -= g
                     tot -= g
                     if bg != g:
-                        b.gpus = bg - g
+                        bg -= g
+                        b[0] = bg
+                        if b[14] is not None:
+                            b[14].gpus = bg
                         j += 1
                         if not left:
                             break
                         if gang < mn:
                             mn = gang
                         continue
-                    cell[0] = None
-                    del ix[b.id]
-                    _dec(own, b.owner)
+                    b[0] = 0
+                    del ix[b[2]]
+                    _dec(own, b[1])
                 if j:
                     j += 1
                     dead += 1
@@ -332,57 +340,45 @@ class Walks:
                 self._bid_dead = 0
         return left
 
-    def _bid_fillable(self, bid: Bid, now: int) -> int:
-        """GPUs ``bid`` would fill now (same walk as ``_take_asks``, no mutation)."""
-        gang = bid.gang
-        want = bid.gpus
-        owner = bid.owner
-        end = now + bid.duration_s
-        need = bid.min_cuda
-        image = bid.image_only
-        only = bid.node
+    def _bid_fillable(self, c: list, now: int) -> int:
+        """GPUs the bid cell ``c`` would fill now (same walk as ``_take_asks``, no
+        mutation)."""
+        want, owner, bid_id, _, limit, gang, dur, need, mrel, avoid, image, only, nv = c[:13]
+        end = now + dur
         got = 0
-        seen: list[Fill] = []
+        seen: list[tuple] = []
         qs = self._ask_q
         for p in self._ask_px:
-            if p > bid.price:
+            if p > limit:
                 break
-            for cell in qs[p]:
-                a = cell[0]
-                if (a is None or a.owner == owner or a.gpus < gang
-                        or end > a.available_until or (need and a.cuda < need)
-                        or a.rel < bid.min_rel or a.node == bid.avoid_node
-                        or (image and not a.runs_images) or (only and a.node != only)):
+            for a in qs[p]:
+                ag = a[0]
+                if (not ag or a[1] == owner or ag < gang
+                        or end > a[6] or (need and a[7] < need)
+                        or a[8] < mrel or a[5] == avoid
+                        or (image and not a[9]) or (only and a[5] != only)):
                     continue
-                k = a.gpus // gang
-                if bid.nvlink:  # as _take_asks would: after this walk's earlier gangs
-                    k = self._nvlink_gangs(a.node, gang, k, seen, {bid.id: gang})
-                    seen.append(Fill(bid.id, a.id, a.node, k * gang, p))
+                k = ag // gang
+                if nv:  # as _take_asks would: after this walk's earlier gangs
+                    k = self._nvlink_gangs(a[5], gang, k, seen, {bid_id: gang}, 0)
+                    seen.append((bid_id, a[2], a[5], k * gang, p))
                 got += k * gang
                 if got >= want:
                     return want
         return got
 
     def _nvlink_gangs(self, node: int, gang: int, k: int, fills: list,
-                      nvg: dict[int, int]) -> int:
+                      nvg: dict[int, int], start: int) -> int:
         """At most `k`: the NVLink-connected gangs `node` can still give (``links``), after
-        this pass's earlier `fills` on it (an NVLink bid's by its gang in `nvg`)."""
+        this pass's earlier fills on it (``fills[start:]``; an NVLink bid's by its gang in
+        `nvg`)."""
         if self.links is None:
             return 0
-        taken = [(f.gpus, nvg.get(f.bid_id, 0)) for f in fills if f.node == node]
+        taken = [(f[3], nvg.get(f[0], 0)) for f in fills[start:] if f[2] == node]
         return min(k, self.links(node, gang, taken))
-
-    def _maybe_compact(self) -> None:
-        """Compact a side whose dead cells exceed 1024 + 2 x its live orders."""
-        if self._bid_dead > _COMPACT_MIN + 2 * len(self._bid_ix):
-            self._compact(self._bid_q)
-            self._bid_dead = 0
-        if self._ask_dead > _COMPACT_MIN + 2 * len(self._ask_ix):
-            self._compact(self._ask_q)
-            self._ask_dead = 0
 
     @staticmethod
     def _compact(qs: dict) -> None:
         """Drop every dead cell of one side (amortised: runs when dead > 1024 + 2 x live)."""
         for p, q in qs.items():
-            qs[p] = deque(c for c in q if c[0] is not None)
+            qs[p] = deque(c for c in q if c[0])

@@ -44,15 +44,16 @@ ops_st = st.lists(st.one_of(bid_op, ask_op, ask_op, ask_op, cancel_op), max_size
 
 def consistent(book: OrderBook) -> None:
     """The ask side's structure: sorted levels, totals equal to the live asks' GPUs, the
-    id index naming exactly the live cells, each level bound at or above its asks."""
+    id index naming exactly the live cells, each level bound at or above its asks (cells
+    laid out as in marketplace/engine/walks.py)."""
     assert book._ask_px == sorted(book._ask_q)
     live = {}
     for p, q in book._ask_q.items():
-        cells = [c for c in q if c[0] is not None]
+        cells = [c for c in q if c[0]]  # cells: [gpus left (0: dead), owner, id, ...]
         assert cells, p
-        assert book._ask_tot[p] == sum(c[0].gpus for c in cells)
-        assert book._ask_cap[p] >= max(c[0].gpus for c in cells)
-        live.update({c[0].id: c for c in cells})
+        assert book._ask_tot[p] == sum(c[0] for c in cells)
+        assert book._ask_cap[p] >= max(c[0] for c in cells)
+        live.update({c[2]: c for c in cells})
     assert set(book._ask_ix) == set(live)
     assert Counter(a.owner for a in book.asks()) == Counter(book._ask_own)
 
