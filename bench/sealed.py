@@ -73,7 +73,7 @@ def best_ms(rule: str, bids: list[SealedBid], repeat: int) -> tuple[float, int |
     return best, price
 
 
-def db_close(n: int, seed: int, pg: str, name: str) -> None:
+def db_close(n: int, seed: int, pg: str, name: str, analyze: bool) -> None:
     """Set up N sealed bids on a fresh database, then time close_auction (see --db)."""
     import os
     import subprocess
@@ -120,24 +120,43 @@ def db_close(n: int, seed: int, pg: str, name: str) -> None:
                                              "development credit", f"user:{k[1]}")
                                for k in keys])
     rng = random.Random(seed)
+    if os.environ.get("BENCH_PROFILE_SETUP"):
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     for u in users:
         gpus = rng.randint(1, LOT_DB)
         price = max(RESERVE, round(rng.gauss(2_490_000, 300_000) / 10_000) * 10_000)
         place_sealed_bid(bidder_id=u.pk, auction_id=auction.pk, price=price, gpus=gpus,
                          min_gpus=rng.randint(1, gpus), image="busybox", command=["true"],
                          now=now + timedelta(seconds=1))
+    if os.environ.get("BENCH_PROFILE_SETUP"):
+        prof.disable()
+        prof.dump_stats(os.environ["BENCH_PROFILE_SETUP"])
     print(f"setup: {n} sealed bids placed in {time.perf_counter() - t0:.0f} s")
+    if analyze:
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
     statements = [0]
+    slow: list[tuple[float, str]] = []
 
     def count(run, sql, *a):
         statements[0] += 1
-        return run(sql, *a)
+        t = time.perf_counter()
+        try:
+            return run(sql, *a)
+        finally:
+            slow.append((time.perf_counter() - t, sql[:150]))
 
     real = core_bulk.execute_arrays
 
-    def counted(*a, **k):
+    def counted(connection, sql, params):
         statements[0] += 1
-        return real(*a, **k)
+        t = time.perf_counter()
+        try:
+            return real(connection, sql, params)
+        finally:
+            slow.append((time.perf_counter() - t, sql[:150]))
 
     print(f"load average before: {os.getloadavg()}")
     core_bulk.execute_arrays = counted
@@ -155,6 +174,8 @@ def db_close(n: int, seed: int, pg: str, name: str) -> None:
           f"(bench process), {statements[0]} SQL statements; {won} won, {lost} lost, "
           f"{Lease.objects.filter(sealed_bid__auction=auction).count()} leases, clearing "
           f"price {closed.clearing_price}; ledger_check: {first_violation() or 'clean'}")
+    for dt, sql in sorted(slow, reverse=True)[:5]:
+        print(f"    {dt * 1000:8.1f} ms  {sql}")
 
 
 LOT_DB = 8
@@ -168,17 +189,20 @@ def main() -> None:
     ap.add_argument("--db", action="store_true", help="a sealed close through PostgreSQL")
     ap.add_argument("--db-name", default="gpumarket_bench_sealed")
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
+    ap.add_argument("--analyze", action="store_true",
+                    help="--db: ANALYZE after the setup, before the close")
     ap.add_argument("--db-one", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.db_one:
-        db_close(args.db_one, args.seed, args.pg, args.db_name)
+        db_close(args.db_one, args.seed, args.pg, args.db_name, args.analyze)
         return
     if args.db:  # one process per size: each drops and creates its database
         import subprocess
 
         for n in args.sizes or [100, 1_000, 10_000]:
             subprocess.run([sys.executable, __file__, "--db-one", str(n), "--seed",
-                            str(args.seed), "--pg", args.pg, "--db-name", args.db_name],
+                            str(args.seed), "--pg", args.pg, "--db-name", args.db_name,
+                            *(["--analyze"] if args.analyze else [])],
                            check=True)
         return
     args.sizes = args.sizes or [100_000, 1_000_000]

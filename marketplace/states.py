@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.db import models, transaction
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core.bulk import insert_all, update_all
@@ -58,7 +59,8 @@ class StateMachine(models.Model):
                         update_fields: tuple[str, ...] = ()) -> None:
         """set_status on each of `rows` (saved instances of this model), cause and detail
         per row, in a fixed number of statements: one UPDATE of status and
-        `update_fields` for all, one INSERT of all their events (core.bulk). Raises
+        `update_fields` for all, one INSERT of all their events (core.bulk); post_save is
+        sent for each row, as its save() would. Raises
         IllegalTransition, changing nothing, when one row may not move to `to`."""
         if not rows:
             return
@@ -71,8 +73,14 @@ class StateMachine(models.Model):
         previous = [row.status for row in rows]
         for row in rows:
             row.status = to
+        fields = ["status", *dict.fromkeys(update_fields)]
         with transaction.atomic(savepoint=False):
-            update_all(rows, ["status", *dict.fromkeys(update_fields)])
+            update_all(rows, fields)
+            # as save() would: the live feed and the runners' push listen (runner_push)
+            using, saved = rows[0]._state.db, frozenset(fields)
+            for row in rows:
+                post_save.send(sender=cls, instance=row, created=False, raw=False,
+                               using=using, update_fields=saved)
             if cls.EVENT_RELATED_NAME is None:
                 return
             events = rows[0]._events()
