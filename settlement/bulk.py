@@ -6,7 +6,8 @@ in the same order, in a fixed number of statements whatever their number: one lo
 all holds (primary-key order), one lock of all accounts (by id, one term per kind), one
 INSERT of the entries, one of the postings, one UPDATE of the balances and one of the
 holds (core.bulk). Run inside the caller's transaction; a refusal raises before anything
-is written. Source of the rules: the services they stand for.
+is written and the caller's transaction stays usable (a savepoint). Source of the rules:
+the services they stand for.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def holds_release_many(releases: list[tuple[int, str]]) -> list[int]:
     ids = [pk for pk, _ in releases]
     if len(set(ids)) != len(ids):
         raise HoldClosed("a hold is released twice in one call")
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
         holds = _locked_holds(ids)
         _write([(JournalEntry.Kind.HOLD_RELEASE,
                  [((Kind.BUYER_HELD, h.buyer_id), -h.amount),
@@ -107,7 +108,7 @@ def holds_settle_batch(charges: list[Charge]) -> list[Settled]:
     holds closed `captured`; one `lease_settle` entry per charge, keyed
     settle:<reference>. Same errors as hold_settle_many (HoldClosed, ValueError), for
     the first charge at fault; nothing is written then."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
         locked = _locked_holds([pk for c in charges for pk in c.hold_ids])
         plans: list[tuple[Charge, list[Hold], CapturePlan]] = []
         for c in charges:
@@ -138,7 +139,7 @@ def holds_capture_batch(charges: list[Charge]) -> list[Settled | None]:
     period (a charge whose key meter:<reference>:<period> exists, or whose cost is not
     above what was captured, gives None and writes nothing). ValueError for a cost
     beyond its holds; HoldClosed; nothing written then."""
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
         locked = _locked_holds([pk for c in charges for pk in c.hold_ids])
         keys = [f"meter:{c.reference}:{c.period}" for c in charges]
         done = set(JournalEntry.objects.filter(idempotency_key__in=keys)
