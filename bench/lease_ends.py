@@ -12,9 +12,10 @@ marketplace.tasks.end_overdue_leases once; the clock runs from the task's send u
 every lease is ended. Lateness of a lease = when a poll (every 0.25 s) first saw it
 ended - the send. Then ledger_check, and
 the counts of GPUs back on their asks and of new leases for the resting bids.
---inproc --batch B runs the sweep in this process instead (B=1: the old one-by-one path).
+--inproc --batch B runs the sweep in this process instead (B=1: one lease per transaction);
+--meter times one metering run (meter_running_leases) over the running leases instead.
 
-Run:  .venv/bin/python bench/lease_ends.py [--leases 10000] [--resting 100] [--inproc]
+Run:  .venv/bin/python bench/lease_ends.py [--leases 10000] [--resting 100] [--inproc | --meter]
           [--batch 20] [--db gpumarket_bench_ends] [--pg postgres://postgres@127.0.0.1:5432]
 """
 
@@ -120,12 +121,49 @@ def report(n: int, late: list[float], wall: float) -> None:
           f"ledger_check: {first_violation() or 'clean'}")
 
 
+def meter(n: int) -> None:
+    """Time one metering run (leases.meter_running_leases) over the N running leases, in
+    this process: every lease has run its first whole period (started_at over an hour
+    ago), so each is charged once; a second run must charge none."""
+    from django.db import connection
+
+    from core import bulk as core_bulk
+    from marketplace.leases import meter_running_leases
+    from settlement.checks import first_violation
+    from settlement.models import JournalEntry
+
+    statements = []
+    real = core_bulk.execute_arrays
+
+    def counted(*a):
+        statements.append(1)
+        return real(*a)
+
+    for mod in ("core.bulk", "settlement.services"):
+        sys.modules[mod].execute_arrays = counted
+    cpu, wall = time.process_time(), time.perf_counter()
+    with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
+                                                          run(sql, *a))[1]):
+        charged = meter_running_leases()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    again = meter_running_leases()
+    print(f"metering: {len(charged)}/{n} leases charged in {wall:.2f} s wall, {cpu:.2f} s CPU"
+          f" ({wall * 1000 / max(1, n):.2f} ms wall, {cpu * 1000 / max(1, n):.2f} ms CPU per "
+          f"lease), {len(statements)} SQL statements; second run charged {len(again)}; "
+          f"{JournalEntry.objects.filter(kind='lease_meter').count()} lease_meter entries; "
+          f"ledger_check: {first_violation() or 'clean'}")
+    print(f"load average after: {os.getloadavg()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--leases", type=int, default=10_000)
     ap.add_argument("--resting", type=int, default=100)
     ap.add_argument("--inproc", action="store_true")
-    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--meter", action="store_true",
+                    help="time meter_running_leases over the running leases instead")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="leases per transaction (default: lease_end.LEASE_END_BATCH)")
     ap.add_argument("--db", default="gpumarket_bench_ends")
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     args = ap.parse_args()
@@ -136,6 +174,9 @@ def main() -> None:
                    check=True)
     n = set_up(args.leases, args.resting)
     print(f"load average before: {os.getloadavg()}")
+    if args.meter:
+        meter(n)
+        return
     if args.inproc:
         from marketplace.lease_end import end_overdue_leases
 
@@ -143,19 +184,34 @@ def main() -> None:
         if os.environ.get("BENCH_PROFILE"):
             import cProfile
 
-            cProfile.runctx("end_overdue_leases(batch=args.batch)", globals(), locals(),
+            cProfile.runctx("end_overdue_leases(batch=args.batch or 20)", globals(), locals(),
                             os.environ["BENCH_PROFILE"])
         else:
             from django.db import connection
 
+            from core import bulk as core_bulk
+
             statements = []
+            real = core_bulk.execute_arrays
+
+            def counted(*a):  # core.bulk's server-side statements count too
+                statements.append(1)
+                return real(*a)
+
+            for mod in ("core.bulk", "settlement.services", "marketplace.book"):
+                sys.modules[mod].execute_arrays = counted
+            cpu = time.process_time()
             with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
                                                                   run(sql, *a))[1]):
-                end_overdue_leases(batch=args.batch)
+                end_overdue_leases(**({"batch": args.batch} if args.batch else {}))
+            cpu = time.process_time() - cpu
             print(f"batch {args.batch}: {len(statements)} SQL statements, "
-                  f"{len(statements) / max(1, ended_count()):.1f} per lease")
+                  f"{len(statements) / max(1, ended_count()):.1f} per lease; "
+                  f"{cpu:.2f} s CPU of this process, "
+                  f"{cpu * 1000 / max(1, ended_count()):.2f} ms per lease")
         wall = time.time() - sent
         report(n, [wall] * ended_count(), wall)  # in-process: no commit times
+        print(f"load average after: {os.getloadavg()}")
         return
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "marketplace", "worker", "--pool", "solo",

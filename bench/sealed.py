@@ -7,7 +7,16 @@ uniform_price with every bid's minimum above the lot, forcing a full ranking and
 The DESIGN.md target is < 150 ms for 100,000 bids under uniform_price in the core.
 Bid construction is not timed.
 
+--db: a sealed close through the database instead (PostgreSQL, a fresh database per
+size): one provider's node of 8 H100s, an auction of its 8 GPUs (uniform_price, 1 h),
+N funded bidders each placing one bid through marketplace.auctions.place_sealed_bid
+(holds through the ledger; not timed), then `close_auction` timed: wall, this process's
+CPU, SQL statements (Django's cursor and core.bulk's server-side ones), and a
+ledger_check after. Target (DESIGN.md): 10,000 bids < 2 s.
+
 Run:  .venv/bin/python bench/sealed.py [--sizes 100000 1000000] [--repeat 5] [--seed 1]
+      .venv/bin/python bench/sealed.py --db [--sizes 100 1000 10000]
+          [--db-name gpumarket_bench_sealed] [--pg postgres://postgres@127.0.0.1:5432]
 """
 
 from __future__ import annotations
@@ -64,12 +73,139 @@ def best_ms(rule: str, bids: list[SealedBid], repeat: int) -> tuple[float, int |
     return best, price
 
 
+def db_close(n: int, seed: int, pg: str, name: str, analyze: bool) -> None:
+    """Set up N sealed bids on a fresh database, then time close_auction (see --db)."""
+    import os
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.api_orders import fresh_database, server_env
+
+    root = Path(__file__).resolve().parent.parent
+    env = server_env(fresh_database(pg, name))
+    os.environ.update(env)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env,
+                   check=True)
+    import django
+
+    django.setup()
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from core import bulk as core_bulk
+    from marketplace.auctions import close_auction, open_auction, place_sealed_bid
+    from marketplace.models import Lease, SealedBid
+    from settlement import services as ledger
+    from settlement.checks import first_violation
+    from settlement.models import JournalEntry
+    from tests.factories import registered_node
+
+    t0 = time.perf_counter()
+    provider, node, _ = registered_node(name="bench-sealed")
+    now = timezone.now()
+    auction = open_auction(provider_id=provider.pk, node_id=node.pk, gpus=LOT_DB,
+                           reserve_price=RESERVE, duration_seconds=3600,
+                           closes_at=now + timedelta(days=1), rule="uniform_price")
+    users = get_user_model().objects.bulk_create(
+        [get_user_model()(username=f"bench-bidder-{i}", password="!") for i in range(n)])
+    with transaction.atomic():  # funding, as dev_credit writes it, in one go
+        source = ledger.account(ledger.Kind.EXTERNAL_DEV_CREDIT)
+        keys = [(ledger.Kind.BUYER_AVAILABLE, u.pk) for u in users]
+        locked = ledger.lock_accounts_creating(keys)
+        ledger._write_entries([ledger._Entry(JournalEntry.Kind.DEV_CREDIT,
+                                             [(source.pk, -10**10), (locked[k][0], 10**10)],
+                                             "development credit", f"user:{k[1]}")
+                               for k in keys])
+    rng = random.Random(seed)
+    if os.environ.get("BENCH_PROFILE_SETUP"):
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+    for u in users:
+        gpus = rng.randint(1, LOT_DB)
+        price = max(RESERVE, round(rng.gauss(2_490_000, 300_000) / 10_000) * 10_000)
+        place_sealed_bid(bidder_id=u.pk, auction_id=auction.pk, price=price, gpus=gpus,
+                         min_gpus=rng.randint(1, gpus), image="busybox", command=["true"],
+                         now=now + timedelta(seconds=1))
+    if os.environ.get("BENCH_PROFILE_SETUP"):
+        prof.disable()
+        prof.dump_stats(os.environ["BENCH_PROFILE_SETUP"])
+    print(f"setup: {n} sealed bids placed in {time.perf_counter() - t0:.0f} s")
+    if analyze:
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE")
+    statements = [0]
+    slow: list[tuple[float, str]] = []
+
+    def count(run, sql, *a):
+        statements[0] += 1
+        t = time.perf_counter()
+        try:
+            return run(sql, *a)
+        finally:
+            slow.append((time.perf_counter() - t, sql[:150]))
+
+    real = core_bulk.execute_arrays
+
+    def counted(connection, sql, params):
+        statements[0] += 1
+        t = time.perf_counter()
+        try:
+            return real(connection, sql, params)
+        finally:
+            slow.append((time.perf_counter() - t, sql[:150]))
+
+    print(f"load average before: {os.getloadavg()}")
+    core_bulk.execute_arrays = counted
+    for mod in ("settlement.services", "settlement.bulk", "core.bulk"):
+        if hasattr(sys.modules.get(mod), "execute_arrays"):
+            sys.modules[mod].execute_arrays = counted
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    with connection.execute_wrapper(count):
+        closed = close_auction(auction_id=auction.pk, now=now + timedelta(days=1, seconds=1))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    print(f"load average after: {os.getloadavg()}")
+    won = SealedBid.objects.filter(auction=auction, status="won").count()
+    lost = SealedBid.objects.filter(auction=auction, status="lost").count()
+    print(f"{n:>7,} bids: close_auction {wall * 1000:8.1f} ms wall, {cpu * 1000:7.1f} ms CPU "
+          f"(bench process), {statements[0]} SQL statements; {won} won, {lost} lost, "
+          f"{Lease.objects.filter(sealed_bid__auction=auction).count()} leases, clearing "
+          f"price {closed.clearing_price}; ledger_check: {first_violation() or 'clean'}")
+    for dt, sql in sorted(slow, reverse=True)[:5]:
+        print(f"    {dt * 1000:8.1f} ms  {sql}")
+
+
+LOT_DB = 8
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=None)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--db", action="store_true", help="a sealed close through PostgreSQL")
+    ap.add_argument("--db-name", default="gpumarket_bench_sealed")
+    ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
+    ap.add_argument("--analyze", action="store_true",
+                    help="--db: ANALYZE after the setup, before the close")
+    ap.add_argument("--db-one", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.db_one:
+        db_close(args.db_one, args.seed, args.pg, args.db_name, args.analyze)
+        return
+    if args.db:  # one process per size: each drops and creates its database
+        import subprocess
+
+        for n in args.sizes or [100, 1_000, 10_000]:
+            subprocess.run([sys.executable, __file__, "--db-one", str(n), "--seed",
+                            str(args.seed), "--pg", args.pg, "--db-name", args.db_name,
+                            *(["--analyze"] if args.analyze else [])],
+                           check=True)
+        return
+    args.sizes = args.sizes or [100_000, 1_000_000]
     print(
         f"python {platform.python_version()} ({platform.python_implementation()}), "
         f"lot {LOT} GPUs, reserve {RESERVE}, best of {args.repeat}"

@@ -69,3 +69,42 @@ def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description is not None else []
+
+
+def update_all(objs: Sequence[Model], fields: Sequence[str]) -> int:
+    """UPDATE `fields` of `objs` (saved instances of one model) to their values on the
+    instances, in one statement whatever their number. On PostgreSQL the values travel as
+    one array per column (`UPDATE … FROM unnest(…)`); elsewhere QuerySet.bulk_update.
+    Returns the rows updated. No signals are sent (as with bulk_update)."""
+    if not objs:
+        return 0
+    model = type(objs[0])
+    using = router.db_for_write(model)
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return model.objects.using(using).bulk_update(objs, list(fields))
+    meta = model._meta
+    table = connection.ops.quote_name(meta.db_table)
+    pk = meta.pk
+    cols = [meta.get_field(name) for name in fields]
+    arrays = [f"%s::{pk.cast_db_type(connection)}[]"]
+    params = [[pk.get_db_prep_save(obj.pk, connection) for obj in objs]]
+    sets = []
+    for i, field in enumerate(cols):
+        values = [field.pre_save(obj, False) for obj in objs]
+        if isinstance(field, JSONField):
+            params.append([None if v is None else json.dumps(v, cls=field.encoder)
+                           for v in values])
+            arrays.append("%s::text[]")
+            value = f"u.c{i}::jsonb"
+        else:
+            params.append([field.get_db_prep_save(v, connection) for v in values])
+            arrays.append(f"%s::{field.cast_db_type(connection)}[]")
+            value = f"u.c{i}"
+        sets.append(f"{connection.ops.quote_name(field.column)} = {value}")
+    names = ", ".join(["id_", *(f"c{i}" for i in range(len(cols)))])
+    # identifiers come from the model's own metadata, quoted; every value is a parameter
+    sql = (f"UPDATE {table} SET {', '.join(sets)} FROM unnest({', '.join(arrays)}) "  # noqa: S608
+           f"AS u({names}) WHERE {table}.{connection.ops.quote_name(pk.column)} = u.id_ "
+           f"RETURNING 1")
+    return len(execute_arrays(connection, sql, params))

@@ -38,6 +38,7 @@ from marketplace.sealing import seal
 from marketplace.ssh_keys import require_key
 from marketplace.workload_env import clean_env_and_secrets
 from providers.models import Node
+from settlement import bulk as ledger_bulk
 from settlement import services as ledger
 from settlement.money import format_usd, lease_cost
 from webhooks import events as webhooks
@@ -260,7 +261,8 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
     """Clear the auction at or after closes_at, exactly once.
 
     Winners get a lease each at the price the rule sets; their holds are cut to that
-    cost; losers' holds are released — all in this one transaction. Returns None when
+    cost; losers' holds are released (set-based: _lose_all) — all in this one
+    transaction. Returns None when
     the auction is not due yet or already closed (a retried task changes nothing).
     """
     now = now or timezone.now()
@@ -273,22 +275,22 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
         if auction.status != Auction.Status.OPEN or now < auction.closes_at:
             return None
         bids = list(auction.bids.filter(status=SealedBid.Status.ACTIVE).order_by("pk"))
+        lost: list[tuple[SealedBid, str, str]] = []  # (bid, cause, its webhook's cause)
         cuda = auction.node.cuda_version  # it may have changed since a bid was placed
-        for bid in [b for b in bids if not cuda_ok(cuda, b.min_cuda)]:
-            bids.remove(bid)
-            cause = (f"auction {auction.pk} lost: its node reports CUDA {cuda or 'unknown'}, "
-                     f"below the bid's {bid.min_cuda}")
-            ledger.hold_release(hold_id=bid.hold_id, cause=cause)
-            bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
-            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
         runtime = auction.node.runtime  # so may its runtime (runtimes.py)
-        for bid in [b for b in bids if not can_run(runtime, b.command)]:
-            bids.remove(bid)
-            cause = (f"auction {auction.pk} lost: its node runs local processes only "
-                     "(--runtime process) and the bid gives no command")
-            ledger.hold_release(hold_id=bid.hold_id, cause=cause)
-            bid.set_status(SealedBid.Status.LOST, cause=cause, at=now)
-            webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, cause))
+        eligible = []
+        for bid in bids:
+            if not cuda_ok(cuda, bid.min_cuda):
+                cause = (f"auction {auction.pk} lost: its node reports CUDA "
+                         f"{cuda or 'unknown'}, below the bid's {bid.min_cuda}")
+                lost.append((bid, cause, cause))
+            elif not can_run(runtime, bid.command):
+                cause = (f"auction {auction.pk} lost: its node runs local processes only "
+                         "(--runtime process) and the bid gives no command")
+                lost.append((bid, cause, cause))
+            else:
+                eligible.append(bid)
+        bids = eligible
         clearing = engine.clear(
             auction.rule,
             [engine.SealedBid(id=b.pk, owner=b.bidder_id, price=b.price, gpus=b.gpus,
@@ -307,9 +309,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 log.warning("auction %s: bid %s won %s GPUs the node cannot connect over "
                             "NVLink any more; it loses", auction.pk, bid.pk, bid.gpus)
             if award is None:
-                ledger.hold_release(hold_id=bid.hold_id, cause=f"auction {auction.pk} lost")
-                bid.set_status(SealedBid.Status.LOST, cause=f"auction {auction.pk} lost", at=now)
-                webhooks.emit(bid.bidder_id, "auction.lost", _bid_event(auction, bid, "lost"))
+                lost.append((bid, f"auction {auction.pk} lost", "lost"))
                 continue
             cost = lease_cost(award.price, award.gpus, auction.duration_seconds)
             ledger.hold_reduce(hold_id=bid.hold_id, to_amount=cost,
@@ -334,6 +334,7 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
                 cause=f"won auction {auction.pk} ({auction.rule}) at "
                       f"{_per_gpu_hour(award.price)}",
             )
+        _lose_all(auction, lost, now)
         auction.clearing_price = clearing.clearing_price
         auction.closed_at = now
         winners = [f"bid {a.bid_id}: {a.gpus} GPUs at {_per_gpu_hour(a.price)}"
@@ -344,6 +345,21 @@ def close_auction(*, auction_id: int, now: datetime | None = None) -> Auction | 
     log.info("auction %s closed: %s bids, clearing price %s, winners %s", auction.pk,
              len(bids), clearing.clearing_price, winners)
     return auction
+
+
+def _lose_all(auction: Auction, lost: list[tuple[SealedBid, str, str]],
+              now: datetime) -> None:
+    """The losers of a close, set-based (bench/README.md "Sealed close"): their holds
+    released (settlement.bulk.holds_release_many), their bids `lost`, their
+    `auction.lost` webhooks — each as hold_release, set_status and emit one by one
+    would write them, in a fixed number of statements."""
+    if not lost:
+        return
+    ledger_bulk.holds_release_many([(bid.hold_id, cause) for bid, cause, _ in lost])
+    SealedBid.set_status_many([bid for bid, _, _ in lost], SealedBid.Status.LOST,
+                              causes=[cause for _, cause, _ in lost], at=now)
+    webhooks.emit_many([(bid.bidder_id, "auction.lost", _bid_event(auction, bid, said))
+                        for bid, _, said in lost])
 
 
 def _bid_event(auction: Auction, bid: SealedBid, cause: str) -> dict:

@@ -16,7 +16,15 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from core import metrics
-from marketplace import faults, lease_notice, locking, matching, preemption, reliability
+from marketplace import (
+    faults,
+    lease_end_many,
+    lease_notice,
+    locking,
+    matching,
+    preemption,
+    reliability,
+)
 from marketplace.errors import Conflict
 from marketplace.leases import hold_ids as lease_hold_ids
 from marketplace.leases import move
@@ -56,16 +64,7 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
                 detail: dict | None) -> tuple[Lease, int, int]:
     """end_lease's work on `lease` (unended, row locked), the market lock held: returns
     (lease, seconds charged, micro-USD released to the buyer)."""
-    seconds = 0
-    if lease.started_at is not None:
-        end = min([now, *(at for at in (lease.notice_deadline, lease.preempt_at)
-                          if at is not None)])
-        seconds = int(min((end - lease.started_at).total_seconds(), lease.duration_seconds))
-        seconds = max(seconds, 0)
-        reported = (detail or {}).get("runner_usage_seconds")
-        if status == "failed" and isinstance(reported, int) and 0 <= reported < seconds:
-            # a failure: the buyer pays only the healthy seconds the runner saw
-            seconds = reported
+    seconds = lease_end_many.charged_seconds(lease, status=status, now=now, detail=detail)
     # never below what periodic settlement already paid out of the holds (the lease's own
     # and one per extension)
     holds = lease_hold_ids(lease)
@@ -178,19 +177,21 @@ def end_overdue_leases(*, now: datetime | None = None,
 def end_leases_batch(*, market_id: int, lease_ids: list[int], status: str, cause: str,
                      now: datetime | None = None) -> list[int]:
     """End the unended leases of `lease_ids` (all of market `market_id`) in one transaction
-    under one take of the market lock, in the given order, each as end_lease would;
-    returns the ids ended (an already ended lease is skipped)."""
+    under one take of the market lock, in the given order, each as end_lease would
+    (set-based: lease_end_many, but for `failed`); returns the ids ended (an already
+    ended lease is skipped)."""
     now = now or timezone.now()
-    done: list[tuple[Lease, int, int]] = []
     with locking.tracked(market_id), transaction.atomic():
         locking.lock_market(market_id)
         rows = {lease.pk: lease for lease in Lease.objects.select_for_update()
                 .filter(pk__in=lease_ids, market_id=market_id).order_by("pk")}
-        for lease_id in lease_ids:
-            lease = rows.get(lease_id)
-            if lease is None or lease.status in Lease.ENDED:
-                continue  # ended by the runner meanwhile
-            done.append(_end_locked(lease, status=status, cause=cause, now=now, detail=None))
+        # (ended by the runner meanwhile: skipped)
+        due = [rows[pk] for pk in lease_ids if pk in rows and rows[pk].status not in Lease.ENDED]
+        if status == "failed":  # faults, carried holds, credits: one at a time
+            done = [_end_locked(lease, status=status, cause=cause, now=now, detail=None)
+                    for lease in due]
+        else:
+            done = lease_end_many.end_many_locked(due, status=status, cause=cause, now=now)
     for lease, seconds, released in done:
         _log_end(lease, seconds, released)
     return [lease.pk for lease, _, _ in done]

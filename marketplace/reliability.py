@@ -114,3 +114,16 @@ def refresh_node(node_id: int, market_id: int, now: datetime | None = None) -> N
     new = node_reliability(node_id, now)
     if Node.objects.filter(pk=node_id).exclude(reliability=new).update(reliability=new):
         GpuClass.objects.filter(pk=market_id).update(book_rebuild_version=F("book_version") + 1)
+
+
+def refresh_nodes(node_ids: list[int], market_id: int, now: datetime | None = None) -> None:
+    """refresh_node for several nodes of one market (a batch of lease ends): one read of
+    their records (by_node) and of their stored figures, an UPDATE only for a node whose
+    figure changed, and the market's books marked stale once if any did."""
+    fresh = by_node(node_ids, now)
+    stored = dict(Node.objects.filter(pk__in=node_ids).values_list("pk", "reliability"))
+    changed = [pk for pk in node_ids if pk in stored and stored[pk] != fresh[pk]]
+    for pk in changed:
+        Node.objects.filter(pk=pk).update(reliability=fresh[pk])
+    if changed:
+        GpuClass.objects.filter(pk=market_id).update(book_rebuild_version=F("book_version") + 1)

@@ -75,10 +75,17 @@ def _lock_accounts(keys: list[tuple[str, int | None]]) -> dict[tuple[str, int | 
     for _attempt in range(2):
         ids = {k: _account_ids[k] for k in keys if k in _account_ids}
         missing = [k for k in keys if k not in ids]
-        if missing:
-            q = Q()
+        if missing:  # one term per kind (owner_id IN …), never one per account
+            owners: dict[str, set[int | None]] = {}
             for kind, owner in missing:
-                q |= Q(kind=kind, owner_id=owner)
+                owners.setdefault(kind, set()).add(owner)
+            q = Q(pk__in=[])
+            for kind, of in owners.items():
+                named = sorted(o for o in of if o is not None)
+                if named:
+                    q |= Q(kind=kind, owner_id__in=named)
+                if None in of:
+                    q |= Q(kind=kind, owner__isnull=True)
             for pk, kind, owner in Account.objects.filter(q).values_list("pk", "kind",
                                                                          "owner_id"):
                 ids[(kind, owner)] = _account_ids[(kind, owner)] = pk
@@ -91,6 +98,33 @@ def _lock_accounts(keys: list[tuple[str, int | None]]) -> dict[tuple[str, int | 
         for k in ids:  # a cached id no longer names that account: look them up again
             _account_ids.pop(k, None)
     return got
+
+
+def lock_accounts_creating(keys: list[tuple[str, int | None]]
+                           ) -> dict[tuple[str, int | None], tuple[int, int, bool]]:
+    """_lock_accounts of `keys`, the missing accounts created first in one INSERT (ON
+    CONFLICT DO NOTHING: a concurrent first use is not an error)."""
+    locked = _lock_accounts(keys)
+    missing = [k for k in keys if k not in locked]
+    if missing:
+        Account.objects.bulk_create(
+            [Account(kind=kind, owner_id=owner, allow_negative=kind in Account.EXTERNAL_KINDS)
+             for kind, owner in missing], ignore_conflicts=True)
+        locked = _lock_accounts(keys)
+    return locked
+
+
+def check_funds(rows: Iterable[tuple[int, int]],
+                locked: dict[tuple[str, int | None], tuple[int, int, bool]]) -> None:
+    """InsufficientFunds when the signed (account id, micro-USD) `rows`, applied in order,
+    would take an account that may not go negative below zero (as post_entry checks each
+    entry against the balance it finds)."""
+    by_id = {pk: (balance, neg) for pk, balance, neg in locked.values()}
+    left = {pk: balance for pk, (balance, _) in by_id.items()}
+    for pk, amt in rows:
+        if amt < 0 and not by_id[pk][1] and left[pk] + amt < 0:
+            raise InsufficientFunds(needed=-amt, available=left[pk])
+        left[pk] += amt
 
 
 @dataclass(frozen=True)
@@ -389,6 +423,42 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
     to the buyer — or, with `carry` too, keep it held (the caller puts it on a new hold):
     one journal entry. Each hold keeps its own share of the capture and of the fee
     (cumulative floors, so the shares sum to the split's fee exactly)."""
+    plan = capture_plan(holds, amount=amount, provider_id=provider_id, release=release,
+                        carry=carry)
+    entry = _post_by_keys(kind=kind, postings=plan.postings, memo=plan.memo,
+                          reference=reference, hold=holds[0],
+                          idempotency_key=idempotency_key)
+    return plan.apply(holds, entry.pk)
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What one capture writes (pure arithmetic, no database): its split, the postings by
+    (kind, owner id), the memo, each hold's (take, fee, rest). Shared by _capture and the
+    set-based settlement.bulk, so both write the very same entries."""
+
+    split: Split
+    postings: list[tuple[tuple[str, int | None], int]]
+    memo: str
+    shares: list[tuple[int, int, int]]  # per hold, in order: (captured, fee, released)
+    released: int
+
+    def apply(self, holds: list[Hold], entry_id: int) -> Settled:
+        """Move the holds' figures (in memory) and say what was settled."""
+        metrics.ledger_captured(self.split.gross, self.split.platform_fee)
+        for hold, (take, fee, rest) in zip(holds, self.shares, strict=True):
+            hold.captured += take
+            hold.captured_fee += fee
+            hold.released += rest
+            hold.amount -= take + rest
+        return Settled(split=self.split, released=self.released, entry_id=entry_id,
+                       captured_total=sum(h.captured for h in holds),
+                       fee_total=sum(h.captured_fee for h in holds))
+
+
+def capture_plan(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
+                 carry: bool = False) -> CapturePlan:
+    """The plan of capturing `amount` micro-USD from `holds` (see _capture)."""
     parts = split(amount, settings.GPUMARKET_TAKE_RATE_BPS)
     bps, left, through, fee_through = settings.GPUMARKET_TAKE_RATE_BPS, amount, 0, 0
     shares = []
@@ -398,12 +468,12 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
         through += take
         fee = through * bps // 10_000 - fee_through
         fee_through += fee
-        shares.append((hold, take, fee, hold.amount - take if release else 0))
+        shares.append((take, fee, hold.amount - take if release else 0))
     released = sum(rest for *_, rest in shares)
     freed = 0 if carry else released  # carried: stays in buyer_held, on the new hold
     buyer_id = holds[0].buyer_id
-    entry = _post_by_keys(
-        kind=kind,
+    return CapturePlan(
+        split=parts,
         postings=[
             ((Kind.BUYER_HELD, buyer_id), -(amount + freed)),
             ((Kind.PROVIDER_EARNED, provider_id), parts.provider),
@@ -413,17 +483,7 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
         memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
              f"platform {format_usd(parts.platform_fee)}; "
              f"{'carried' if carry else 'released'} {format_usd(released)}",
-        reference=reference, hold=holds[0], idempotency_key=idempotency_key,
-    )
-    metrics.ledger_captured(amount, parts.platform_fee)
-    for hold, take, fee, rest in shares:
-        hold.captured += take
-        hold.captured_fee += fee
-        hold.released += rest
-        hold.amount -= take + rest
-    return Settled(split=parts, released=released, entry_id=entry.pk,
-                   captured_total=sum(h.captured for h in holds),
-                   fee_total=sum(h.captured_fee for h in holds))
+        shares=shares, released=released)
 
 
 def hold_capture(*, hold_id: int, through_cost: int, provider_id: int, reference: str,

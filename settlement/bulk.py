@@ -1,0 +1,168 @@
+"""Set-based ledger moves over many holds at once: a sealed close's losers
+(`holds_release_many`), a batch of lease ends (`holds_settle_batch`), a metering run
+(`holds_capture_batch`). Each writes exactly the journal entries, postings and hold
+figures that the one-at-a-time services (settlement.services) write for the same holds
+in the same order, in a fixed number of statements whatever their number: one lock of
+all holds (primary-key order), one lock of all accounts (by id, one term per kind), one
+INSERT of the entries, one of the postings, one UPDATE of the balances and one of the
+holds (core.bulk). Run inside the caller's transaction; a refusal raises before anything
+is written and the caller's transaction stays usable (a savepoint). Source of the rules:
+the services they stand for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from core.bulk import update_all
+from settlement.models import Hold, JournalEntry
+from settlement.services import (
+    CapturePlan,
+    HoldClosed,
+    Kind,
+    Settled,
+    _Entry,
+    _write_entries,
+    capture_plan,
+    check_funds,
+    lock_accounts_creating,
+)
+
+_HOLD_FIGURES = ["captured", "captured_fee", "released", "amount"]
+
+
+def _locked_holds(hold_ids: list[int]) -> dict[int, Hold]:
+    """The holds of `hold_ids` locked in primary-key order (one statement), by id;
+    HoldClosed if one is missing or not active."""
+    locked = {h.pk: h for h in Hold.objects.select_for_update()
+              .filter(pk__in=sorted(set(hold_ids))).order_by("pk")}
+    for pk in hold_ids:
+        hold = locked.get(pk)
+        if hold is None:
+            raise Hold.DoesNotExist(f"no hold {pk}")
+        if hold.status != Hold.Status.ACTIVE:
+            raise HoldClosed(f"hold {pk} is already {hold.status}")
+    return locked
+
+
+def _write(entries: list[tuple[str, list[tuple[tuple[str, int | None], int]], str, str,
+                               Hold, str | None]]) -> list[JournalEntry]:
+    """Lock (creating) every account the entries name, check them and write all entries:
+    (kind, postings by (kind, owner id), memo, reference, hold, idempotency key)."""
+    keys = list(dict.fromkeys(k for _, postings, *_ in entries for k, _ in postings))
+    locked = lock_accounts_creating(keys)
+    made = [_Entry(kind, [(locked[k][0], amt) for k, amt in postings if amt != 0],
+                   memo, reference, hold, key)
+            for kind, postings, memo, reference, hold, key in entries]
+    check_funds((row for e in made for row in e.rows), locked)
+    return _write_entries(made)
+
+
+def holds_release_many(releases: list[tuple[int, str]]) -> list[int]:
+    """hold_release of each (hold id, cause) in `releases`: everything still held goes
+    back to its buyer, the hold becomes `released` (one `hold_release` entry per hold
+    with something left). Returns the micro-USD released per hold, in order. HoldClosed
+    (nothing written) when a hold is not active or appears twice."""
+    ids = [pk for pk, _ in releases]
+    if len(set(ids)) != len(ids):
+        raise HoldClosed("a hold is released twice in one call")
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
+        holds = _locked_holds(ids)
+        _write([(JournalEntry.Kind.HOLD_RELEASE,
+                 [((Kind.BUYER_HELD, h.buyer_id), -h.amount),
+                  ((Kind.BUYER_AVAILABLE, h.buyer_id), h.amount)],
+                 cause, h.reference, h, None)
+                for h, cause in ((holds[pk], cause) for pk, cause in releases) if h.amount])
+        closed_at = timezone.now()
+        out = []
+        for pk in ids:
+            hold = holds[pk]
+            out.append(hold.amount)
+            hold.released += hold.amount
+            hold.amount = 0
+            hold.status = Hold.Status.RELEASED
+            hold.closed_at = closed_at
+        update_all(list(holds.values()), ["released", "amount", "status", "closed_at"])
+    return out
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One lease's charge in a batch: its holds (filled in this order), the cost through
+    now (micro-USD), the provider paid, the reference ("lease:<id>"); `period` for a
+    periodic capture (its idempotency key is meter:<reference>:<period>)."""
+
+    hold_ids: list[int]
+    cost: int
+    provider_id: int
+    reference: str
+    period: str = ""
+
+
+def holds_settle_batch(charges: list[Charge]) -> list[Settled]:
+    """hold_settle_many of each charge (final settlement, nothing carried): what periodic
+    captures have not paid is captured and split, the rest of every hold returned, the
+    holds closed `captured`; one `lease_settle` entry per charge, keyed
+    settle:<reference>. Same errors as hold_settle_many (HoldClosed, ValueError), for
+    the first charge at fault; nothing is written then."""
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
+        locked = _locked_holds([pk for c in charges for pk in c.hold_ids])
+        plans: list[tuple[Charge, list[Hold], CapturePlan]] = []
+        for c in charges:
+            holds = [locked[pk] for pk in c.hold_ids]
+            captured, held = sum(h.captured for h in holds), sum(h.amount for h in holds)
+            amount = c.cost - captured
+            if amount < 0 or amount > held:
+                raise ValueError(f"cost {c.cost} is outside holds {c.hold_ids} "
+                                 f"({captured} captured, {held} held)")
+            plans.append((c, holds, capture_plan(holds, amount=amount,
+                                                 provider_id=c.provider_id, release=True)))
+        entries = _write([(JournalEntry.Kind.LEASE_SETTLE, plan.postings, plan.memo,
+                           c.reference, holds[0], f"settle:{c.reference}")
+                          for c, holds, plan in plans])
+        out = [plan.apply(holds, entry.pk)
+               for (_, holds, plan), entry in zip(plans, entries, strict=True)]
+        closed_at = timezone.now()
+        for hold in locked.values():
+            hold.status = Hold.Status.CAPTURED
+            hold.closed_at = closed_at
+        update_all(list(locked.values()), [*_HOLD_FIGURES, "status", "closed_at"])
+    return out
+
+
+def holds_capture_batch(charges: list[Charge]) -> list[Settled | None]:
+    """hold_capture_many of each charge (periodic settlement): the cost through now less
+    what was captured before is captured and split, the holds stay active; idempotent per
+    period (a charge whose key meter:<reference>:<period> exists, or whose cost is not
+    above what was captured, gives None and writes nothing). ValueError for a cost
+    beyond its holds; HoldClosed; nothing written then."""
+    with transaction.atomic():  # a savepoint: a refusal leaves the caller's transaction usable
+        locked = _locked_holds([pk for c in charges for pk in c.hold_ids])
+        keys = [f"meter:{c.reference}:{c.period}" for c in charges]
+        done = set(JournalEntry.objects.filter(idempotency_key__in=keys)
+                   .values_list("idempotency_key", flat=True))
+        plans: list[tuple[int, str, Charge, list[Hold], CapturePlan]] = []
+        for i, (c, key) in enumerate(zip(charges, keys, strict=True)):
+            holds = [locked[pk] for pk in c.hold_ids]
+            if key in done:
+                continue
+            if c.cost > sum(h.original - h.released for h in holds):
+                raise ValueError(f"cost {c.cost} is beyond holds {c.hold_ids}")
+            amount = c.cost - sum(h.captured for h in holds)
+            if amount <= 0:
+                continue
+            plans.append((i, key, c, holds, capture_plan(holds, amount=amount,
+                                                         provider_id=c.provider_id,
+                                                         release=False)))
+        entries = _write([(JournalEntry.Kind.LEASE_METER, plan.postings, plan.memo,
+                           c.reference, holds[0], key) for _, key, c, holds, plan in plans])
+        out: list[Settled | None] = [None] * len(charges)
+        changed: dict[int, Hold] = {}
+        for (i, _, _, holds, plan), entry in zip(plans, entries, strict=True):
+            out[i] = plan.apply(holds, entry.pk)
+            changed.update((h.pk, h) for h in holds)
+        update_all(list(changed.values()), _HOLD_FIGURES)
+    return out
