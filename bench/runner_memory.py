@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.api_orders import fresh_database, server_env  # noqa: E402
-from bench.handoff import DUMP, IMAGE, _up, set_up, wait  # noqa: E402
+from bench.handoff import IMAGE, set_up, wait  # noqa: E402
+from bench.stack import Stack, migrated_database  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -77,48 +75,22 @@ def main() -> None:
 
     docker_client = docker.from_env(timeout=30)
     docker_client.images.get(IMAGE)
-    database_url = fresh_database(args.pg, args.db)
-    env = {**server_env(database_url), "REDIS_URL": args.redis}
-    os.environ.update(env)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
-                   check=True)
+    env = migrated_database(args.pg, args.db, args.redis)
     provider_id, node_id, buyer_id, token = set_up()
 
     from datetime import timedelta
 
-    from django.db import connections
     from django.utils import timezone
 
     from marketplace import book
     from marketplace.models import Lease
-    from providers.models import Node
 
-    connections.close_all()
-    base = f"http://127.0.0.1:{args.port}"
-    state = tempfile.mkdtemp(prefix="runner-memory-")
-    procs, node, results = [], None, {}
-    try:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
-             "127.0.0.1", "--port", str(args.port), "--workers", "1", "--no-access-log",
-             "--log-level", "warning"], cwd=ROOT, env=env))
-        wait(lambda: _up(base), 30, "uvicorn", step=0.1)
-        runner = [sys.executable, "-m", "providers.runner"]
-        subprocess.run([*runner, "register", "--url", base, "--token", token, "--simulate",
-                        str(DUMP), "--state-dir", state], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
-        log = open(Path(state) / "runner.log", "w")  # noqa: SIM115 - closed with the runner
-        run = subprocess.Popen(
-            [*runner, "run", "--state-dir", state, "--runtime", "docker", "--network", "none",
-             "--heartbeat-interval", str(args.heartbeat_interval), "--grace", "1"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(run)
-        wait(lambda: Node.objects.filter(pk=node_id, last_heartbeat_at__isnull=False).exists(),
-             30, "the runner's first heartbeat", step=0.05)
+    results = {}
+    with Stack(args.port, token, env, prefix="runner-memory", run_args=(
+            "--heartbeat-interval", str(args.heartbeat_interval), "--grace", "1")) as stack:
+        stack.wait_heartbeat(node_id)
         time.sleep(args.heartbeat_interval * 2)  # past start-up
-        results["idle"] = window(run.pid, node_id, args.seconds)
-
-        node = Node.objects.get(pk=node_id)
+        results["idle"] = window(stack.runner.pid, node_id, args.seconds)
         book.place_ask(provider_id=provider_id, node_id=node_id, market_slug=None,
                        price=2_490_000, gpus=8, available_until=timezone.now() + timedelta(days=2))
         for _ in range(args.leases):
@@ -128,16 +100,7 @@ def main() -> None:
         wait(lambda: Lease.objects.filter(status="running").count() == args.leases, 60,
              f"{args.leases} leases running", step=0.1)
         time.sleep(args.heartbeat_interval * 2)
-        results[f"{args.leases} leases"] = window(run.pid, node_id, args.seconds)
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(timeout=30)
-        connections.close_all()
-        for container in docker_client.containers.list(
-                all=True, filters={"label": "gpumarket.lease"}):
-            if container.labels.get("gpumarket.node") == str(getattr(node, "uid", "")):
-                container.remove(force=True)
+        results[f"{args.leases} leases"] = window(stack.runner.pid, node_id, args.seconds)
 
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, docker "
           f"{docker_client.version().get('Version')}; heartbeat every "
