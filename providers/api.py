@@ -299,12 +299,22 @@ class RunnerInventory(RunnerView):
         return Response({"node": NodeSerializer(node).data, "warnings": warnings})
 
 
+# bounds of a GPU reading: past any real GPU's, so a bad value is a 400, never stored
+READING_BOUNDS = {"temperature_c": (-100, 250), "power_w": (0, 10_000),
+                  "utilization_pct": (0, 100), "ecc_uncorrectable": (0, 10**12)}
+RUNTIMES = ("docker", "process")
+
+
 class HealthIn(serializers.Serializer):
     uuid = StrictCharField(max_length=64)
-    temperature_c = StrictIntegerField(required=False, allow_null=True)
-    power_w = StrictNumberField(required=False, allow_null=True)
-    utilization_pct = StrictIntegerField(required=False, allow_null=True)
-    ecc_uncorrectable = StrictIntegerField(required=False, allow_null=True)
+    temperature_c = StrictIntegerField(required=False, allow_null=True,
+                                       min_value=-100, max_value=250)
+    power_w = StrictNumberField(required=False, allow_null=True, min_value=0,
+                                max_value=10_000)
+    utilization_pct = StrictIntegerField(required=False, allow_null=True, min_value=0,
+                                         max_value=100)
+    ecc_uncorrectable = StrictIntegerField(required=False, allow_null=True, min_value=0,
+                                           max_value=10**12)
 
 
 class FindingIn(serializers.Serializer):
@@ -319,7 +329,8 @@ class HeartbeatIn(serializers.Serializer):
     GPUs. An item naming another node's GPU, or none registered, changes nothing and comes
     back in the answer's `warnings` (services.heartbeat_record)."""
 
-    runtime = StrictCharField(max_length=16, allow_blank=True, default="")
+    runtime = serializers.ChoiceField(choices=RUNTIMES, allow_blank=True, default="",
+                                      help_text="the runner's runtime; \"\": not told")
     gpus = HealthIn(many=True, required=False, default=list,
                     max_length=services.MAX_GPUS_PER_NODE)
     findings = FindingIn(many=True, required=False, default=list, max_length=512)

@@ -19,6 +19,8 @@ from providers.runner.images import REPORT_MAX
 from providers.runner.pull import normalize
 from providers.services import ProviderError
 
+MAX_BYTES = 2**50  # 1 PiB: past any image, and inside PostgreSQL's bigint
+
 
 def clean_report(items: list) -> dict[str, int]:
     """{normal ref: bytes} from a heartbeat's `images` ([{"image", "bytes"}], at most
@@ -33,8 +35,8 @@ def clean_report(items: list) -> dict[str, int]:
         problem = image_reference_problem(ref) if isinstance(ref, str) else "must be text"
         if problem:
             raise ProviderError(problem, field=f"images[{i}].image")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ProviderError("must be a whole number of bytes, 0 or more",
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_BYTES:
+            raise ProviderError(f"must be a whole number of bytes from 0 to {MAX_BYTES}",
                                 field=f"images[{i}].bytes")
         out[normalize(ref)] = size
     return out

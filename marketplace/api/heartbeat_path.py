@@ -31,6 +31,7 @@ from marketplace.api.parsers import StrictJSONParser
 from marketplace.db_unavailable import RETRY_AFTER_SECONDS, is_database_unavailable
 from providers import node_images
 from providers import services as provider_services
+from providers.api import READING_BOUNDS, RUNTIMES
 from providers.services import MAX_GPUS_PER_NODE
 
 log = logging.getLogger("gpumarket.api")
@@ -99,7 +100,9 @@ def lean_heartbeat(data: Any) -> dict[str, Any] | None:
     try:
         if not isinstance(data, dict) or not _LEAN_KEYS.issuperset(data):
             raise _Refused  # another key (`images`, a typo): the serializer decides
-        runtime = _text(data["runtime"], 16, blank=True) if "runtime" in data else ""
+        runtime = data.get("runtime", "")
+        if runtime != "" and runtime not in RUNTIMES:
+            raise _Refused
         gpus = []
         for item in _list(data, "gpus", MAX_GPUS_PER_NODE):
             if not isinstance(item, dict) or "uuid" not in item:
@@ -107,7 +110,10 @@ def lean_heartbeat(data: Any) -> dict[str, Any] | None:
             reading = {"uuid": _text(item["uuid"], 64)}
             for key, check in _READING:
                 if key in item:
-                    reading[key] = check(item[key])
+                    value = reading[key] = check(item[key])
+                    low, high = READING_BOUNDS[key]
+                    if value is not None and not low <= value <= high:
+                        raise _Refused
             gpus.append(reading)
         findings = []
         for item in _list(data, "findings", 512):

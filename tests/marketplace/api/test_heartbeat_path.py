@@ -88,7 +88,9 @@ def test_the_lean_check_takes_the_serializer_limits():
     items = {"telemetry": [{}] * 65}
     assert heartbeat_path.lean_heartbeat(items) is None
     assert not HeartbeatIn(data=items).is_valid()
-    trimmed = heartbeat_path.lean_heartbeat({"runtime": " docker ", "gpus": [{"uuid": " G "}]})
+    odd = {"runtime": " docker "}  # a runtime is one of providers.api.RUNTIMES, exactly
+    assert heartbeat_path.lean_heartbeat(odd) is None and not HeartbeatIn(data=odd).is_valid()
+    trimmed = heartbeat_path.lean_heartbeat({"runtime": "docker", "gpus": [{"uuid": " G "}]})
     assert trimmed == {"runtime": "docker", "gpus": [{"uuid": "G"}], "findings": [],
                        "telemetry": [], "images": None}
     # a body with an `images` report (docs/IMAGES.md) goes to the serializer, whole

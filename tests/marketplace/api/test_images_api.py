@@ -50,6 +50,7 @@ def test_the_heartbeat_report_is_stored_when_it_changes_and_a_bad_one_changes_no
     for bad, field in (([{"image": "Not An Image!", "bytes": 1}], "images[0].image"),
                        ([{"image": IMAGE, "bytes": -1}], "images[0].bytes"),
                        ([{"image": IMAGE, "bytes": True}], "images[0].bytes"),
+                       ([{"image": IMAGE, "bytes": 2**63}], "images[0].bytes"),  # > bigint
                        ({"image": IMAGE}, "images")):
         assert_refused(beat(token, images=bad), field)
     node.refresh_from_db()

@@ -167,6 +167,32 @@ def test_heartbeat_bad_reading_of_the_first_gpu_names_it():
     assert set(r.json()["errors"]) & {"gpus[0].power_w", "gpus.0.power_w"}, r.json()
 
 
+@pytest.mark.parametrize(("reading", "field"), [
+    ({"temperature_c": 2**63}, "temperature_c"), ({"temperature_c": -101}, "temperature_c"),
+    ({"utilization_pct": 101}, "utilization_pct"), ({"power_w": 1e23}, "power_w"),
+    ({"power_w": -1}, "power_w"), ({"ecc_uncorrectable": -1}, "ecc_uncorrectable")])
+def test_heartbeat_reading_out_of_any_gpu_s_range_is_refused_and_nothing_stored(reading,
+                                                                               field):
+    _, node, token, body = _registered()
+    uuid = body["node"]["gpus"][0]["uuid"]
+    r = runner_client(token).post("/api/v1/runner/heartbeat/", {
+        "runtime": "docker", "gpus": [{"uuid": uuid, **reading}]}, format="json")
+    assert r.status_code == 400, r.content
+    assert set(r.json()["errors"]) & {f"gpus[0].{field}", f"gpus.0.{field}"}, r.json()
+    node.refresh_from_db()
+    assert node.last_heartbeat_at is None or node.runtime == "docker"
+    assert field not in (Gpu.objects.get(uuid=uuid).last_health or {})
+
+
+def test_heartbeat_with_an_unknown_runtime_is_refused_naming_it():
+    _, node, token, _ = _registered()
+    r = runner_client(token).post("/api/v1/runner/heartbeat/", {"runtime": "kvm"},
+                                  format="json")
+    assert_refused(r, "runtime")
+    node.refresh_from_db()
+    assert node.runtime != "kvm"
+
+
 def test_lease_lifecycle_through_the_runner_api():
     provider, node, token, _ = _registered()
     buyer = funded_buyer(100)
