@@ -83,3 +83,17 @@ def test_a_bad_metrics_allowlist_stops_the_start_naming_it(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "GPUMARKET_METRICS_ALLOW" in done.stderr and "not-a-network" in done.stderr
+
+
+def test_the_scrape_config_reaches_the_web_hosts_not_the_public_proxy():
+    """deploy/nginx answers /metrics with 404 and the web processes listen on 127.0.0.1
+    (deploy/systemd): the example scrapes each host's own port, never the proxy's name."""
+    config = (PROM / "prometheus.yml").read_text()
+    nginx = (ROOT / "deploy" / "nginx" / "gpumarket.conf").read_text()
+    proxy_names = set(re.findall(r"server_name\s+([^;\s]+)", nginx))
+    job = config.split("job_name: gpumarket\n", 1)[1].split("job_name:", 1)[0]
+    targets = re.findall(r'"([^"]+:\d+)"', job)
+    assert targets and all(t.split(":")[0] not in proxy_names for t in targets), targets
+    assert re.search(r"location /metrics \{[^}]*return 404", nginx)
+    web_unit = (ROOT / "deploy" / "systemd" / "gpumarket-web@.service").read_text()
+    assert "--host 127.0.0.1" in web_unit and all(t.startswith("127.0.0.1:") for t in targets)
