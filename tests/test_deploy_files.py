@@ -244,6 +244,9 @@ def test_the_images_build_from_the_local_base_and_the_marketplace_answers(docker
         json.loads(body)
     finally:
         _docker("rm", "-f", name)
-    version = _docker("run", "--rm", "--network", "none", tags["runner"], "--version")
-    assert version.returncode == 0
-    assert version.stdout.startswith("gpumarket-runner ")
+    try:
+        version = _docker("run", "--rm", "--network", "none", tags["runner"], "--version")
+        assert version.returncode == 0
+        assert version.stdout.startswith("gpumarket-runner ")
+    finally:  # the test's own images go; the local base stays, a cache for the next build
+        _docker("rmi", "-f", *tags.values())
