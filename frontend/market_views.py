@@ -89,7 +89,9 @@ def _offers_context(request, market: GpuClass) -> dict:
         query = {}
     chosen = offers.select(rows, filters)
     image, image_error, holding = request.GET.get("image", "").strip(), None, set()
-    if image:
+    if len(request.GET.getlist("image")) > 1:
+        image_error = "is given more than once"
+    elif image:
         image_error = image_reference_problem(image)
         if image_error is None:
             holding = node_images.nodes_holding(image, {r["node"]["id"] for r in chosen})
@@ -111,7 +113,8 @@ def _offers_context(request, market: GpuClass) -> dict:
     if image_error and error is None:
         error = {"field": "image", "message": image_error}
     return {"offer_rows": selected, "offer_columns": columns, "offer_error": error,
-            "offer_image": image, "offer_image_note": note,
+            "offer_image": image if image_error is None else
+            "".join(c for c in image if c.isprintable()), "offer_image_note": note,
             "offer_query": query, "offer_sort": filters.sort, "offer_total": len(rows),
             "offer_sorts": [*offers.SORTS, *(f"-{k}" for k in offers.SORTS)],
             "offers_data": selected}

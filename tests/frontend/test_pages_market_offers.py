@@ -100,3 +100,7 @@ def test_an_image_shows_which_offers_nodes_hold_it_and_a_bad_one_is_named(client
     assert r.status_code == 400
     assert re.search(r'id="offer-filter-error"[^>]*><li>image: ', r.content.decode())
     assert "image cached" not in client.get(URL).content.decode()
+    twice = client.get(URL + "?image=a%2Fb%3A1&image=c%2Fd%3A1")
+    assert twice.status_code == 400 and "image: is given more than once" in twice.content.decode()
+    nul = client.get(URL + "?image=a%00b")
+    assert nul.status_code == 400 and "\x00" not in nul.content.decode()
