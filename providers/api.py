@@ -4,7 +4,7 @@ inventory and heartbeat endpoints (docs/RUNNER_PROTOCOL.md)."""
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -86,14 +86,29 @@ class GpuSerializer(serializers.ModelSerializer):
         return GpuBenchmarkSerializer(result).data
 
 
+class NodeImageSerializer(serializers.Serializer):
+    image = serializers.CharField()
+    bytes = serializers.IntegerField()
+    reported_at = serializers.DateTimeField()
+
+
 class NodeSerializer(serializers.ModelSerializer):
+    """A node with its GPUs and `images`: what its runner last reported its engine holds
+    (docs/IMAGES.md), by image name."""
+
     gpus = GpuSerializer(many=True, read_only=True)
+    images = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = ["id", "uid", "name", "hostname", "driver_version", "cuda_version", "runtime",
                   "inventory_source", "registered_at", "last_heartbeat_at", "token_rotated_at",
-                  "reliability", "retired_at", "gpus"]
+                  "reliability", "retired_at", "gpus", "images"]
+
+    @extend_schema_field(NodeImageSerializer(many=True))
+    def get_images(self, node) -> list[dict]:
+        rows = sorted(node.images.all(), key=lambda row: row.image)
+        return NodeImageSerializer(rows, many=True).data
 
 
 class ProviderIn(StrictInputSerializer):
@@ -153,7 +168,7 @@ class NodeList(APIView):
     def get(self, request):
         nodes = (Node.objects.filter(provider__user=request.user, retired_at__isnull=True)
                  .order_by("pk")
-                 .prefetch_related("gpus__gpu_class"))
+                 .prefetch_related("gpus__gpu_class", "images"))
         paginator = Pagination()
         page = paginator.paginate_queryset(nodes, request, view=self)
         latest = benchmarks.latest_results(Gpu.objects.filter(node__in=page))

@@ -58,6 +58,8 @@ def test_the_heartbeat_report_is_stored_when_it_changes_and_a_bad_one_changes_no
     assert list(node.images.values_list("image", flat=True)) == [IMAGE]
     assert beat(token).status_code == 200  # no report: the rows stay
     assert node.images.count() == 1
+    shown = client_for(node.provider.user).get(f"/api/v1/nodes/{node.pk}/").json()["images"]
+    assert [(i["image"], i["bytes"]) for i in shown] == [(IMAGE, 5 << 30)]  # the provider sees it
 
 
 def test_pull_progress_is_shown_while_starting_and_the_clock_starts_at_running():
