@@ -196,12 +196,19 @@ def _rest(failed: Lease, bid: Order, carry: Hold, seconds: int, now: datetime) -
         if _later_terms(failed, Lease):
             Lease.objects.filter(pk=made.pk).update(**_later_terms(failed, Lease))
         _chain(made, failed)
+    held = Hold.objects.filter(pk=order.hold_id).values_list("amount", flat=True).first()
     _settle_state(failed, RESTED, now,
                   f"lease {failed.pk} failed on node {failed.node.name} at "
-                  f"{_clock(failed.ended_at)}; no ask at or below its price: the remaining "
-                  f"{seconds} s rest as bid {order.pk} (GTC, limit {format_usd(bid.price)} "
-                  "USD/GPU-hour)", {"order": order.pk})
+                  f"{_clock(failed.ended_at)}; no ask at or below its price: continues as "
+                  f"{resting_words(order.pk, bid.price)} (GTC, the remaining {seconds} s; "
+                  f"bid {order.pk} holds {format_usd(held or 0)} USD; cancel it to stop)",
+                  {"order": order.pk})
     return order
+
+
+def resting_words(order_id: int, price: int) -> str:
+    """"bid 17, resting at $2.500000/GPU-hour": where a rested chain's money is."""
+    return f"bid {order_id}, resting at ${format_usd(price)}/GPU-hour"
 
 
 def _chain(made: Lease, failed: Lease) -> None:
