@@ -11,6 +11,7 @@ new, and stops once the feed (or a poll) says the lease ended.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -99,6 +100,33 @@ def progress_line(lease: dict) -> str:
                                                           if status in SAYS else "")
 
 
+FAILOVER_WAIT_S = 10.0  # how long `wait` lets a failed lease's failover settle
+
+
+def settled_failover(api: Api, lease: dict, deadline: float) -> dict:
+    """A failed lease once its failover left "pending" (polled at most FAILOVER_WAIT_S,
+    never past `deadline`), so the buyer is told where the chain went."""
+    until = min(deadline, time.monotonic() + FAILOVER_WAIT_S)
+    while lease.get("failover_state") == "pending" and time.monotonic() < until:
+        time.sleep(0.5)
+        lease = api.get(f"/leases/{int(lease['id'])}/")
+    return lease
+
+
+def chain_words(lease: dict) -> str:
+    """"; continued as lease 42 on node B …" / "; … continues as bid 9, resting at $X…":
+    what became of a failed lease (its line of the API's chain story), "" for none."""
+    head = f"lease {lease.get('id')} failed "
+    for line in (lease.get("chain") or {}).get("story") or ():
+        told = _TOLD.search(line) if line.startswith(head) else None
+        if told:
+            return "; " + line[told.end():]
+    return ""
+
+
+_TOLD = re.compile(r"\) at (?:\d{2}:\d{2}:\d{2}|\?); ")  # chains.story: "(cause) at T; …"
+
+
 def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,
                  say: Callable[[str], None]) -> dict:
     """The lease (GET answer) once it is running; `say` gets a line at each status seen.
@@ -117,7 +145,9 @@ def wait_running(api: Api, lease_id: int, *, timeout: float, interval: float,
             said.append(line)
             say(line)
         if status in ENDED:
+            lease = settled_failover(api, lease, deadline)
             cause = f": {lease['cause']}" if lease.get("cause") else ""
+            cause += chain_words(lease)
             raise CliError(f"lease {lease_id} has ended ({status}{cause})"
                            if lease.get("started_at") else
                            f"lease {lease_id} {status} before it ran{cause}", EXIT_REFUSED)

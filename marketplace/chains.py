@@ -8,7 +8,7 @@ import re
 from datetime import UTC, datetime
 
 from marketplace.faults import gpu_of
-from marketplace.models import Lease
+from marketplace.models import Lease, Order
 from providers.models import Gpu
 
 _XID = re.compile(r"XID (?P<code>\d+) [A-Z0-9_]+ \((?P<what>[^)]*)\)")
@@ -31,6 +31,17 @@ def short_cause(lease: Lease) -> str:
     xid = _XID.search(rest)
     what = f"XID {xid['code']}, {xid['what']}" if xid else rest
     return f"{where}: {what}"
+
+
+def _resting(failed: Lease) -> str:
+    """"bid N, resting at $X/GPU-hour" (its status when no longer open)."""
+    from marketplace.failover import resting_words  # failover imports this module
+
+    order = Order.objects.filter(continues_lease_id=failed.pk).order_by("pk").first()
+    if order is None:
+        return "a resting bid"
+    words = resting_words(order.pk, order.price)
+    return words if order.status in Order.ACTIVE else f"{words} ({order.status})"
 
 
 def chain_of(lease: Lease) -> list[Lease]:
@@ -57,9 +68,11 @@ def story(leases: list[Lease]) -> list[str]:
             if nxt.started_at:
                 line += f", running at {_clock(nxt.started_at)}"
         elif x.failover_state == "rested":
-            line += "; the remaining time rests as a bid (no ask at or below its price)"
+            line += "; no ask at or below its price: continues as " + _resting(x)
         elif x.failover_state == "released":
-            line += "; not continued: the unused hold was released"
+            told = (x.events.filter(detail__failover="released").order_by("-pk")
+                    .values_list("cause", flat=True).first())
+            line += "; " + (told or "not continued: the unused hold was released")
         elif x.failover_state == "pending":
             line += "; being continued"
         lines.append(line)

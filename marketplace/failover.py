@@ -21,6 +21,7 @@ and `continues` is one-to-one; a retried or duplicated task finds nothing pendin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -196,12 +197,19 @@ def _rest(failed: Lease, bid: Order, carry: Hold, seconds: int, now: datetime) -
         if _later_terms(failed, Lease):
             Lease.objects.filter(pk=made.pk).update(**_later_terms(failed, Lease))
         _chain(made, failed)
+    held = Hold.objects.filter(pk=order.hold_id).values_list("amount", flat=True).first()
     _settle_state(failed, RESTED, now,
                   f"lease {failed.pk} failed on node {failed.node.name} at "
-                  f"{_clock(failed.ended_at)}; no ask at or below its price: the remaining "
-                  f"{seconds} s rest as bid {order.pk} (GTC, limit {format_usd(bid.price)} "
-                  "USD/GPU-hour)", {"order": order.pk})
+                  f"{_clock(failed.ended_at)}; no ask at or below its price: continues as "
+                  f"{resting_words(order.pk, bid.price)} (GTC, the remaining {seconds} s; "
+                  f"bid {order.pk} holds {format_usd(held or 0)} USD; cancel it to stop)",
+                  {"order": order.pk})
     return order
+
+
+def resting_words(order_id: int, price: int) -> str:
+    """"bid 17, resting at $2.500000/GPU-hour": where a rested chain's money is."""
+    return f"bid {order_id}, resting at ${format_usd(price)}/GPU-hour"
 
 
 def _chain(made: Lease, failed: Lease) -> None:
@@ -215,6 +223,52 @@ def _settle_state(failed: Lease, state: str, now: datetime, cause: str, detail: 
     failed.carry_hold_id = None
     failed.note(cause=cause, at=now, detail={"failover": state, **detail},
                 update_fields=("failover_state", "carry_hold_id"))
+
+
+STOP_WORDS = "stopped by the buyer"
+
+
+def stop_chain(*, lease: Lease, now: datetime | None = None) -> Lease | None:
+    """The buyer stopped failed lease `lease`: stop what its chain goes on as (a pending
+    failover called off, the resting bid cancelled, each hold released; a continuation
+    not ended is returned for lease_control to end). None when nothing goes on."""
+    now = now or timezone.now()
+    current = lease
+    for _ in range(100):  # a chain is bounded (GPUMARKET_FAILOVER_MAX_CONTINUATIONS)
+        current.refresh_from_db()
+        if current.status in Lease.ACTIVE:
+            return current
+        state = current.failover_state
+        if state == PENDING and _call_off(current.pk, now):
+            return None
+        if state == RESTED:
+            order = Order.objects.filter(continues_lease_id=current.pk).first()
+            if order is not None and order.status in Order.ACTIVE:
+                with contextlib.suppress(Conflict):  # filled meanwhile: follow its lease
+                    book.cancel_order(user_id=current.buyer_id, order_id=order.pk, now=now,
+                                      cause=f"{STOP_WORDS}: lease {lease.pk}'s chain")
+        nxt = Lease.objects.filter(continues_id=current.pk).first()
+        if nxt is None:
+            if current.failover_state == PENDING:
+                continue  # it left pending meanwhile: look again
+            return None
+        current = nxt
+    return None
+
+
+def _call_off(lease_id: int, now: datetime) -> bool:
+    """Release a pending failover's carry hold (False: it is no longer pending)."""
+    market_id = Lease.objects.values_list("market_id", flat=True).get(pk=lease_id)
+    with transaction.atomic():
+        locking.lock_market(market_id)
+        failed = Lease.objects.select_for_update().get(pk=lease_id)
+        if failed.failover_state != PENDING:
+            return False
+        carry = Hold.objects.select_for_update().get(pk=failed.carry_hold_id)
+        ledger.hold_release(hold_id=carry.pk, cause=f"lease {failed.pk}: {STOP_WORDS}")
+        _settle_state(failed, RELEASED, now, f"not continued: {STOP_WORDS}; the unused "
+                      f"hold ({format_usd(carry.amount)} USD) was released", {})
+    return True
 
 
 def pending_ids(older_than: datetime) -> list[int]:

@@ -45,11 +45,15 @@ FAULT_TABLE: dict[str, Rule] = {
     "runtime_replaced": Rule(PROVIDER, True, "the runner restarted with another runtime "
                                              "and stopped the workload"),
     "runtime_failed": Rule(PROVIDER, True, "the provider's container runtime failed to "
-                                           "start the workload (e.g. a failed pull)"),
+                                           "start the workload"),
     "workload_exit": Rule(BUYER, False, "the workload exited with a non-zero status"),
     "process_left": Rule(BUYER, False, "a workload's process stayed on the GPU"),
     "image_invalid": Rule(BUYER, False, "the image the buyer named does not exist or "
                                         "cannot be pulled by anyone"),
+    # the buyer chose the image and its registry; a node whose network is down is caught
+    # by the silent-node and heartbeat rules (docs/FAULTS.md)
+    "image_unavailable": Rule(BUYER, False, "the image could not be pulled from its "
+                                            "registry (unreachable, died mid-pull, …)"),
     "checkpoint_restore_failed": Rule(BUYER, False, "the buyer's checkpoint store could not "
                                                     "be read (credentials, bucket)"),
     "checkpoint_over_bound": Rule(BUYER, False, "the workspace grew over the bid's "
@@ -75,7 +79,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^the lease names no image"), "image_invalid"),
     (re.compile(r"^Docker (refused|failed) to start "), "runtime_failed"),
     # the runner's background pull (providers/runner/pull.py; docs/IMAGES.md)
-    (re.compile(r"^image \S+ could not be pulled: "), "runtime_failed"),
+    (re.compile(r"^image \S+ could not be pulled: "), "image_unavailable"),
     (re.compile(r"^the process runtime needs a command"), "runtime_failed"),
     # the checkpoint runner (providers/runner/checkpoint.py, issue 15's ckpt)
     (re.compile(r"^checkpoint restore failed: "), "checkpoint_restore_failed"),
@@ -108,7 +112,8 @@ def classify(cause: str) -> Fault:
             if pattern.search(text):
                 code = name
                 break
-        if code == "runtime_failed" and text.startswith(("Docker refused", "image ")) \
+        if code in ("runtime_failed", "image_unavailable") \
+                and text.startswith(("Docker refused", "image ")) \
                 and _BAD_IMAGE.search(text.split(": ", 1)[-1]):
             code = "image_invalid"
     rule = FAULT_TABLE[code]

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace import health, locking
+from marketplace import failover, health, locking
 from marketplace.errors import Conflict, InvalidInput, NotFound
 from marketplace.lease_end import end_lease
 from marketplace.models import Auction, Lease, LeaseExtension, Order
@@ -39,10 +39,17 @@ def _own(buyer_id: int, lease_id: int) -> Lease:
 def stop_lease(*, buyer_id: int, lease_id: int, now: datetime | None = None) -> Lease:
     """End the buyer's pending, starting or running lease now, `cancelled` with the cause
     "stopped by the buyer" (lease_end.end_lease: charged the seconds it ran, 0 if it never
-    ran; the rest of its holds released; its GPUs back to the ask, which re-matches). An
-    ended lease is returned unchanged (a second stop is a no-op). NotFound for a lease
+    ran; the rest of its holds released; its GPUs back to the ask, which re-matches). A
+    failed lease of a chain stops the chain (failover.stop_chain: its pending failover,
+    resting bid or running continuation). Another ended lease is returned unchanged (a
+    second stop is a no-op). NotFound for a lease
     that is not the buyer's."""
     lease = _own(buyer_id, lease_id)
+    if lease.status == "failed" and lease.failover_state:  # a chain: stop what goes on
+        going = failover.stop_chain(lease=lease, now=now)
+        if going is not None:
+            stop_lease(buyer_id=buyer_id, lease_id=going.pk, now=now)
+        return Lease.objects.get(pk=lease.pk)
     if lease.status in Lease.ENDED:
         return lease
     try:

@@ -73,8 +73,10 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
     fault = faults.classify(cause) if status == "failed" else None
     # a provider's fault on a bid that allows failover: the unused hold is carried to the
     # continuation (marketplace/failover.py) instead of released
-    carry = (f"carry:lease:{lease.pk}" if fault and fault.side == faults.PROVIDER
-             and lease.failover and seconds < lease.duration_seconds else "")
+    wants = bool(fault and fault.side == faults.PROVIDER and lease.failover
+                 and seconds < lease.duration_seconds)
+    over = wants and failover_spent(lease)  # the chain's bound reached: no more
+    carry = f"carry:lease:{lease.pk}" if wants and not over else ""
     settled = ledger.hold_settle_many(hold_ids=holds, cost=cost,
                                       provider_id=lease.provider_id,
                                       reference=f"lease:{lease.pk}", carry_reference=carry)
@@ -98,6 +100,14 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
     metrics.lease_ended(status, cause)
     if fault is not None and fault.credit:
         _fault_credit(lease, fault, seconds, now)
+    if over:
+        limit = settings.GPUMARKET_FAILOVER_MAX_CONTINUATIONS
+        lease.failover_state = "released"
+        lease.note(cause=f"not continued: the chain has failed over {limit} times, the "
+                   f"most GPUMARKET_FAILOVER_MAX_CONTINUATIONS allows; the unused hold "
+                   f"({format_usd(settled.released)} USD) was released",
+                   at=now, detail={"failover": "released", "bound": limit},
+                   update_fields=("failover_state",))
     if lease.failover_state == "pending":
         lease_id = lease.pk
         transaction.on_commit(lambda: queue_failover(lease_id))
@@ -109,6 +119,15 @@ def _end_locked(lease: Lease, *, status: str, cause: str, now: datetime,
 
 
 FAILOVER_TASK = "marketplace.tasks.failover_lease"
+
+
+def failover_spent(lease: Lease) -> bool:
+    """Whether `lease`'s chain already holds GPUMARKET_FAILOVER_MAX_CONTINUATIONS
+    continuations (docs/FAULTS.md, "Failover": the bound), so a failure of it ends the
+    chain whatever its cause."""
+    limit = settings.GPUMARKET_FAILOVER_MAX_CONTINUATIONS
+    made = Lease.objects.filter(chain_id=lease.chain).exclude(pk=lease.chain).count()
+    return made >= limit
 
 
 def queue_failover(lease_id: int) -> None:

@@ -47,6 +47,8 @@ Variables (default in brackets):
   of the process's pool while the process runs (keep it under GPUMARKET_DB_POOL_MAX).
 - GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
   buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
+- GPUMARKET_FAILOVER_MAX_CONTINUATIONS [3]: a chain fails over at most N times; a
+  provider fault past it releases the hold and tells the buyer (docs/FAULTS.md).
 - GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS [90]: a node silent this long has its leases failed
   (charged up to its last heartbeat) and its asks withdrawn until it heartbeats again.
 - GPUMARKET_IDLE_UTILIZATION_PCT [5]: a running lease whose GPUs all stay under this
@@ -476,6 +478,10 @@ if GPUMARKET_MARKET_LOCK_TIMEOUT_MS < 0:
     raise ImproperlyConfigured("GPUMARKET_MARKET_LOCK_TIMEOUT_MS must not be negative")
 GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS = env.int("GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", default=90)
 GPUMARKET_FAULT_CREDIT_MINUTES = env.int("GPUMARKET_FAULT_CREDIT_MINUTES", default=30)
+GPUMARKET_FAILOVER_MAX_CONTINUATIONS = env.int("GPUMARKET_FAILOVER_MAX_CONTINUATIONS",
+                                               default=3)
+if GPUMARKET_FAILOVER_MAX_CONTINUATIONS < 0:
+    raise ImproperlyConfigured("GPUMARKET_FAILOVER_MAX_CONTINUATIONS must not be negative")
 GPUMARKET_IDLE_UTILIZATION_PCT = env.int("GPUMARKET_IDLE_UTILIZATION_PCT", default=5)
 GPUMARKET_IDLE_AFTER_SECONDS = env.int("GPUMARKET_IDLE_AFTER_SECONDS", default=900)
 GPUMARKET_TELEMETRY_KEEP_SECONDS = env.int("GPUMARKET_TELEMETRY_KEEP_SECONDS", default=86400)

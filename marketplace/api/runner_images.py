@@ -1,6 +1,6 @@
 """GET /api/v1/runner/images/: the images the marketplace wants a node to hold, for the
 runner's pre-pulls while idle (docs/IMAGES.md): the images of recent leases in the node's
-markets (most leases first), then the templates' images (the site's, with
+markets that reached running (most leases first), then the templates' images (the site's, with
 GPUMARKET_TEMPLATE_IMAGES applied)."""
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def wanted_images(node) -> list[dict]:
     """[{"image", "why": "recent leases" | "template", "leases": count (recent leases)}],
     most wanted first, each image once (normal form), at most WANTED_MAX."""
     markets = set(Gpu.objects.filter(node=node).values_list("gpu_class_id", flat=True))
-    rows = (Lease.objects.filter(market_id__in=markets,
+    # only leases that reached running: a failed pull (a registry nobody can reach) or a
+    # never-started lease is no reason to pre-pull an image
+    rows = (Lease.objects.filter(market_id__in=markets, started_at__isnull=False,
                                  created_at__gte=timezone.now() - RECENT)
             .exclude(image="").values("image").annotate(n=Count("id"))
             .order_by("-n", "image")[:WANTED_MAX])

@@ -303,7 +303,8 @@ class LeaseStop(APIView):
     @extend_schema(request=None, responses=s.LeaseSerializer)
     def post(self, request, pk: int):
         lease = lease_control.stop_lease(buyer_id=request.user.pk, lease_id=pk)
-        return Response(s.LeaseSerializer(_my_leases(request.user).get(pk=lease.pk)).data)
+        return Response(s.LeaseSerializer(_my_leases(request.user).get(pk=lease.pk),
+                                          context={"request": request}).data)
 
 
 class LeaseExtend(APIView):

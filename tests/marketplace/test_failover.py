@@ -123,7 +123,8 @@ def test_without_an_ask_at_or_below_the_price_the_remaining_time_rests_as_a_gtc_
         == ("bid", "GTC", LIMIT, 1, 3000)
     assert rest.status == "open" and failed.failover_state == "rested"
     assert Hold.objects.get(pk=rest.hold_id).amount == lease_cost(LIMIT, 1, 3000)
-    assert "rest as bid" in failed.events.order_by("-pk").first().cause
+    told = failed.events.order_by("-pk").first().cause
+    assert f"continues as bid {rest.pk}, resting at $2.500000/GPU-hour" in told
     assert first_violation() is None
 
     # capacity at the limit later: the bid fills and its lease joins the chain

@@ -47,12 +47,18 @@ CASES = [
     ("Docker refused to start nosuch/image:1: pull access denied for nosuch/image, "
      "repository does not exist", "image_invalid"),
     ("Docker refused to start x:1: No such image: x:1", "image_invalid"),
-    # the runner's background pull (docs/IMAGES.md): a missing image is the buyer's, a
-    # registry the node cannot reach the provider's
+    # the runner's background pull (docs/IMAGES.md): a missing image is the buyer's, and
+    # so is any other failed pull (the buyer chose the registry: never the provider's)
     ("image 127.0.0.1:5000/a/b:1 could not be pulled: manifest for 127.0.0.1:5000/a/b:1 "
      "not found: manifest unknown: manifest unknown", "image_invalid"),
     ("image 127.0.0.1:5000/a/b:1 could not be pulled: Get \"http://127.0.0.1:5000/v2/\": "
-     "dial tcp 127.0.0.1:5000: connect: connection refused", "runtime_failed"),
+     "dial tcp 127.0.0.1:5000: connect: connection refused", "image_unavailable"),
+    ("image 127.0.0.1:27998/ghost/img:1 could not be pulled: Get "
+     "\"http://127.0.0.1:27998/v2/\": dial tcp 127.0.0.1:27998: connect: connection refused",
+     "image_unavailable"),
+    ("image 127.0.0.1:5000/a/b:1 could not be pulled: unexpected EOF", "image_unavailable"),
+    ("image 127.0.0.1:5000/a/b:1 could not be pulled: read tcp 127.0.0.1:40000->127.0.0.1:"
+     "5000: read: connection reset by peer", "image_unavailable"),
     ("the lease names no image", "image_invalid"),
     ("checkpoint restore failed: AccessDenied: the access key is not valid",
      "checkpoint_restore_failed"),
@@ -77,11 +83,18 @@ def test_the_table_puts_hardware_and_node_faults_on_the_provider_and_the_workloa
     provider = {c for c, r in FAULT_TABLE.items() if r.side == PROVIDER}
     buyer = {c for c, r in FAULT_TABLE.items() if r.side == BUYER}
     assert {"gpu_xid", "gpu_lost", "node_silent", "container_lost", "runtime_failed"} <= provider
-    assert buyer == {"workload_exit", "process_left", "image_invalid",
+    assert buyer == {"workload_exit", "process_left", "image_invalid", "image_unavailable",
                      "checkpoint_restore_failed", "checkpoint_over_bound"}
     assert FAULT_TABLE["unknown"].side == UNKNOWN
     # the provider pays for every fault of its own, never for another
     assert all(r.credit == (r.side == PROVIDER) for r in FAULT_TABLE.values())
+
+
+def test_no_failed_pull_is_the_provider_s_fault():
+    for cause, _ in CASES:
+        if " could not be pulled: " in cause:
+            fault = classify(cause)
+            assert (fault.side, fault.credit) == (BUYER, False), cause
 
 
 def test_gpu_of_names_the_finding_s_gpu():

@@ -13,9 +13,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from marketplace.api.runner_images import wanted_images
+from marketplace.leases import mark_running
 from marketplace.models import Lease
-from providers.models import NodeImage
+from providers.models import Node, NodeImage
 from settlement.checks import first_violation
+from settlement.models import Account, Hold
 from tests.factories import H100, ask, bid_body, funded_buyer, registered_node
 from tests.support.api import assert_refused, client_for, runner_client
 
@@ -110,6 +112,40 @@ def test_a_failed_pull_ends_the_lease_unbilled():
     assert r.status_code == 200, r.content
     lease = Lease.objects.get(pk=lease_id)
     assert (lease.status, lease.cause, lease.cost) == ("failed", cause, 0)
+    assert (lease.fault, lease.failure_code) == ("buyer", "image_invalid")
+    assert first_violation() is None
+
+
+def test_a_pull_from_an_unreachable_registry_is_not_the_provider_s_fault():
+    """The new-user trial's chain: connection refused failed over node to node forever."""
+    provider, node, token = registered_node(name="img-5", own_uuids=True)
+    ask(provider, node, price=2_400_000, gpus=2)
+    other, node_b, _ = registered_node(name="img-6", own_uuids=True)
+    ask(other, node_b, price=2_400_000, gpus=2)  # failover would have a place to go
+    buyer = funded_buyer(100)
+    ghost = "127.0.0.1:27998/ghost/img:1"
+    r = client_for(buyer).post("/api/v1/orders/", bid_body(price="2.40", gpus=1, image=ghost,
+                                                           command=["true"]), format="json")
+    [lease_id] = r.json()["leases"]
+    runner = runner_client(token)
+    url = f"/api/v1/runner/leases/{lease_id}/events/"
+    runner.post(url, {"status": "starting"}, format="json")
+    cause = (f"image {ghost} could not be pulled: Get \"http://127.0.0.1:27998/v2/\": dial "
+             "tcp 127.0.0.1:27998: connect: connection refused")
+    assert runner.post(url, {"status": "failed", "cause": cause},
+                       format="json").status_code == 200
+    lease = Lease.objects.get(pk=lease_id)
+    assert (lease.status, lease.cause, lease.cost, lease.fault_credit) == ("failed", cause, 0, 0)
+    assert (lease.fault, lease.failure_code) == ("buyer", "image_unavailable")
+    assert (lease.failover_state, lease.carry_hold_id) == ("", None)
+    assert not Lease.objects.filter(continues_id=lease_id).exists()
+    hold = Hold.objects.get(pk=lease.hold_id)
+    assert hold.status != "active" and hold.captured == 0  # settled at 0, the rest released
+    assert Account.objects.get(kind="buyer_held", owner=buyer).balance == 0
+    n = Node.objects.get(pk=lease.node_id)
+    assert n.reliability is None  # no record: a failed pull is no provider failure
+    body = client_for(buyer).get(f"/api/v1/leases/{lease_id}/").json()
+    assert body["cause"] == cause and body["failure_code"] == "image_unavailable"
     assert first_violation() is None
 
 
@@ -175,13 +211,17 @@ def test_the_runner_is_told_the_images_of_recent_leases_then_the_templates():
     provider, node, token = registered_node(name="img-4")
     ask(provider, node, price=2_400_000, gpus=4)
     buyer = funded_buyer(100)
-    for _ in range(2):
-        client_for(buyer).post("/api/v1/orders/", bid_body(price="2.40", gpus=1, image=IMAGE,
+    ghost = "127.0.0.1:27998/ghost/img:1"
+    for image in (IMAGE, IMAGE, ghost, ghost, ghost):
+        client_for(buyer).post("/api/v1/orders/", bid_body(price="2.40", gpus=1, image=image,
                                                            command=["true"]), format="json")
+    for lease in Lease.objects.filter(image=IMAGE):  # the ghost's never reached running
+        mark_running(lease=lease, container_id="c" * 64)
     r = runner_client(token).get("/api/v1/runner/images/")
     assert r.status_code == 200, r.content
     items = r.json()["images"]
     assert items[0] == {"image": IMAGE, "why": "recent leases", "leases": 2}
     assert any(i["why"] == "template" for i in items[1:])
+    assert ghost not in {i["image"] for i in items}  # failed or pending leases: not counted
     assert len({i["image"] for i in items}) == len(items) == len(wanted_images(node))
     assert NodeImage.objects.count() == 0
