@@ -21,7 +21,7 @@ from tests.support.api import assert_refused, client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 
-IMAGE = "127.0.0.1:5000/team/train:1"
+IMAGE = "registry.example:5000/team/train:1"
 
 
 def beat(token, **body):
