@@ -99,7 +99,8 @@ def main() -> None:
 
 def run_market(args, docker_client, built) -> list[tuple]:
     database_url = fresh_database(args.pg, args.db)
-    env = {**server_env(database_url), "REDIS_URL": args.redis}
+    env = {**server_env(database_url), "REDIS_URL": args.redis,
+           "GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY": "1"}  # the registry is on 127.0.0.1
     os.environ.update(env)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
                    check=True)
@@ -134,7 +135,8 @@ def run_market(args, docker_client, built) -> list[tuple]:
         log = open(log_path, "w")  # noqa: SIM115 - closed with the runner
         procs.append(subprocess.Popen(
             [*runner, "run", "--state-dir", state, "--runtime", "docker", "--network", "none",
-             "--grace", "1", "--no-prefetch"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+             "--grace", "1", "--no-prefetch", "--allow-private-registry"], cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT))
         wait(lambda: Node.objects.filter(pk=node_id, last_heartbeat_at__isnull=False).exists(),
              30, "the runner's first heartbeat", step=0.05)
         wait(lambda: "connected;" in log_path.read_text(), 30, "the push websocket", step=0.05)

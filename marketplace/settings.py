@@ -31,6 +31,9 @@ Variables (default in brackets):
   (a registry mirror, or `pytorch-jupyter=gpumarket/jupyter:local` on a site with no
   registry), as a JSON object or id=image,id=image; an unknown id, `custom` or a bad
   image reference stops the start (marketplace/template_images.py).
+- GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY [0: an image whose registry is `localhost` or a
+  private, loopback, link-local, unspecified or multicast IP literal is refused (400 naming
+  `image`); host names are not resolved] (docs/IMAGES.md, "Private registries").
 - GPUMARKET_BID_QUEUE [redis with REDIS_URL, else process]: redis — one batcher per
   market whatever the number of web processes (a per-market queue on Redis drained by
   the process holding the market's lease: marketplace/api/bid_queue.py); process — each
@@ -514,9 +517,15 @@ if GPUMARKET_BID_BATCH_MAX < 1:
 # (marketplace/checkpoints.py)
 GPUMARKET_CHECKPOINT_ALLOW_PRIVATE = env.bool("GPUMARKET_CHECKPOINT_ALLOW_PRIVATE",
                                               default=False)
+# An image may name a registry at localhost or a private/loopback IP literal (tests and
+# demos with a registry on 127.0.0.1): off by default, so no bid makes providers' engines
+# (and, through pre-pulls, every node) connect into their own networks (docs/IMAGES.md)
+GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY = env.bool("GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY",
+                                                  default=False)
 try:  # an operator's image per template: a registry mirror, or a local image
     GPUMARKET_TEMPLATE_IMAGES = parse_template_images(
-        env.str("GPUMARKET_TEMPLATE_IMAGES", default=""))
+        env.str("GPUMARKET_TEMPLATE_IMAGES", default=""),
+        allow_private_registry=GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY)
 except ValueError as _exc:
     raise ImproperlyConfigured(f"GPUMARKET_TEMPLATE_IMAGES: {_exc}") from None
 

@@ -6,7 +6,8 @@ import. README "Templates".
 Value: a JSON object (`{"pytorch-jupyter": "mirror.example:5000/pytorch/pytorch:2.5.1"}`)
 or `id=image,id=image`; empty: none. Refused (ValueError naming the entry): a value that
 is neither, an unknown template id, `custom` (it has no image of its own), an image that
-is not a Docker image reference (core/image_ref.py), an id given twice.
+is not a Docker image reference or names a registry at a private or loopback address
+(core/image_ref.py; allowed with GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY), an id given twice.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.image_ref import image_reference_problem
+from core.image_ref import image_problem
 
 DATA = Path(__file__).with_name("templates.json")
 NO_IMAGE = "custom"
@@ -43,7 +44,8 @@ def _pairs(raw: str) -> list[tuple[object, object]]:
     return pairs
 
 
-def parse_template_images(raw: str, known: set[str] | None = None) -> dict[str, str]:
+def parse_template_images(raw: str, known: set[str] | None = None, *,
+                          allow_private_registry: bool = False) -> dict[str, str]:
     """{template id: image} from the setting's value `raw` (JSON or id=image,…); `known`
     defaults to templates.json's ids. ValueError naming what is wrong."""
     raw = (raw or "").strip()
@@ -62,7 +64,7 @@ def parse_template_images(raw: str, known: set[str] | None = None) -> dict[str, 
             raise ValueError(f"template {template_id} is given twice")
         if not isinstance(image, str):
             raise ValueError(f"{template_id}: the image must be a string")
-        problem = image_reference_problem(image)
+        problem = image_problem(image, allow_private_registry=allow_private_registry)
         if problem:
             raise ValueError(f"{template_id}: image {image!r} {problem}")
         out[template_id] = image

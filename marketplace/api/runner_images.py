@@ -1,12 +1,15 @@
 """GET /api/v1/runner/images/: the images the marketplace wants a node to hold, for the
 runner's pre-pulls while idle (docs/IMAGES.md): the images of recent leases in the node's
-markets that reached running (most leases first), then the templates' images (the site's, with
-GPUMARKET_TEMPLATE_IMAGES applied)."""
+markets that reached running (most leases first), then the templates' images (the site's,
+with GPUMARKET_TEMPLATE_IMAGES applied). An image from a registry at localhost or a
+private or loopback address (a lease from before such bids were refused) is left out
+unless GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -18,6 +21,7 @@ from marketplace.models import Lease
 from providers.api import RunnerView
 from providers.models import Gpu
 from providers.runner.pull import normalize
+from providers.runner.registry_host import private_registry_problem
 
 RECENT = timedelta(days=1)  # how far back "recent leases" reach
 WANTED_MAX = 20  # images in the answer
@@ -34,8 +38,11 @@ def wanted_images(node) -> list[dict]:
             .exclude(image="").values("image").annotate(n=Count("id"))
             .order_by("-n", "image")[:WANTED_MAX])
     out: dict[str, dict] = {}
+    allow_private = settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY
     for row in rows:
         ref = normalize(row["image"])
+        if not allow_private and private_registry_problem(ref):
+            continue
         if ref in out:
             out[ref]["leases"] += row["n"]
         else:

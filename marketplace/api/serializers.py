@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from decimal import Decimal
 
+from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -16,7 +17,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
+from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE, private_registry_problem
 from marketplace import checkpoint_reports, env_templates, selectors, telemetry
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
@@ -69,13 +70,18 @@ class DockerImageField(serializers.CharField):
     above): lowercase repository path components, an optional registry host[:port], a tag
     of at most 128 word characters, dots and dashes, a digest of at least 32 hex digits; the
     name at most 255 characters — and here the whole reference too (the column's size). A
-    JSON string only; "" means no image given."""
+    JSON string only; "" means no image given. A registry that is `localhost` or a
+    private, loopback, link-local, unspecified or multicast IP literal is refused unless
+    settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY (providers/runner/registry_host.py;
+    host names are not resolved)."""
 
     default_error_messages = {
         "not_a_string": "must be a string",
         "reference": "must be a Docker image reference, name[:tag][@digest], such as "
                      "\"gpumarket/busybox:local\" (lowercase repository names)",
         "name_length": f"has a repository name longer than {IMAGE_NAME_MAX} characters",
+        "private_registry": "must not name a registry at a private or loopback address "
+                            "({reason}): providers' nodes would pull from their own networks",
     }
 
     def __init__(self, **kwargs):
@@ -93,6 +99,10 @@ class DockerImageField(serializers.CharField):
             self.fail("reference")
         if len(match.group("name")) > IMAGE_NAME_MAX:
             self.fail("name_length")
+        if not settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY:
+            private = private_registry_problem(value)
+            if private:
+                self.fail("private_registry", reason=private)
         return value
 
 

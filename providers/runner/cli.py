@@ -261,6 +261,7 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
         runtime.policy, runtime.node_gpus = policy, len(gpus.inventory().gpus)
         runtime.images = ImageCache(runtime.client, state_dir / "images.json",
                                     args.image_cache, log=print_line)
+        runtime.puller.allow_private_registry = args.allow_private_registry
         if args.network not in ("per-lease", "none", "host"):
             print_line(f"WARNING: every lease on the network {args.network} can reach the "
                        "others' ports (SSH, Jupyter, …); the default --network per-lease "
@@ -524,6 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "evicted first, never one a lease uses; docs/IMAGES.md)")
     run.add_argument("--no-prefetch", action="store_true",
                      help="never pre-pull the marketplace's wanted images while idle")
+    run.add_argument("--allow-private-registry", action="store_true",
+                     help="pull images from a registry at localhost or a private, loopback "
+                          "or link-local address (refused by default: a buyer's image "
+                          "would make this host connect into its own network)")
     run.add_argument("--runtime", choices=("auto", "docker", "process"), default="auto",
                      help="auto (default) and docker: lease containers on the Docker Engine "
                           "(an error when none answers); process: local processes, each as "

@@ -5,7 +5,9 @@ serving the other leases meanwhile, so each image is pulled in a thread of its o
 (`Puller.ensure`), on a Docker client of its own, and the loop reads its `PullState`
 each tick: bytes done and total (bytes of the layers the registry announced; layers
 already present count as done), the phase, the error. One pull per image at a time; a
-second lease of the same image waits on the same pull.
+second lease of the same image waits on the same pull. A reference whose registry is
+`localhost` or a private/loopback IP literal (registry_host.py) fails without a pull
+unless `allow_private_registry` (the runner's --allow-private-registry).
 
 Units: bytes (int), seconds (float, time.monotonic()).
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+
+from .registry_host import private_registry_problem
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
@@ -112,11 +116,14 @@ class Puller:
     call (it must call on_message with each stream message and raise on failure). The
     caller reads the states from one thread (the runner's loop); a pull's thread only
     writes its own state, then calls `notify()` (the agent sets it: its loop ticks at once
-    instead of at its next poll)."""
+    instead of at its next poll). `allow_private_registry`: pull from registries at
+    localhost or private/loopback addresses too (otherwise such a pull fails at once)."""
 
-    def __init__(self, *, timeout: float = 600.0, pull_fn=None) -> None:
+    def __init__(self, *, timeout: float = 600.0, pull_fn=None,
+                 allow_private_registry: bool = False) -> None:
         self.notify = None
         self.timeout = timeout
+        self.allow_private_registry = allow_private_registry
         self.pulls: dict[str, PullState] = {}
         self._lock = threading.Lock()
         self._pull_fn = pull_fn or self._docker_pull
@@ -170,7 +177,11 @@ class Puller:
             state.layers = len(layers.total)
             state.complete = len(layers.finished)
 
+        private = None if self.allow_private_registry else private_registry_problem(state.ref)
         try:
+            if private:
+                raise RuntimeError(f"{private}: the runner pulls from such a registry only "
+                                   "with --allow-private-registry")
             self._pull_fn(state.ref, on_message)
         except Exception as exc:  # APIError (404 manifest unknown, 500), connection errors
             explanation = getattr(exc, "explanation", None)

@@ -115,6 +115,12 @@ def test_a_refused_bid_exits_1_in_one_line_naming_the_field_and_writes_nothing(g
     assert bad_image.returncode == 1
     [line] = bad_image.stderr.splitlines()
     assert line.startswith("gpumarket: image: must be a Docker image reference")
+    private = gm("bid", H100, "--gpus", "1", "--price", "2.50", "--hours", "1",
+                 "--image", "10.0.0.5:5000/x:1")
+    assert private.returncode == 1
+    [line] = private.stderr.splitlines()
+    assert line.startswith("gpumarket: image: must not name a registry at a private or "
+                           "loopback address (registry 10.0.0.5 is a private address)"), line
     unknown = gm("bid", "no-such-gpu", "--gpus", "1", "--price", "2.5", "--hours", "1",
                  "--image", IMAGE)
     assert unknown.returncode == 1 and len(unknown.stderr.splitlines()) == 1

@@ -48,7 +48,7 @@ def test_a_cold_pull_is_shown_to_the_buyer_and_never_billed(live_server, runner_
     provider, node, token = empty_node("cold-e2e")
     runner = runner_factory(live_server.url, token, H100_DUMP)
     assert runner.register().returncode == 0
-    runner.start(extra=("--no-prefetch",))
+    runner.start(extra=("--no-prefetch", "--allow-private-registry"))  # on 127.0.0.1
     buyer, lease = _trade(provider, node, image, ["sleep", "3600"])
 
     ended = wait_until("the lease to run and end", lambda: _ended(lease.pk), timeout=90)
@@ -75,7 +75,7 @@ def test_a_failed_pull_fails_the_lease_with_its_cause_and_no_charge(
     provider, node, token = empty_node("cold-fail-e2e")
     runner = runner_factory(live_server.url, token, H100_DUMP)
     assert runner.register().returncode == 0
-    runner.start(extra=("--no-prefetch",))
+    runner.start(extra=("--no-prefetch", "--allow-private-registry"))  # on 127.0.0.1
     buyer, lease = _trade(provider, node, missing, ["true"])
 
     ended = wait_until("the lease to fail", lambda: _ended(lease.pk), timeout=60)

@@ -78,6 +78,7 @@ def test_the_defaults_are_the_apis(client):
     ("stop_grace_seconds", "301"), ("stop_grace_seconds", "ten"),
     ("notice_signal", "SIGKILL"), ("failover", "maybe"), ("min_reliability", "-0.1"),
     ("checkpoint_url", "http://not-s3/x"), ("node", "0"),
+    ("image", "127.0.0.1:5000/x:1"),  # a loopback registry (docs/IMAGES.md)
 ])
 def test_a_bad_term_is_refused_on_its_field(client, field, value):
     login(client, funded_buyer(100))
@@ -136,7 +137,8 @@ def test_the_sealed_bid_takes_the_terms(client, lot, store):
 
 @pytest.mark.parametrize(("field", "value"), [("stop_grace_seconds", "-1"),
                                          ("notice_signal", "KILL"),
-                                         ("checkpoint_endpoint_url", "ftp://x")])
+                                         ("checkpoint_endpoint_url", "ftp://x"),
+                                         ("image", "[::1]:5000/x")])
 def test_a_bad_sealed_bid_term_is_refused_on_its_field(client, lot, field, value):
     login(client, funded_buyer(1000))
     form = {"price": "3.00", field: value}

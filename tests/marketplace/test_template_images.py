@@ -35,6 +35,9 @@ def test_json_and_pairs_give_the_same_mapping():
     ("vllm", "entry 'vllm' is not id=image"),
     ('{"vllm": "a:1", "vllm": "b:2"}', "template vllm is given twice"),
     ('{"vllm": 3}', "vllm: the image must be a string"),
+    ("vllm=10.0.0.5:5000/vllm:1", "vllm: image '10.0.0.5:5000/vllm:1' must not name a "
+                                  "registry at a private or loopback address (registry "
+                                  "10.0.0.5 is a private address)"),
     ('{"vllm": ', "is not valid JSON"),
     ('{"vllm": "a" ]', "is not valid JSON"),
 ])
@@ -42,6 +45,11 @@ def test_a_bad_value_is_refused_naming_the_entry(raw, says):
     with pytest.raises(ValueError) as caught:
         parse_template_images(raw)
     assert says in str(caught.value)
+
+
+def test_a_private_registry_is_taken_when_the_setting_allows_it():
+    assert parse_template_images("vllm=127.0.0.1:5000/vllm:1", allow_private_registry=True
+                                 ) == {"vllm": "127.0.0.1:5000/vllm:1"}
 
 
 def test_a_bad_value_stops_the_start_in_one_line(tmp_path):

@@ -202,7 +202,8 @@ def test_bad_image_references_are_refused(image):
 
 @pytest.mark.parametrize("image", [
     "", "busybox", "gpumarket/busybox:local", "nvcr.io/nvidia/pytorch:24.05-py3",
-    "registry.example:5000/team/app_1.x:v1", "a__b/c--d", "[::1]:5000/app",
+    "registry.example:5000/team/app_1.x:v1", "a__b/c--d", "[2606:4700::1111]:5000/app",
+    "8.8.8.8:5000/app", "localhost.example/app", "127/app",
     "pytorch/pytorch@sha256:" + "a" * 64, "ubuntu:22.04@sha256:" + "0" * 64,
 ])
 def test_docker_image_references_are_accepted(image):
@@ -222,6 +223,40 @@ def test_sealed_bid_image_is_checked_too():
                                           {"price": "1.20", "image": "Bad Image"},
                                           format="json")
     assert_refused(r, "image")
+
+
+PRIVATE_IMAGES = ["127.0.0.1:22/x:1", "[::1]:5000/x:1", "10.0.0.5:5000/x:1", "localhost/x",
+                  "localhost:5000/x:1", "169.254.169.254/x", "192.168.1.7:5000/a/b@sha256:"
+                  + "0" * 64, "0.0.0.0:5000/x", "224.0.0.1/x", "[fe80::1]:5000/x",
+                  "[::ffff:7f00:1]:5000/x", "127.1:5000/x", "0x7f.1/x", "dev.localhost/x"]
+
+
+@pytest.mark.parametrize("image", PRIVATE_IMAGES)
+def test_an_image_from_a_private_or_loopback_registry_is_refused(image):
+    buyer = funded_buyer(10)
+    registered_node(RTX4090_DUMP)
+    before = snapshot(buyer)
+    r = client_for(buyer).post("/api/v1/orders/", {**BID, "image": image}, format="json")
+    assert_refused(r, "image", contains="must not name a registry at a private or loopback")
+    assert snapshot(buyer) == before
+
+
+def test_a_private_registry_is_allowed_by_the_setting_and_sealed_bids_refuse_it(settings):
+    provider, node, _ = registered_node(RTX4090_DUMP)
+    r = client_for(provider).post("/api/v1/auctions/", {
+        "node": node.pk, "gpus": 1, "reserve_price": "1.00", "hours": 1,
+        "closes_at": (timezone.now() + timedelta(minutes=5)).isoformat()}, format="json")
+    assert r.status_code == 201, r.content
+    sealed = f"/api/v1/auctions/{r.json()['id']}/bids/"
+    buyer = client_for(funded_buyer(10))
+    refused = buyer.post(sealed, {"price": "1.20", "image": "127.0.0.1:5000/x:1"},
+                         format="json")
+    assert_refused(refused, "image", contains="registry 127.0.0.1 is a loopback address")
+    settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY = True
+    r = buyer.post(sealed, {"price": "1.20", "image": "127.0.0.1:5000/x:1"}, format="json")
+    assert r.status_code == 201, r.content
+    r = buyer.post("/api/v1/orders/", {**BID, "image": "[::1]:5000/x:1"}, format="json")
+    assert r.status_code == 201, r.content
 
 
 # --- 4. the OpenAPI schema -------------------------------------------------------------

@@ -23,7 +23,7 @@ from tests.support.api import assert_refused, client_for, runner_client
 
 pytestmark = pytest.mark.django_db
 
-IMAGE = "127.0.0.1:5000/team/train:1"
+IMAGE = "registry.example:5000/team/train:1"
 
 
 def beat(token, **body):
@@ -225,3 +225,16 @@ def test_the_runner_is_told_the_images_of_recent_leases_then_the_templates():
     assert ghost not in {i["image"] for i in items}  # failed or pending leases: not counted
     assert len({i["image"] for i in items}) == len(items) == len(wanted_images(node))
     assert NodeImage.objects.count() == 0
+
+
+def test_a_private_registry_image_of_an_old_lease_is_not_wanted(settings):
+    provider, node, token = registered_node(name="img-5")
+    ask(provider, node, price=2_400_000, gpus=4)
+    settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY = True  # as a lease from before the rule
+    r = client_for(funded_buyer(100)).post("/api/v1/orders/", bid_body(
+        price="2.40", gpus=1, image="10.0.0.5:5000/x:1", command=["true"]), format="json")
+    assert r.status_code == 201 and Lease.objects.filter(image="10.0.0.5:5000/x:1").exists()
+    assert wanted_images(node)[0]["image"] == "10.0.0.5:5000/x:1"
+    settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY = False
+    items = runner_client(token).get("/api/v1/runner/images/").json()["images"]
+    assert items and all(i["why"] == "template" for i in items), items

@@ -34,6 +34,7 @@ def parts(marketplace: FakeMarketplace, docker_client, docker_node, tmp_path):
     cache = ImageCache(docker_client, tmp_path / "images.json", 1 << 40, log=lines.append)
     runtime = DockerRuntime(docker_node, client=docker_client, network_mode="none",
                             simulate=True, images=cache)
+    runtime.puller.allow_private_registry = True  # the test registry is on 127.0.0.1
     agent = Agent(client, DumpGpus(H100), runtime, poll_interval=0.2, grace_s=1,
                   log=lines.append)
     yield agent, runtime, lines
@@ -147,3 +148,24 @@ def test_the_idle_runner_pre_pulls_the_wanted_images(parts, marketplace, cold_im
     agent.tick()
     statuses = [e["status"] for e in marketplace.events_for(33)]
     assert statuses == ["starting", "running"]
+
+
+def test_a_private_registry_is_neither_pulled_nor_pre_pulled_unless_allowed(
+        parts, marketplace, cold_image):
+    agent, runtime, lines = parts
+    runtime.puller.allow_private_registry = False  # the runner without the flag
+    ref = cold_image(4)  # in the registry on 127.0.0.1, not on the engine
+    marketplace.add_lease(34, UUIDS, image=ref, command=["true"])
+    tick_until(agent, "the lease to fail", lambda: any(
+        e["status"] == "failed" for e in marketplace.events_for(34)))
+    [failed] = [e for e in marketplace.events_for(34) if e["status"] == "failed"]
+    assert failed["cause"].startswith(f"image {ref} could not be pulled: registry 127.0.0.1 "
+                                      "is a loopback address"), failed["cause"]
+    assert "--allow-private-registry" in failed["cause"]
+    assert not runtime.images.present(ref)
+    marketplace.wanted_images = [ref]
+    agent.prefetcher = Prefetcher(runtime.images, runtime.puller,
+                                  agent.client.images_wanted, log=lines.append)
+    tick_until(agent, "the refused pre-pull", lambda: any(
+        f"pre-pull of {ref} failed: registry 127.0.0.1" in line for line in lines))
+    assert not runtime.images.present(ref) and agent.prefetcher.done == []
