@@ -90,7 +90,10 @@ class PullState:
             return f"image {self.ref} pulled in {self.seconds():.1f} s"
         if not self.layers:
             return f"pulling image {self.ref}: asking the registry"
-        if self.downloaded >= self.layers > self.complete:
+        if self.downloaded >= self.layers:
+            if self.complete >= self.layers:
+                return (f"pulling image {self.ref}: {mib(self.total)} downloaded, "
+                        f"{self.layers} of {self.layers} layers in place")
             return (f"pulling image {self.ref}: {mib(self.total)} downloaded, extracting "
                     f"layers ({self.complete + 1} of {self.layers})")
         if not self.sized:
