@@ -109,6 +109,7 @@ class Agent(Reconciler):
         if puller is not None:  # a pull that ends wakes the loop: the lease starts at once
             puller.notify = self._wake.set
         self._progress_sent: dict[int, tuple[str, float]] = {}  # lease → (text, monotonic)
+        self._pending_seen: set[int] = set()  # leases this process saw pending (pull.resumed)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:

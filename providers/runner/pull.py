@@ -65,7 +65,9 @@ class PullState:
     within one pull); `sized`: every announced layer's size is known; layers seen,
     `downloaded` (downloads over) and `complete` (extracted or already present); error
     (the engine's word, or why the runner aborted) when failed; started/ended/progressed
-    (monotonic seconds; progressed: the last time a byte or a layer moved)."""
+    (monotonic seconds; progressed: the last time a byte or a layer moved); `resumed`: a
+    previous runner process began this image's pull for a lease (the engine dropped its
+    partial downloads, so the bytes restart: the text says "again")."""
 
     ref: str
     phase: str = "pulling"
@@ -79,6 +81,7 @@ class PullState:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     progressed: float = field(default_factory=time.monotonic)
+    resumed: bool = False
 
     def text(self) -> str:
         """For the buyer: "pulling image R: 312 MiB of 1024 MiB (30 %), 1 of 4 layers";
@@ -88,19 +91,21 @@ class PullState:
             return f"image {self.ref} could not be pulled: {self.error}"
         if self.phase == "done":
             return f"image {self.ref} pulled in {self.seconds():.1f} s"
+        head = (f"pulling image {self.ref} again (the runner restarted)" if self.resumed
+                else f"pulling image {self.ref}")
         if not self.layers:
-            return f"pulling image {self.ref}: asking the registry"
+            return f"{head}: asking the registry"
         if self.downloaded >= self.layers:
             if self.complete >= self.layers:
-                return (f"pulling image {self.ref}: {mib(self.total)} downloaded, "
-                        f"{self.layers} of {self.layers} layers in place")
-            return (f"pulling image {self.ref}: {mib(self.total)} downloaded, extracting "
-                    f"layers ({self.complete + 1} of {self.layers})")
+                return (f"{head}: {mib(self.total)} downloaded, {self.layers} of "
+                        f"{self.layers} layers in place")
+            return (f"{head}: {mib(self.total)} downloaded, extracting layers "
+                    f"({self.complete + 1} of {self.layers})")
         if not self.sized:
-            return (f"pulling image {self.ref}: {mib(self.done)} of at least "
-                    f"{mib(self.total)}, {self.complete} of {self.layers} layers")
+            return (f"{head}: {mib(self.done)} of at least {mib(self.total)}, "
+                    f"{self.complete} of {self.layers} layers")
         pct = 100 * self.done // self.total if self.total else 100
-        return (f"pulling image {self.ref}: {mib(self.done)} of {mib(self.total)} ({pct} %), "
+        return (f"{head}: {mib(self.done)} of {mib(self.total)} ({pct} %), "
                 f"{self.complete} of {self.layers} layers")
 
     def seconds(self) -> float:

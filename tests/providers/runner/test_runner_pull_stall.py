@@ -148,6 +148,29 @@ def test_the_progress_of_a_real_pull_never_goes_backwards(docker_client, cold_im
     assert not any("%" in t for t in texts[extracting[0]:]), texts  # no return to bytes
 
 
+def test_a_pull_a_previous_runner_began_says_it_starts_again(agent_with, marketplace,
+                                                             cold_image):
+    ref = cold_image(8)
+    agent = agent_with(Puller())
+    # the lease is `starting` already: a previous runner process began it, then restarted
+    marketplace.add_lease(43, UUIDS, image=ref, command=["sleep", "30"], status="starting")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            e["status"] == "running" for e in marketplace.events_for(43)):
+        agent.tick()
+        time.sleep(0.1)
+    causes = [e.get("cause", "") for e in marketplace.events_for(43)
+              if e["status"] == "starting"]
+    assert causes[0].startswith(f"pulling image {ref} again (the runner restarted): "), causes
+    assert causes[-1].startswith(f"image {ref} pulled in "), causes
+    # a lease this process saw pending pulls without "again"
+    fresh = cold_image(4)
+    marketplace.add_lease(44, UUIDS, image=fresh, command=["true"])
+    agent.tick()
+    first = [e.get("cause", "") for e in marketplace.events_for(44) if e.get("cause")]
+    assert first and first[0].startswith(f"pulling image {fresh}: "), first
+
+
 def test_progress_text_while_sizes_are_unknown_and_while_extracting():
     state = PullState("r:1", layers=2, total=100 << 20, done=10 << 20, sized=False)
     assert state.text() == "pulling image r:1: 10 MiB of at least 100 MiB, 0 of 2 layers"
