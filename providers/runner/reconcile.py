@@ -162,8 +162,8 @@ class Reconciler:
         if status in ("pending", "starting"):
             if handle is None:
                 if status == "pending":
+                    self._pending_seen.add(lease_id)  # before the event: its answer may be lost
                     self._event(lease_id, "starting")
-                    self._pending_seen.add(lease_id)
                 if not self._image_ready(lease):
                     return  # pulling (progress sent) or failed (reported)
                 restore_failed = self.checkpoints.restore(lease)
