@@ -109,6 +109,7 @@ class Agent(Reconciler):
         if puller is not None:  # a pull that ends wakes the loop: the lease starts at once
             puller.notify = self._wake.set
         self._progress_sent: dict[int, tuple[str, float]] = {}  # lease → (text, monotonic)
+        self._pending_seen: set[int] = set()  # leases this process saw pending (pull.resumed)
 
     # -- marketplace calls -------------------------------------------------------------
     def announce(self) -> dict:
@@ -311,13 +312,14 @@ class Agent(Reconciler):
                 if state.phase == "done":
                     cache.pulled_now(ref)
                 puller.forget(ref)
+        listed = {lease.image for lease in leases if lease.image}
         if cache.total() > cache.bound:
-            in_use = {lease.image for lease in leases if lease.image}
-            removed = cache.evict(in_use | self.runtime.images_in_use())
+            removed = cache.evict(listed | self.runtime.images_in_use())
             if self.prefetcher is not None:
                 self.prefetcher.evicted(removed)
-        if self.prefetcher is not None:
-            self.prefetcher.tick(idle=not waiting)
+        if self.prefetcher is not None:  # the engine is asked only when a pre-pull is weighed
+            self.prefetcher.tick(idle=not waiting,
+                                 in_use=lambda: listed | self.runtime.images_in_use())
 
     # -- benchmark -----------------------------------------------------------------------
     def maybe_benchmark(self, leases: list[RunnerLease]) -> bool:

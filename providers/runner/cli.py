@@ -50,6 +50,7 @@ from .metrics_server import serve_metrics
 from .nvml import DumpGpus, NoDriverError, NvmlGpus, ReplayError, load_replay_health
 from .nvsmi import DumpError
 from .process_runtime import DEFAULT_UIDS
+from .pull import MAX_PULL_S, STALL_TIMEOUT_S
 from .push import PushListener
 from .runtime import DockerRuntime, ProcessRuntime, RuntimeFailure
 from .switch import pick_runtime, previous_runtimes
@@ -262,6 +263,8 @@ def _run_until_stopped(args, stop: threading.Event) -> int:
         runtime.images = ImageCache(runtime.client, state_dir / "images.json",
                                     args.image_cache, log=print_line)
         runtime.puller.allow_private_registry = args.allow_private_registry
+        runtime.puller.stall_timeout = args.pull_stall_timeout
+        runtime.puller.max_seconds = args.pull_timeout
         if args.network not in ("per-lease", "none", "host"):
             print_line(f"WARNING: every lease on the network {args.network} can reach the "
                        "others' ports (SSH, Jupyter, …); the default --network per-lease "
@@ -414,6 +417,7 @@ def _cmd_benchmark(args) -> int:
 
 
 MAX_SECONDS = 365 * 24 * 3600  # one year: longer waits are a typo (and overflow timers)
+PULL_MIN_S, PULL_MAX_S = 1.0, 7 * 24 * 3600.0  # bounds of --pull-stall-timeout, --pull-timeout
 
 
 def _seconds(value: str, *, zero: bool) -> float:
@@ -442,6 +446,15 @@ def _positive(value: str) -> float:
 def _non_negative(value: str) -> float:
     """Seconds >= 0 (--grace: 0 kills at once; --benchmark-interval: 0 never)."""
     return _seconds(value, zero=True)
+
+
+def _pull_seconds(value: str) -> float:
+    """--pull-stall-timeout, --pull-timeout: seconds from PULL_MIN_S to PULL_MAX_S."""
+    number = _seconds(value, zero=False)
+    if not PULL_MIN_S <= number <= PULL_MAX_S:
+        raise argparse.ArgumentTypeError(f"{value!r} must be from {PULL_MIN_S:.0f} to "
+                                         f"{PULL_MAX_S:.0f} seconds")
+    return number
 
 
 def _size(value: str) -> int:
@@ -523,6 +536,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--image-cache", type=_size, default=DEFAULT_BOUND, metavar="SIZE",
                      help="bound on the images the runner pulls (200g; least recently used "
                           "evicted first, never one a lease uses; docs/IMAGES.md)")
+    run.add_argument("--pull-stall-timeout", type=_pull_seconds, default=STALL_TIMEOUT_S,
+                     metavar="S", help="fail a lease whose image pull makes no progress for "
+                     f"S seconds (default {STALL_TIMEOUT_S:.0f}; {PULL_MIN_S:.0f} to "
+                     f"{PULL_MAX_S:.0f}; docs/IMAGES.md)")
+    run.add_argument("--pull-timeout", type=_pull_seconds, default=MAX_PULL_S, metavar="S",
+                     help=f"fail a lease whose image pull takes longer than S seconds "
+                     f"(default {MAX_PULL_S:.0f} = 6 h; at most {PULL_MAX_S:.0f})")
     run.add_argument("--no-prefetch", action="store_true",
                      help="never pre-pull the marketplace's wanted images while idle")
     run.add_argument("--allow-private-registry", action="store_true",

@@ -25,6 +25,7 @@ REPORT_MAX = 200  # images in one heartbeat report
 REPORT_EVERY_S = 600.0  # the report is sent when it changes, and at least this often
 PREFETCH_EVERY_S = 600.0  # the wanted list is asked this often
 PREFETCH_RETRY_S = 3600.0  # a pre-pull that failed (or did not fit) is not tried sooner
+SIZES_MAX = 1000  # sizes of evicted images remembered (the oldest forgotten first)
 
 
 def parse_size(text: str) -> int:
@@ -59,7 +60,10 @@ class ImageCache:
         self.bound = int(bound)
         self.log = log
         # ref → {"id": image id, "bytes": size, "used": epoch seconds (0: pre-pulled, unused)}
-        self.pulled: dict[str, dict] = self._load()
+        self.pulled: dict[str, dict] = {}
+        # ref → bytes of an image pulled once and gone since (evicted): its size is known
+        self.sizes: dict[str, int] = {}
+        self._load()
         self._report: list[dict] | None = None  # cached heartbeat report
         self._report_sent: list[dict] | None = None
         self._report_due = 0.0  # monotonic time the engine is read again for the report
@@ -67,22 +71,33 @@ class ImageCache:
         self.over_bound_logged = False
 
     # -- record ------------------------------------------------------------------------
-    def _load(self) -> dict[str, dict]:
+    def _load(self) -> None:
         if self.path is None or not self.path.exists():
-            return {}
+            return
         try:
             data = json.loads(self.path.read_text())
-            return {str(k): dict(v) for k, v in (data.get("pulled") or {}).items()}
-        except (OSError, ValueError, AttributeError):
-            return {}  # a broken record: start afresh (eviction only forgets more)
+            self.pulled = {str(k): dict(v) for k, v in (data.get("pulled") or {}).items()}
+            self.sizes = {str(k): int(v) for k, v in (data.get("sizes") or {}).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            self.pulled, self.sizes = {}, {}  # broken: start afresh (only forgets more)
 
     def _save(self) -> None:
         self._report = None
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pulled": self.pulled}, sort_keys=True))
+        tmp.write_text(json.dumps({"pulled": self.pulled, "sizes": self.sizes},
+                                  sort_keys=True))
         os.replace(tmp, self.path)
+
+    def _forget(self, ref: str) -> dict:
+        """Drop `ref` from the record, keeping its size in `sizes` (at most SIZES_MAX)."""
+        entry = self.pulled.pop(ref)
+        self.sizes.pop(ref, None)
+        self.sizes[ref] = int(entry.get("bytes") or 0)
+        while len(self.sizes) > SIZES_MAX:
+            del self.sizes[next(iter(self.sizes))]
+        return entry
 
     def _image(self, ref: str):
         try:
@@ -104,6 +119,7 @@ class ImageCache:
         old = self.pulled.get(ref, {})
         self.pulled[ref] = {"id": image.id, "bytes": int(image.attrs.get("Size") or 0),
                             "used": old.get("used", 0.0) if prefetch else time.time()}
+        self.sizes.pop(ref, None)
         self._save()
 
     def used(self, ref: str) -> None:
@@ -117,6 +133,20 @@ class ImageCache:
         """Bytes of the pulled images still on the engine."""
         return sum(int(v.get("bytes") or 0) for v in self.pulled.values())
 
+    def fits(self, ref: str, in_use: Iterable[str]) -> bool:
+        """Whether a pre-pull of `ref` would stay: its known size (an image pulled before
+        and evicted) plus what eviction keeps ahead of a never-used image (the pulled
+        images in `in_use` and those a lease used) is within the bound. True when its
+        size is unknown (never pulled here: it is tried, and skipped if evicted at once)."""
+        ref = normalize(ref)
+        size = self.sizes.get(ref)
+        if size is None or ref in self.pulled:
+            return True
+        keep = {normalize(r) for r in in_use if r}
+        held = sum(int(v.get("bytes") or 0) for r, v in self.pulled.items()
+                   if r in keep or (v.get("used") or 0) > 0)
+        return held + size <= self.bound
+
     # -- eviction ------------------------------------------------------------------------
     def evict(self, in_use: Iterable[str]) -> list[str]:
         """Remove least-recently-used pulled images until their total is within the bound,
@@ -127,7 +157,7 @@ class ImageCache:
         keep_ids = {self.pulled[r]["id"] for r in keep if r in self.pulled}
         for ref in list(self.pulled):
             if self._image(ref) is None:  # removed outside the runner
-                del self.pulled[ref]
+                self._forget(ref)
         removed: list[str] = []
         total = self.total()
         if total <= self.bound:
@@ -145,7 +175,7 @@ class ImageCache:
             except self._errors.APIError as exc:
                 self.log(f"image cache: {ref} not evicted: {exc.explanation or exc}")
                 continue
-            del self.pulled[ref]
+            self._forget(ref)
             total -= int(entry.get("bytes") or 0)
             removed.append(ref)
             self.log(f"image cache: evicted {ref} ({int(entry.get('bytes') or 0) >> 20} MiB, "
@@ -194,8 +224,9 @@ class Prefetcher:
     which images it wants on this node (`wanted()`: GET /api/v1/runner/images/, the
     templates' images and those of the node's markets' recent leases, most wanted first)
     and pulls the first one the engine lacks, one at a time (`puller`), only while no lease
-    is waiting to start. A pre-pull that fails, or that eviction removes at once (it did not
-    fit), is not tried again for PREFETCH_RETRY_S."""
+    is waiting to start, and only one that fits (ImageCache.fits: an image evicted before
+    is not pulled again to be evicted again). A pre-pull that fails, or that eviction
+    removes at once (it did not fit), is not tried again for PREFETCH_RETRY_S."""
 
     def __init__(self, cache: ImageCache, puller, wanted: Callable[[], list[str]],
                  log: Callable[[str], None] = print, every_s: float = PREFETCH_EVERY_S
@@ -208,9 +239,10 @@ class Prefetcher:
         self.current: str | None = None  # the pre-pull under way
         self.done: list[str] = []  # refs pre-pulled, in order (for status and tests)
 
-    def tick(self, idle: bool) -> None:
+    def tick(self, idle: bool, in_use: Callable[[], Iterable[str]] = tuple) -> None:
         """Finish the bookkeeping of a pre-pull that ended; when `idle` and no pull is
-        under way, start the next one."""
+        under way, start the next one that fits beside the images `in_use()` (refs of the
+        listed leases and this node's containers; called only when an image is weighed)."""
         now = time.monotonic()
         if self.current is not None:
             state = self.puller.state(self.current)
@@ -236,6 +268,12 @@ class Prefetcher:
                 self.wanted = [normalize(r) for r in self.wanted_fn()]
         for ref in self.wanted:
             if self._skip.get(ref, 0.0) > now or self.cache.present(ref):
+                continue
+            if ref in self.cache.sizes and not self.cache.fits(ref, in_use()):
+                self._skip[ref] = now + PREFETCH_RETRY_S
+                self.log(f"image cache: {ref} not pre-pulled: its "
+                         f"{self.cache.sizes[ref] >> 20} MiB do not fit in the bound of "
+                         f"{self.cache.bound >> 20} MiB beside the images leases use")
                 continue
             self.current = ref
             self.puller.ensure(ref)

@@ -115,6 +115,7 @@ class Reconciler:
             del self._lease_gpus[lease_id]  # ended without a workload here
         for lease_id in list(self._progress_sent.keys() - listed.keys()):
             del self._progress_sent[lease_id]
+        self._pending_seen &= listed.keys()
         self._running = {i for i, lease in listed.items()
                          if lease.status == "running" and i in handles}
         for lease_id in list(self._secret_values.keys() - listed.keys()):
@@ -161,6 +162,7 @@ class Reconciler:
         if status in ("pending", "starting"):
             if handle is None:
                 if status == "pending":
+                    self._pending_seen.add(lease_id)  # before the event: its answer may be lost
                     self._event(lease_id, "starting")
                 if not self._image_ready(lease):
                     return  # pulling (progress sent) or failed (reported)
@@ -244,14 +246,17 @@ class Reconciler:
     def _image_ready(self, lease: RunnerLease) -> bool:
         """Whether the lease's image is on the engine (runtime.prepare; a runtime without
         images: always). While its background pull runs, the progress goes to the buyer as
-        a `starting` event (at most every PROGRESS_EVERY_S, when it changed) and False is
-        returned; a failed pull fails the lease with the engine's cause (it never ran: no
-        charge), False; a finished pull is recorded in the image cache, True."""
+        a `starting` event (at most every PROGRESS_EVERY_S, when it changed; "again" when a
+        previous runner process began the lease's pull) and False is returned; a failed
+        pull fails the lease with the engine's cause (it never ran: no charge), False;
+        a finished pull is recorded in the image cache, True."""
         prepare = getattr(self.runtime, "prepare", None)
         state = prepare(lease) if prepare is not None else None
         if state is None:
             return True
         if state.phase == "pulling":
+            if lease.id not in self._pending_seen and state.layers == 0:
+                state.resumed = True  # a previous runner process began it (the text says so)
             self._progress(lease.id, state.text())
             return False
         self.runtime.puller.forget(state.ref)

@@ -39,6 +39,9 @@ def _parse(*flags: str):
     ("--process-uids", "a-b", "is not FIRST-LAST"),
     ("--process-uids", "0-10", "must be FIRST-LAST with 1000 <= FIRST"),
     ("--process-uids", "61000-60000", "must be FIRST-LAST with 1000 <= FIRST"),
+    ("--pull-stall-timeout", "0.5", "must be from 1 to 604800 seconds"),
+    ("--pull-stall-timeout", "0", "must be > 0"),
+    ("--pull-timeout", "1e6", "must be from 1 to 604800 seconds"),
 ])
 def test_a_bad_number_is_refused_naming_the_flag(flag, value, why):
     done = subprocess.run([sys.executable, "-m", "providers.runner", "run", f"{flag}={value}"],
@@ -54,6 +57,8 @@ def test_zero_is_meaningful_for_grace_and_benchmark_interval():
     assert (args.grace, args.benchmark_interval, args.poll_interval) == (0.0, 0.0, 0.1)
     assert _parse().grace == 10.0
     assert _parse("--process-uids", "70000-70009").process_uids == range(70000, 70010)
+    assert (_parse().pull_stall_timeout, _parse().pull_timeout) == (300.0, 21600.0)
+    assert _parse("--pull-stall-timeout", "30").pull_stall_timeout == 30.0
 
 
 @pytest.mark.parametrize(("flags", "config", "env", "named"), [
