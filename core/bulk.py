@@ -11,6 +11,7 @@ Elsewhere (SQLite for the demo) it is bulk_create. No signals are sent, as with 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 import psycopg
@@ -67,8 +68,25 @@ def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
     connection.ensure_connection()
     # Django's own exception classes (IntegrityError, …), as from its cursors
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_lists_binary(sql, params), params)
         return cursor.fetchall() if cursor.description is not None else []
+
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+def _lists_binary(sql: str, params: list) -> str:
+    """`sql` with the placeholder of each list parameter made `%b`: psycopg dumps an array
+    in its binary format in C, where the text format quotes each element in Python (10,000
+    strings: 27 ms of CPU against 4; timestamps 51 against 5, on the 2-core machine)."""
+    it = iter(params)
+
+    def one(m: re.Match) -> str:
+        if m.group() == "%%":
+            return "%%"
+        return "%b" if isinstance(next(it), list) else "%s"
+
+    return _PLACEHOLDER.sub(one, sql)
 
 
 def update_all(objs: Sequence[Model], fields: Sequence[str]) -> int:
@@ -108,3 +126,33 @@ def update_all(objs: Sequence[Model], fields: Sequence[str]) -> int:
            f"AS u({names}) WHERE {table}.{connection.ops.quote_name(pk.column)} = u.id_ "
            f"RETURNING 1")
     return len(execute_arrays(connection, sql, params))
+
+
+def select_by_ids(model: type[Model], ids: Sequence[int], *, for_update: bool = False,
+                  column: str = "id") -> list[Model]:
+    """The rows of `model` whose `column` (the primary key's by default) is in `ids`, as
+    instances, in primary-key order; `for_update` locks them (SELECT … FOR UPDATE, taken in
+    that order). On PostgreSQL the ids travel as one array, bound server-side
+    (`= ANY(%s::bigint[])`): an IN list of 10,000 ids costs Django and psycopg ~1 s of CPU
+    to render and parse on the 2-core machine (bench/README.md "Sealed close"); elsewhere
+    the ORM's `__in`. Fields whose database values need a converter (JSON, …) are not
+    supported: TypeError."""
+    meta = model._meta
+    using = router.db_for_write(model) if for_update else router.db_for_read(model)
+    connection = connections[using]
+    fields = list(meta.concrete_fields)
+    if connection.vendor != "postgresql":
+        field = next(f for f in fields if f.column == column)
+        qs = model.objects.using(using).filter(**{f"{field.attname}__in": list(ids)})
+        return list((qs.select_for_update() if for_update else qs).order_by("pk"))
+    if any(isinstance(f, JSONField) or f.get_db_converters(connection) for f in fields):
+        raise TypeError(f"{meta.label} has fields with database converters")
+    quote = connection.ops.quote_name
+    table = quote(meta.db_table)
+    # identifiers come from the model's own metadata, quoted; the ids are a parameter
+    sql = (f"SELECT {', '.join(f'{table}.{quote(f.column)}' for f in fields)} "  # noqa: S608
+           f"FROM {table} WHERE {table}.{quote(column)} = ANY(%s::bigint[]) "
+           f"ORDER BY {table}.{quote(meta.pk.column)}{' FOR UPDATE' if for_update else ''}")
+    names = [f.attname for f in fields]
+    return [model.from_db(using, names, row)
+            for row in execute_arrays(connection, sql, [list(ids)])]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from core.bulk import update_all
+from core.bulk import select_by_ids, update_all
 from settlement.models import Hold, JournalEntry
 from settlement.services import (
     CapturePlan,
@@ -37,8 +37,7 @@ _HOLD_FIGURES = ["captured", "captured_fee", "released", "amount"]
 def _locked_holds(hold_ids: list[int]) -> dict[int, Hold]:
     """The holds of `hold_ids` locked in primary-key order (one statement), by id;
     HoldClosed if one is missing or not active."""
-    locked = {h.pk: h for h in Hold.objects.select_for_update()
-              .filter(pk__in=sorted(set(hold_ids))).order_by("pk")}
+    locked = {h.pk: h for h in select_by_ids(Hold, sorted(set(hold_ids)), for_update=True)}
     for pk in hold_ids:
         hold = locked.get(pk)
         if hold is None:
