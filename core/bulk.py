@@ -58,6 +58,38 @@ def insert_all(objs: Sequence[Model]) -> list[Model]:
     return list(objs)
 
 
+def insert_columns(model: type[Model], columns: dict[str, Sequence]) -> None:
+    """INSERT rows of `model` given column-wise: field attname (`entry_id`, `amount`) →
+    the rows' values, already as the database takes them (ints, strings; no JSON), one
+    list per non-primary-key concrete field, all of one length. No instances are built
+    (20,000 postings: ~1 s less CPU than insert_all on the 2-core machine) and none are
+    returned. ValueError, with nothing written, when a field is missing or unknown."""
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if f is not meta.pk]
+    if set(columns) != {f.attname for f in fields}:
+        raise ValueError(f"{meta.label}: columns {sorted(columns)} are not its fields "
+                         f"{sorted(f.attname for f in fields)}")
+    if len({len(v) for v in columns.values()}) > 1:
+        raise ValueError(f"{meta.label}: columns of different lengths")
+    if not next(iter(columns.values()), ()):
+        return
+    using = router.db_for_write(model)
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        rows = zip(*(columns[f.attname] for f in fields), strict=True)
+        model.objects.using(using).bulk_create(
+            [model(**dict(zip((f.attname for f in fields), row, strict=True))) for row in rows])
+        return
+    if any(isinstance(f, JSONField) for f in fields):
+        raise ValueError(f"{meta.label} has JSON fields: use insert_all")
+    quote = connection.ops.quote_name
+    # identifiers come from the model's own metadata, quoted; every value is a parameter
+    names = ", ".join(quote(f.column) for f in fields)
+    arrays = ", ".join(f"%s::{f.cast_db_type(connection)}[]" for f in fields)
+    sql = f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM unnest({arrays})"  # noqa: S608
+    execute_arrays(connection, sql, [list(columns[f.attname]) for f in fields])
+
+
 def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
     """Run `sql` (PostgreSQL, `%s` placeholders) with server-side binding and return its
     rows. Django's psycopg cursors bind client-side, turning every array parameter into

@@ -23,7 +23,7 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core import metrics
-from core.bulk import execute_arrays, insert_all
+from core.bulk import execute_arrays, insert_all, insert_columns
 from settlement.account_rows import find_accounts as _find_accounts
 from settlement.account_rows import locked_account_rows as _locked_account_rows
 from settlement.models import Account, Hold, JournalEntry, Posting
@@ -141,9 +141,11 @@ def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
     made = insert_all([
         JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference, hold=e.hold,
                      idempotency_key=e.idempotency_key) for e in entries])
-    insert_all([Posting(entry=entry, account_id=pk, amount=amt)
-                                 for entry, e in zip(made, entries, strict=True)
-                                 for pk, amt in e.rows])
+    rows = [(entry.pk, pk, amt) for entry, e in zip(made, entries, strict=True)
+            for pk, amt in e.rows]
+    insert_columns(Posting, {"entry_id": [r[0] for r in rows],
+                             "account_id": [r[1] for r in rows],
+                             "amount": [r[2] for r in rows]})
     delta: dict[int, int] = {}
     for e in entries:
         for pk, amt in e.rows:
