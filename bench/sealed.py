@@ -171,10 +171,23 @@ def db_close(n: int, seed: int, pg: str, name: str, analyze: bool, bulk: bool = 
         import cProfile
         prof = cProfile.Profile()
         prof.enable()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+
+    def backend_cpu() -> float | None:  # utime + stime of this connection's backend, s
+        try:
+            fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # PostgreSQL on another host
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    pg0 = backend_cpu()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with connection.execute_wrapper(count):
         closed = close_auction(auction_id=auction.pk, now=now + timedelta(days=1, seconds=1))
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    pg1 = backend_cpu()
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.environ["BENCH_PROFILE_CLOSE"])
@@ -183,7 +196,9 @@ def db_close(n: int, seed: int, pg: str, name: str, analyze: bool, bulk: bool = 
     won = SealedBid.objects.filter(auction=auction, status="won").count()
     lost = SealedBid.objects.filter(auction=auction, status="lost").count()
     print(f"{n:>7,} bids: close_auction {wall * 1000:8.1f} ms wall, {cpu * 1000:7.1f} ms CPU "
-          f"(bench process), {statements[0]} SQL statements; {won} won, {lost} lost, "
+          f"(bench process), "
+          f"{'?' if pg0 is None else f'{(pg1 - pg0) * 1000:.0f}'} ms CPU (PostgreSQL backend), "
+          f"{statements[0]} SQL statements; {won} won, {lost} lost, "
           f"{Lease.objects.filter(sealed_bid__auction=auction).count()} leases, clearing "
           f"price {closed.clearing_price}; ledger_check: {first_violation() or 'clean'}")
     total = sum(dt for dt, _ in slow)
