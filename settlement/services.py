@@ -129,6 +129,7 @@ class _Entry:
     reference: str = ""
     hold: Hold | None = None
     idempotency_key: str | None = None
+    hold_id: int | None = None  # the hold by id alone (settlement.bulk's releases)
 
 
 def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
@@ -139,8 +140,10 @@ def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
     if not entries:
         return []
     made = insert_all([
-        JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference, hold=e.hold,
-                     idempotency_key=e.idempotency_key) for e in entries])
+        JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference,
+                     idempotency_key=e.idempotency_key,
+                     **({"hold": e.hold} if e.hold is not None else {"hold_id": e.hold_id}))
+        for e in entries])
     rows = [(entry.pk, pk, amt) for entry, e in zip(made, entries, strict=True)
             for pk, amt in e.rows]
     insert_columns(Posting, {"entry_id": [r[0] for r in rows],
