@@ -17,6 +17,8 @@ ledger_check after. Target (DESIGN.md): 10,000 bids < 2 s.
 Run:  .venv/bin/python bench/sealed.py [--sizes 100000 1000000] [--repeat 5] [--seed 1]
       .venv/bin/python bench/sealed.py --db [--sizes 100 1000 10000]
           [--db-name gpumarket_bench_sealed] [--pg postgres://postgres@127.0.0.1:5432]
+          [--analyze] [--bulk-setup] [--template gpumarket_bench_sealed_tpl]
+      (BENCH_PROFILE_CLOSE=<file>: a cProfile of the close)
 """
 
 from __future__ import annotations
