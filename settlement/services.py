@@ -23,7 +23,9 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core import metrics
-from core.bulk import execute_arrays, insert_all
+from core.bulk import execute_arrays, insert_all, insert_columns
+from settlement.account_rows import find_accounts as _find_accounts
+from settlement.account_rows import locked_account_rows as _locked_account_rows
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
 from settlement.split import Split, split
@@ -79,19 +81,9 @@ def _lock_accounts(keys: list[tuple[str, int | None]]) -> dict[tuple[str, int | 
             owners: dict[str, set[int | None]] = {}
             for kind, owner in missing:
                 owners.setdefault(kind, set()).add(owner)
-            q = Q(pk__in=[])
-            for kind, of in owners.items():
-                named = sorted(o for o in of if o is not None)
-                if named:
-                    q |= Q(kind=kind, owner_id__in=named)
-                if None in of:
-                    q |= Q(kind=kind, owner__isnull=True)
-            for pk, kind, owner in Account.objects.filter(q).values_list("pk", "kind",
-                                                                         "owner_id"):
+            for pk, kind, owner in _find_accounts(owners):
                 ids[(kind, owner)] = _account_ids[(kind, owner)] = pk
-        rows = (Account.objects.select_for_update().filter(pk__in=sorted(ids.values()))
-                .order_by("pk").values_list("pk", "kind", "owner_id", "balance",
-                                            "allow_negative"))
+        rows = _locked_account_rows(sorted(ids.values()))
         got = {(kind, owner): (pk, balance, neg) for pk, kind, owner, balance, neg in rows}
         if all(got.get(k, (None,))[0] == pk for k, pk in ids.items()):
             return got
@@ -137,6 +129,7 @@ class _Entry:
     reference: str = ""
     hold: Hold | None = None
     idempotency_key: str | None = None
+    hold_id: int | None = None  # the hold by id alone (settlement.bulk's releases)
 
 
 def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
@@ -147,11 +140,15 @@ def _write_entries(entries: list[_Entry]) -> list[JournalEntry]:
     if not entries:
         return []
     made = insert_all([
-        JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference, hold=e.hold,
-                     idempotency_key=e.idempotency_key) for e in entries])
-    insert_all([Posting(entry=entry, account_id=pk, amount=amt)
-                                 for entry, e in zip(made, entries, strict=True)
-                                 for pk, amt in e.rows])
+        JournalEntry(kind=e.kind, memo=e.memo[:200], reference=e.reference,
+                     idempotency_key=e.idempotency_key,
+                     **({"hold": e.hold} if e.hold is not None else {"hold_id": e.hold_id}))
+        for e in entries])
+    rows = [(entry.pk, pk, amt) for entry, e in zip(made, entries, strict=True)
+            for pk, amt in e.rows]
+    insert_columns(Posting, {"entry_id": [r[0] for r in rows],
+                             "account_id": [r[1] for r in rows],
+                             "amount": [r[2] for r in rows]})
     delta: dict[int, int] = {}
     for e in entries:
         for pk, amt in e.rows:

@@ -10,6 +10,7 @@ import secrets
 from typing import Any
 
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -78,7 +79,8 @@ def emit_many(items: list[tuple[int, str, dict[str, Any]]]) -> list[WebhookEvent
         return []
     takes: dict[int, list[tuple[int, list[str]]]] = {}
     for pk, user_id, types in (WebhookEndpoint.objects
-                               .filter(user_id__in={u for u, _, _ in items}, enabled=True)
+                               .filter(user_id__in=_users({u for u, _, _ in items}),
+                                       enabled=True)
                                .order_by("pk").values_list("pk", "user_id", "events")):
         takes.setdefault(user_id, []).append((pk, types))
     now = timezone.now()
@@ -101,6 +103,15 @@ def emit_many(items: list[tuple[int, str, dict[str, Any]]]) -> list[WebhookEvent
         unique = list(dict.fromkeys(targets_all))
         transaction.on_commit(lambda: _enqueue(unique))
     return events
+
+
+def _users(ids: set[int]):
+    """`ids` for a `user_id__in` filter: on PostgreSQL one array parameter
+    (`IN (SELECT unnest(%s::bigint[]))`) — an IN list of 10,000 placeholders cost ~0.5 s
+    of CPU to render and parse (bench/README.md "Sealed close"); elsewhere the list."""
+    if transaction.get_connection().vendor != "postgresql":
+        return sorted(ids)
+    return RawSQL("SELECT unnest(%s::bigint[])", [sorted(ids)])
 
 
 def _enqueue(endpoint_ids: list[int]) -> None:

@@ -234,15 +234,31 @@ def test_a_sealed_close_loses_its_bids_as_one_by_one_would():
     assert first_violation() is None
 
 
-def test_uncached_accounts_are_looked_up_with_one_term_per_kind():
+def test_uncached_accounts_are_looked_up_with_one_term_per_kind(monkeypatch):
+    from settlement import account_rows
+
     buyers = [funded_buyer(1) for _ in range(30)]
     ledger._account_ids.clear()
     keys = [(kind, b.pk) for b in buyers for kind in (ledger.Kind.BUYER_AVAILABLE,
                                                       ledger.Kind.BUYER_HELD)]
+    sent = []
+    real = account_rows.execute_arrays
+
+    def recording(connection, sql, params):
+        sent.append((sql, params))
+        return real(connection, sql, params)
+
+    monkeypatch.setattr(account_rows, "execute_arrays", recording)
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
         locked = ledger._lock_accounts(keys)
-    assert len(queries) == 2  # the look-up and the lock
-    lookup = queries[0]["sql"]
-    # one term per kind (owner_id IN …), not one per account: 2 kinds, 60 accounts
-    assert lookup.count('"kind" =') == 2 and lookup.count(" IN (") == 2
+    assert len(queries) == 0 and len(sent) == 2  # the look-up and the lock, arrays bound
+    lookup, params = sent[0]
+    # one term per kind (owner_id = ANY(one array)), not one per account: 2 kinds, 60
+    assert lookup.count("kind = %s") == 2 and lookup.count("= ANY(%s::bigint[])") == 2
+    assert sorted(p for p in params if isinstance(p, str)) == sorted(
+        [ledger.Kind.BUYER_AVAILABLE, ledger.Kind.BUYER_HELD])
+    assert [sorted(p) for p in params if isinstance(p, list)] == [
+        sorted(b.pk for b in buyers)] * 2
+    lock, (ids,) = sent[1]
+    assert "FOR UPDATE" in lock and ids == sorted(ids) and len(ids) == len(locked)
     assert set(locked) == {k for k in keys if k[0] == ledger.Kind.BUYER_AVAILABLE}
