@@ -13,7 +13,11 @@ every lease is ended. Lateness of a lease = when a poll (every 0.25 s) first saw
 ended - the send. Then ledger_check, and
 the counts of GPUs back on their asks and of new leases for the resting bids.
 --inproc --batch B runs the sweep in this process instead (B=1: one lease per transaction);
---meter times one metering run (meter_running_leases) over the running leases instead.
+--meter times one metering run (meter_running_leases) over the running leases instead
+(BENCH_PROFILE=FILE: under cProfile, into FILE, for --inproc and --meter).
+N above 200 (a multiple of 200): one block of 200 leases is set up as above, then
+bench/replicate.py copies it in SQL (one INSERT per table), so 10,000 and 100,000 leases
+can be set up in minutes; ANALYZE after the setup.
 
 Run:  .venv/bin/python bench/lease_ends.py [--leases 10000] [--resting 100] [--inproc | --meter]
           [--batch 20] [--db gpumarket_bench_ends] [--pg postgres://postgres@127.0.0.1:5432]
@@ -165,7 +169,14 @@ def meter(n: int) -> None:
     cpu, wall = time.process_time(), time.perf_counter()
     with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
                                                           run(sql, *a))[1]):
-        charged = meter_running_leases()
+        if os.environ.get("BENCH_PROFILE"):  # cProfile of the run into that file
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                charged = meter_running_leases()
+            prof.dump_stats(os.environ["BENCH_PROFILE"])
+        else:
+            charged = meter_running_leases()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     again = meter_running_leases()
     print(f"metering: {len(charged)}/{n} leases charged in {wall:.2f} s wall, {cpu:.2f} s CPU"
