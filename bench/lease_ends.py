@@ -13,7 +13,11 @@ every lease is ended. Lateness of a lease = when a poll (every 0.25 s) first saw
 ended - the send. Then ledger_check, and
 the counts of GPUs back on their asks and of new leases for the resting bids.
 --inproc --batch B runs the sweep in this process instead (B=1: one lease per transaction);
---meter times one metering run (meter_running_leases) over the running leases instead.
+--meter times one metering run (meter_running_leases) over the running leases instead
+(BENCH_PROFILE=FILE: under cProfile, into FILE, for --inproc and --meter).
+N above 200 (a multiple of 200): one block of 200 leases is set up as above, then
+bench/replicate.py copies it in SQL (one INSERT per table), so 10,000 and 100,000 leases
+can be set up in minutes; ANALYZE after the setup.
 
 Run:  .venv/bin/python bench/lease_ends.py [--leases 10000] [--resting 100] [--inproc | --meter]
           [--batch 20] [--db gpumarket_bench_ends] [--pg postgres://postgres@127.0.0.1:5432]
@@ -38,7 +42,21 @@ PRICE = 2_490_000
 MARKET = "h100-sxm-80gb"
 
 
+BLOCK = 200  # leases set up through the services; larger N: copies of that block
+
+
+def _place(reqs) -> None:
+    from marketplace import book
+
+    for start in range(0, len(reqs), 200):
+        for placed in book.place_bids(reqs[start:start + 200]):
+            if isinstance(placed, Exception):
+                raise placed
+
+
 def set_up(n: int, resting: int) -> int:
+    """N running leases (N <= BLOCK, or a multiple of BLOCK: one block through the
+    services, then bench/replicate.py's copies of it), then the resting bids."""
     import django
 
     django.setup()
@@ -46,28 +64,32 @@ def set_up(n: int, resting: int) -> int:
     from django.db import connection
     from django.utils import timezone
 
+    from bench.replicate import replicate
     from marketplace import book
     from settlement import services as ledger
     from tests.factories import UserFactory, registered_node
 
+    if n > BLOCK and n % BLOCK:
+        raise SystemExit(f"--leases above {BLOCK} must be a multiple of {BLOCK}")
+    block = min(n, BLOCK)
     t0 = time.perf_counter()
-    nodes = []
-    owners = []
-    for i in range((n + 7) // 8):
+    for i in range((block + 7) // 8):
         user, node, _ = registered_node(name=f"bench-{i + 1}", own_uuids=True)
         book.place_ask(provider_id=user.pk, node_id=node.pk, market_slug=None, price=PRICE,
                        gpus=8, available_until=timezone.now() + timedelta(days=2))
-        owners.append(user)
-        nodes.append(node)
     buyers = [UserFactory() for _ in range(10)]
     for b in buyers:
         ledger.dev_credit(user_id=b.pk, amount=10**12)
-    reqs = [book.BidRequest(buyer_id=buyers[i % 10].pk, market_slug=MARKET, price=PRICE,
-                            gpus=1, duration_seconds=3600) for i in range(n + resting)]
-    for start in range(0, len(reqs), 200):
-        for placed in book.place_bids(reqs[start:start + 200]):
-            if isinstance(placed, Exception):
-                raise placed
+    _place([book.BidRequest(buyer_id=buyers[i % 10].pk, market_slug=MARKET, price=PRICE,
+                            gpus=1, duration_seconds=3600) for i in range(block)])
+    t1 = time.perf_counter()
+    if n > block:
+        counts = replicate(n // block - 1)
+        print(f"setup: block of {block} leases through the services {t1 - t0:.0f} s; "
+              f"{n // block - 1} copies in {time.perf_counter() - t1:.0f} s: "
+              + ", ".join(f"{t.split('_', 1)[1]} {c}" for t, c in counts.items()))
+    _place([book.BidRequest(buyer_id=buyers[i % 10].pk, market_slug=MARKET, price=PRICE,
+                            gpus=1, duration_seconds=3600) for i in range(resting)])
     grace = settings.GPUMARKET_LEASE_GRACE_SECONDS
     with connection.cursor() as cur:  # running, ends_at spread over the last minute
         cur.execute(
@@ -77,7 +99,10 @@ def set_up(n: int, resting: int) -> int:
             [grace, grace])
         cur.execute("SELECT count(*) FROM marketplace_lease WHERE status = 'running'")
         running = cur.fetchone()[0]
-    print(f"setup: {running} running leases on {len(nodes)} nodes, {resting} resting bids,"
+        cur.execute("SELECT count(*) FROM providers_node")
+        nodes = cur.fetchone()[0]
+        cur.execute("ANALYZE")
+    print(f"setup: {running} running leases on {nodes} nodes, {resting} resting bids,"
           f" {time.perf_counter() - t0:.0f} s")
     return running
 
@@ -144,7 +169,14 @@ def meter(n: int) -> None:
     cpu, wall = time.process_time(), time.perf_counter()
     with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
                                                           run(sql, *a))[1]):
-        charged = meter_running_leases()
+        if os.environ.get("BENCH_PROFILE"):  # cProfile of the run into that file
+            import cProfile
+
+            with cProfile.Profile() as prof:
+                charged = meter_running_leases()
+            prof.dump_stats(os.environ["BENCH_PROFILE"])
+        else:
+            charged = meter_running_leases()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     again = meter_running_leases()
     print(f"metering: {len(charged)}/{n} leases charged in {wall:.2f} s wall, {cpu:.2f} s CPU"
