@@ -18,6 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 TEST_IMAGE = os.environ.get("GPUMARKET_TEST_IMAGE", "gpumarket/busybox:local")
+# every runner a test starts never pre-pulls the templates' images: they are on Docker Hub,
+# and test traffic goes to 127.0.0.1 only (the pre-pull tests drive images.py directly)
+os.environ["GPUMARKET_RUNNER_NO_PREFETCH"] = "1"
 JUPYTER_IMAGE = "gpumarket/jupyter:local"  # scripts/build-jupyter-image.sh
 
 

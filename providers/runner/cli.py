@@ -544,7 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"fail a lease whose image pull takes longer than S seconds "
                      f"(default {MAX_PULL_S:.0f} = 6 h; at most {PULL_MAX_S:.0f})")
     run.add_argument("--no-prefetch", action="store_true",
-                     help="never pre-pull the marketplace's wanted images while idle")
+                     default=os.environ.get("GPUMARKET_RUNNER_NO_PREFETCH") == "1",
+                     help="never pre-pull the marketplace's wanted images while idle "
+                          "(also when GPUMARKET_RUNNER_NO_PREFETCH=1)")
     run.add_argument("--allow-private-registry", action="store_true",
                      help="pull images from a registry at localhost or a private, loopback "
                           "or link-local address (refused by default: a buyer's image "
