@@ -1,12 +1,12 @@
 """Docker image references: the grammar (a plain regular expression, no Django), used by
-the API's image field and by settings (GPUMARKET_TEMPLATE_IMAGES); and the refusal of
-registries at private or loopback addresses (the runner's rule, registry_host.py)."""
+the API's image field and by settings (GPUMARKET_TEMPLATE_IMAGES). The refusal of
+registries at private or loopback addresses is the runner's rule
+(providers/runner/registry_host.py), applied by marketplace/template_images.py and the
+API's image field."""
 
 from __future__ import annotations
 
 import re
-
-from providers.runner.registry_host import private_registry_problem
 
 # Docker's image reference grammar, as github.com/distribution/reference (v0.5.0,
 # reference.go and regexp.go) defines it — the grammar the Docker Engine parses `image`
@@ -48,17 +48,3 @@ def image_reference_problem(value: str) -> str | None:
         return f"is longer than {IMAGE_NAME_MAX} characters"
     return None
 
-
-def image_problem(value: str, *, allow_private_registry: bool) -> str | None:
-    """image_reference_problem, then — unless `allow_private_registry`
-    (settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY) — a registry that is `localhost` or
-    a non-public IP literal (registry_host.py; host names are not resolved) is refused:
-    every provider's engine would connect there, inside the provider's network."""
-    problem = image_reference_problem(value)
-    if problem or allow_private_registry:
-        return problem
-    private = private_registry_problem(value)
-    if private:
-        return (f"must not name a registry at a private or loopback address ({private}): "
-                "providers' nodes would pull from their own networks")
-    return None

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.image_ref import image_problem
+from core.image_ref import image_reference_problem
+from providers.runner.registry_host import private_registry_problem
 
 DATA = Path(__file__).with_name("templates.json")
 NO_IMAGE = "custom"
@@ -69,3 +70,18 @@ def parse_template_images(raw: str, known: set[str] | None = None, *,
             raise ValueError(f"{template_id}: image {image!r} {problem}")
         out[template_id] = image
     return out
+
+
+def image_problem(value: str, *, allow_private_registry: bool) -> str | None:
+    """image_reference_problem, then — unless `allow_private_registry`
+    (settings.GPUMARKET_IMAGE_ALLOW_PRIVATE_REGISTRY) — a registry that is `localhost` or
+    a non-public IP literal (registry_host.py; host names are not resolved) is refused:
+    every provider's engine would connect there, inside the provider's network."""
+    problem = image_reference_problem(value)
+    if problem or allow_private_registry:
+        return problem
+    private = private_registry_problem(value)
+    if private:
+        return (f"must not name a registry at a private or loopback address ({private}): "
+                "providers' nodes would pull from their own networks")
+    return None

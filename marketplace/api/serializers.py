@@ -17,7 +17,7 @@ from core.fields import (
     StrictInputSerializer,
     StrictIntegerField,
 )
-from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE, private_registry_problem
+from core.image_ref import IMAGE_NAME_MAX, IMAGE_REFERENCE
 from marketplace import checkpoint_reports, env_templates, selectors, telemetry
 from marketplace.api.checkpoint_field import CheckpointField, CheckpointOutMixin
 from marketplace.api.stop_terms import STOP_TERMS, StopTermsFields
@@ -31,6 +31,7 @@ from marketplace.models import Fill, Interconnect, Lease, Order
 from marketplace.ports import endpoint_text
 from marketplace.sealing import sealed_names
 from marketplace.workload_env import clean_env_and_secrets, clean_vars
+from providers.runner.registry_host import private_registry_problem
 from settlement.fields import UsdField
 
 MAX_HOURS = 366 * 24
