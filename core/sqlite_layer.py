@@ -55,6 +55,20 @@ def owner_of(channel: str) -> str:
     return channel[: channel.index("!") + 1] if "!" in channel else channel
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """WAL mode (persistent in the file). Switching takes an exclusive lock and SQLite
+    answers "database is locked" at once, without its busy timeout, while another
+    process opens the same file: read the mode first, and retry the switch for up to 5 s."""
+    deadline = time.monotonic() + 5.0
+    while conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class Store:
     """The file, one connection per thread (WAL: readers never wait for the writer).
     Plain blocking calls; the layer runs them in a thread."""
@@ -76,7 +90,7 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None,
                                    check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")  # a lost message is a resync, no more
             conn.executescript(_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))

@@ -101,7 +101,9 @@ def test_a_registry_stalled_mid_pull_fails_the_lease_after_the_stall_timeout(
     statuses = [e["status"] for e in marketplace.events_for(41)]
     assert "running" not in statuses  # never ran: never charged
     causes = [e.get("cause", "") for e in marketplace.events_for(41)]
-    assert any(c.startswith(f"pulling image {ref}: ") and "MiB" in c for c in causes), causes
+    # the buyer was told of the pull before its failure (a MiB line only when the
+    # throttled progress report fell before the stop: timing, not a rule)
+    assert any(c.startswith(f"pulling image {ref}: ") for c in causes), causes
     assert not ImageCache(docker_client, None).present(ref)
 
 
