@@ -243,17 +243,9 @@ class BidFastPath:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         token = _token(headers)
-        body, more = b"", True
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        while more:  # read the body (a request that stops early is handed on as it is)
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if limit is not None and len(body) > limit:
-                token = None  # Django refuses it
-                break
+        body, more, too_big = await read_body(receive)
+        if too_big:
+            token = None  # Django refuses it
         bid = None
         secure = _is_secure(scope, headers)
         if (token is not None and not more and self._host_ok(headers)
@@ -339,3 +331,19 @@ def _replay(body: bytes, more: bool, receive):
         return await receive()
 
     return replayed
+
+
+async def read_body(receive) -> tuple[bytes, bool, bool]:
+    """An ASGI request's body for a fast path: (body, more still to come, over
+    DATA_UPLOAD_MAX_MEMORY_SIZE). A request that stops early is handed on as it is."""
+    body, more = b"", True
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+        if limit is not None and len(body) > limit:
+            return body, more, True
+    return body, more, False

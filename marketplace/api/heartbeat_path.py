@@ -25,7 +25,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ParseError
 
 from marketplace import logs, telemetry
-from marketplace.api.bid_batcher import BidFastPath, _is_secure, _replay, _settle
+from marketplace.api.bid_batcher import BidFastPath, _is_secure, _replay, _settle, read_body
 from marketplace.api.errors import exception_handler
 from marketplace.api.parsers import StrictJSONParser
 from marketplace.db_unavailable import RETRY_AFTER_SECONDS, is_database_unavailable
@@ -261,17 +261,9 @@ class HeartbeatFastPath(BidFastPath):
         # RunnerTokenAuthentication: exactly "Bearer <token>"
         words = headers.get(b"authorization", b"").decode("latin-1").split()
         token = words[1] if len(words) == 2 and words[0] == "Bearer" else None
-        body, more = b"", True
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        while more:  # read the body (a request that stops early is handed on as it is)
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if limit is not None and len(body) > limit:
-                token = None  # Django refuses it
-                break
+        body, more, too_big = await read_body(receive)
+        if too_big:
+            token = None  # Django refuses it
         beat = None
         secure = _is_secure(scope, headers)
         if (token is not None and not more and self._host_ok(headers)
