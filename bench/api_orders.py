@@ -17,6 +17,7 @@ PostgreSQL and with this client. The DESIGN.md target is >= 500 orders/s with p9
 Run:  .venv/bin/python bench/api_orders.py [--orders 4000] [--concurrency 24]
           [--workers 1] [--httpx] [--buyers 50] [--seconds 60] [--db gpumarket_bench]
           [--pg postgres://postgres@127.0.0.1:5432] [--port 8391] [--seed 1]
+          [--resting N] [--reuse]
 """
 
 from __future__ import annotations
@@ -43,10 +44,33 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+#: The COMMENT a bench puts on each database it creates; a bench drops only databases
+#: that carry it, so `--db gpumarket` can never drop a real one.
+BENCH_DATABASE_COMMENT = "gpumarket bench database: dropped and re-created by bench/"
+
+
+def drop_bench_database(conn, name: str) -> None:
+    """DROP DATABASE name (autocommit `conn` to the maintenance database), only if absent or
+    marked by mark_bench_database; else SystemExit naming it."""
+    row = conn.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                       "WHERE datname = %s", [name]).fetchone()
+    if row is None:
+        return
+    if row[0] != BENCH_DATABASE_COMMENT:
+        raise SystemExit(f"bench: database {name!r} exists and was not created by a bench; "
+                         "not dropping it (name another with --db)")
+    conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def mark_bench_database(conn, name: str) -> None:
+    conn.execute(f'COMMENT ON DATABASE "{name}" IS \'{BENCH_DATABASE_COMMENT}\'')
+
+
 def fresh_database(pg: str, name: str) -> str:
     with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_bench_database(conn, name)
         conn.execute(f'CREATE DATABASE "{name}"')
+        mark_bench_database(conn, name)
     return f"{pg}/{name}"
 
 
@@ -123,6 +147,42 @@ def place_resting(n: int, buyer_ids: list[int], seed: int, group: int = 2000) ->
             if isinstance(r, Exception):
                 raise SystemExit(f"a resting bid was refused: {r!r}")
     print(f"{n:,} resting bids placed in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def database_ready(pg: str, name: str) -> bool:
+    """Whether database `name` exists with the bench's provider (an earlier run's set-up)."""
+    with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() \
+                is None:
+            return False
+    with psycopg.connect(f"{pg}/{name}", autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM auth_user WHERE username = 'bench-provider'") \
+            .fetchone() is not None
+
+
+def reuse_market() -> list[str]:
+    """A new API token for each buyer of an earlier set-up (keys are shown once)."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+
+    from marketplace import api_tokens
+
+    users = get_user_model().objects.filter(username__startswith="bench-buyer-").order_by("pk")
+    return [api_tokens.issue(user=u, name="bench").key for u in users]
+
+
+def vacuum(pg: str, name: str) -> None:
+    """VACUUM ANALYZE before the run: the set-up's rows are not autovacuumed during it."""
+    with psycopg.connect(f"{pg}/{name}", autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def resting_count() -> int:
+    from marketplace.models import Order
+
+    return Order.objects.filter(side="bid", status__in=Order.ACTIVE).count()
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -283,18 +343,29 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--resting", type=int, default=0,
                     help="bids resting in the market before the run (the book at depth)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the database of an earlier run when it has the bench's market "
+                         "(its resting bids and those the earlier runs left; new tokens), "
+                         "instead of setting it up again")
     ap.add_argument("--httpx", action="store_true",
                     help="drive with httpx instead of the minimal raw HTTP/1.1 client")
     ap.add_argument("--app", default="marketplace.asgi:application",
                     help="ASGI application for uvicorn (e.g. a variant for measurement)")
     args = ap.parse_args()
 
-    database_url = fresh_database(args.pg, args.db)
-    env = server_env(database_url)
-    os.environ.update(env)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
-                   check=True)
-    tokens = set_up_market(args.buyers, args.resting, args.seed)
+    if args.reuse and database_ready(args.pg, args.db):
+        env = server_env(f"{args.pg}/{args.db}")
+        os.environ.update(env)
+        tokens = reuse_market()
+    else:
+        database_url = fresh_database(args.pg, args.db)
+        env = server_env(database_url)
+        os.environ.update(env)
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT,
+                       env=env, check=True)
+        tokens = set_up_market(args.buyers, args.resting, args.seed)
+    vacuum(args.pg, args.db)
+    print(f"market: {resting_count():,} bids resting", flush=True)
     from django.db import connections
 
     connections.close_all()

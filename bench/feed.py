@@ -53,6 +53,9 @@ from pathlib import Path
 from cryptography.fernet import Fernet
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.api_orders import drop_bench_database, mark_bench_database  # noqa: E402
+
 SLUG = "h100-sxm-80gb"
 
 
@@ -85,8 +88,9 @@ def prepare(args, env) -> dict:
 
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres",
                          autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{args.db}"')
+        drop_bench_database(conn, args.db)
         conn.execute(f'CREATE DATABASE "{args.db}"')
+        mark_bench_database(conn, args.db)
     redis.Redis.from_url(args.redis).flushdb()
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
                    check=True)

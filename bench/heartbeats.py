@@ -26,12 +26,17 @@ Figures: heartbeats/s, p50/p99 latency; web-process CPU ms per heartbeat (utime+
 the uvicorn process from /proc, over the timed phase) and PostgreSQL's (its backends of
 this database); rows written per heartbeat (pg_stat_user_tables inserts/updates/deletes,
 read after the server stopped, over every heartbeat sent); SQL statements per heartbeat
-by kind from `--sample` beats through Django's test client in this process (the same
-middleware, view and services; CaptureQueriesContext), before the HTTP run.
+by kind from `--sample` beats through Django's test client in this process (the single
+path: the DRF view and services; CaptureQueriesContext), and per beat of a group of
+`--concurrency` beats through the heartbeat batcher in this process (BEGIN and COMMIT
+counted), before the HTTP run; the server's beats per group from its /metrics
+(gpumarket_heartbeat_group_size); this process's own CPU per beat (the clients share the
+machine's cores with the server). `--workers`: uvicorn processes; `--profile PATH`: the
+server under py-spy (--gil, collapsed stacks; its CPU figures then include py-spy's).
 
     .venv/bin/python bench/heartbeats.py --nodes 1000 [--mode max|paced] [--seconds 20]
         [--concurrency 16] [--leased 0.5] [--vary power|none] [--db gpumarket_hb_bench]
-        [--port 21080]
+        [--port 21080] [--workers 1]
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ import json
 import os
 import platform
 import random
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -53,7 +60,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.api_orders import fresh_database, pct, server_env  # noqa: E402
+from bench.api_orders import fresh_database, pct, server_env, server_pids  # noqa: E402
 
 DUMP = ROOT / "data" / "nvidia-smi" / "h100-80gb-hbm3-x8.driver-535.183.01.txt"
 PATH = "/api/v1/runner/heartbeat/"
@@ -323,6 +330,41 @@ def statements(nodes: list[dict], make_body, beats: int) -> tuple[Counter, int]:
     return kinds, beats
 
 
+def group_statements(nodes: list[dict], make_body, size: int, groups: int) -> float:
+    """SQL statements per heartbeat through the heartbeat batcher (heartbeat_batch.py), in
+    this process: `groups` groups of `size` beats of distinct nodes, as the server's
+    batcher writes what arrived together (BEGIN and COMMIT counted)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from marketplace.api import heartbeat_batch
+    from marketplace.api.heartbeat_path import lean_heartbeat
+
+    batcher = heartbeat_batch.HeartbeatBatcher(256)
+    count = 0
+    for g in range(groups):
+        picked = [(g * size + k) % len(nodes) for k in range(size)]
+        group = [heartbeat_batch._Pending(nodes[i]["token"], lean_heartbeat(make_body(i)),
+                                          "bench", None, None) for i in picked]
+        with CaptureQueriesContext(connection) as seen:
+            outcomes = batcher._outcomes(group)
+        assert all(o[0] == 200 for o in outcomes), outcomes[:3]
+        count += len(seen.captured_queries) + 2  # the transaction's BEGIN and COMMIT
+    return count / (size * groups)
+
+
+def scrape_groups(port: int) -> tuple[float, float]:
+    """(heartbeats, groups) the server's batchers wrote, from its /metrics."""
+    import httpx
+
+    found = {"_sum": 0.0, "_count": 0.0}
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text.splitlines():
+        for suffix in found:
+            if line.startswith("gpumarket_heartbeat_group_size" + suffix):
+                found[suffix] += float(line.rsplit(" ", 1)[1])
+    return found["_sum"], found["_count"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -340,6 +382,10 @@ def main() -> None:
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     ap.add_argument("--port", type=int, default=21080)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn web processes")
+    ap.add_argument("--profile", metavar="PATH",
+                    help="run the server under py-spy, collapsed stacks to PATH (its CPU "
+                         "figures then include py-spy's)")
     args = ap.parse_args()
 
     load0 = Path("/proc/loadavg").read_text().split()[:3]
@@ -365,13 +411,20 @@ def main() -> None:
     Node.objects.update(last_heartbeat_at=timezone.now())  # every node heard just now
     kinds, sampled = statements(nodes, make_body, args.sample)
     Node.objects.update(last_heartbeat_at=timezone.now())
+    grouped = group_statements(nodes, make_body, min(args.concurrency, len(nodes)),
+                               max(1, args.sample // args.concurrency))
+    Node.objects.update(last_heartbeat_at=timezone.now())
     connections.close_all()
     getattr(connections["default"], "close_pool", lambda: None)()  # backends report on exit
     before = settled_writes(database_url)
 
+    env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(prefix="bench-hb-metrics-")}
+    spy = ([str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "--gil",
+            "-f", "raw", "-o", args.profile, "--subprocesses", "--"] if args.profile else [])
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
-         "127.0.0.1", "--port", str(args.port), "--no-access-log", "--log-level", "warning"],
+        [*spy, sys.executable, "-m", "uvicorn", "marketplace.asgi:application", "--host",
+         "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
+         "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env)
     try:
         for _ in range(150):
@@ -384,17 +437,26 @@ def main() -> None:
 
         def on_timed() -> None:
             marks["pids"] = backends(database_url, args.db)
-            marks["web0"], marks["pg0"] = cpu_ms([server.pid]), cpu_ms(marks["pids"])
+            marks["web"] = server_pids(server.pid)
+            marks["web0"], marks["pg0"] = cpu_ms(marks["web"]), cpu_ms(marks["pids"])
+            marks["groups0"] = scrape_groups(args.port)
+            marks["client0"] = time.process_time()
 
         lat, late, codes, elapsed, sent = asyncio.run(drive(
             args.port, nodes, make_body, mode=args.mode, seconds=args.seconds,
             concurrency=args.concurrency, interval=args.interval, warmup=args.warmup,
             on_timed=on_timed))
-        web = cpu_ms([server.pid]) - marks["web0"]
+        client = (time.process_time() - marks["client0"]) * 1000
+        web = cpu_ms(marks["web"]) - marks["web0"]
         pg = cpu_ms(marks["pids"]) - marks["pg0"]
+        beats1, groups1 = scrape_groups(args.port)
+        group_size = ((beats1 - marks["groups0"][0]) / max(1.0, groups1 - marks["groups0"][1]))
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for pid in server_pids(server.pid)[1:] if args.profile else []:
+            os.kill(pid, signal.SIGTERM)  # uvicorn under py-spy: py-spy writes as it ends
+        if not args.profile:
+            server.terminate()
+        server.wait(timeout=60)
     after = settled_writes(database_url)
     done = len(lat)
     rows = {t: [a - b for a, b in zip(after.get(t, (0, 0, 0)), before.get(t, (0, 0, 0)),
@@ -416,8 +478,12 @@ def main() -> None:
         lt = sorted(x * 1000 for x in late)
         print(f"lateness (send − due): p50 {pct(lt, 50):.1f} ms, p99 {pct(lt, 99):.1f} ms")
     print(f"CPU per heartbeat: web process {web / done:.2f} ms, PostgreSQL backends "
-          f"{pg / done:.2f} ms ({len(marks['pids'])} backends)")
-    print(f"statements per heartbeat ({sampled} in process): "
+          f"{pg / done:.2f} ms ({len(marks['pids'])} backends); this bench's clients "
+          f"{client / done:.2f} ms (bodies, HTTP; the same 2 cores)")
+    print(f"heartbeat groups over HTTP: {group_size:.1f} beats per group; statements per "
+          f"heartbeat in groups of {min(args.concurrency, len(nodes))} (in process): "
+          f"{grouped:.2f}; uvicorn workers {args.workers}")
+    print(f"statements per heartbeat alone ({sampled} in process, the DRF view): "
           f"{sum(kinds.values()) / sampled:.2f} = "
           + ", ".join(f"{k} {v / sampled:.2f}" for k, v in kinds.most_common()))
     print(f"rows written per heartbeat ({sent} sent over HTTP): {all_rows / sent:.2f} in all; "

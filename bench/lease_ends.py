@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -146,10 +147,12 @@ def report(n: int, late: list[float], wall: float) -> None:
           f"ledger_check: {first_violation() or 'clean'}")
 
 
-def meter(n: int) -> None:
+def meter(n: int, batch: dict) -> None:
     """Time one metering run (leases.meter_running_leases) over the N running leases, in
     this process: every lease has run its first whole period (started_at over an hour
-    ago), so each is charged once; a second run must charge none."""
+    ago), so each is charged once; a second run must charge none. `batch`: leases per
+    transaction ({} for METER_BATCH). Prints wall, this process's CPU, the PostgreSQL
+    backend's CPU (/proc: same machine), and the wall of each kind of statement."""
     from django.db import connection
 
     from core import bulk as core_bulk
@@ -157,34 +160,74 @@ def meter(n: int) -> None:
     from settlement.checks import first_violation
     from settlement.models import JournalEntry
 
-    statements = []
+    statements: list[tuple[str, float]] = []  # (the statement's first words, wall s)
     real = core_bulk.execute_arrays
 
-    def counted(*a):
-        statements.append(1)
-        return real(*a)
+    def timed(label, run, *a):
+        t = time.perf_counter()
+        try:
+            return run(*a)
+        finally:
+            statements.append((re.sub(r'"s\d+_x\d+"', "…", " ".join(label.split()[:4]))[:60],
+                               time.perf_counter() - t))
 
-    for mod in ("core.bulk", "settlement.services"):
-        sys.modules[mod].execute_arrays = counted
-    cpu, wall = time.process_time(), time.perf_counter()
-    with connection.execute_wrapper(lambda run, sql, *a: (statements.append(1),
-                                                          run(sql, *a))[1]):
+    def counted(connection_, sql, params):  # core.bulk's server-side statements count too
+        return timed(sql, real, connection_, sql, params)
+
+    for mod in list(sys.modules.values()):  # every module that took execute_arrays by name
+        if getattr(mod, "execute_arrays", None) is real:
+            mod.execute_arrays = counted
+    commit = connection.commit
+    connection.commit = lambda: timed("COMMIT (deferred foreign keys)", commit)
+    with connection.cursor() as cur:  # PostgreSQL runs here: its backend's CPU, read in /proc
+        cur.execute("SELECT pg_backend_pid()")
+        backend = Path(f"/proc/{cur.fetchone()[0]}/stat")
+
+    def pg_cpu() -> float:  # utime + stime of the backend, seconds
+        fields = backend.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wal() -> int:  # bytes of WAL written so far (the whole server's)
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+            return cur.fetchone()[0]
+
+    wal_before = wal()
+    pg, cpu, wall = pg_cpu(), time.process_time(), time.perf_counter()
+    with connection.execute_wrapper(lambda run, sql, *a: timed(sql, run, sql, *a)):
         if os.environ.get("BENCH_PROFILE"):  # cProfile of the run into that file
             import cProfile
 
             with cProfile.Profile() as prof:
-                charged = meter_running_leases()
+                charged = meter_running_leases(**batch)
             prof.dump_stats(os.environ["BENCH_PROFILE"])
         else:
-            charged = meter_running_leases()
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            charged = meter_running_leases(**batch)
+    cpu, wall, pg = time.process_time() - cpu, time.perf_counter() - wall, pg_cpu() - pg
+    measured = statements[:]  # the timed run's; not the second run's
+    wal_bytes = wal() - wal_before
     again = meter_running_leases()
     print(f"metering: {len(charged)}/{n} leases charged in {wall:.2f} s wall, {cpu:.2f} s CPU"
           f" ({wall * 1000 / max(1, n):.2f} ms wall, {cpu * 1000 / max(1, n):.2f} ms CPU per "
-          f"lease), {len(statements)} SQL statements; second run charged {len(again)}; "
+          f"lease; PostgreSQL backend {pg:.2f} s CPU, {pg * 1000 / max(1, n):.2f} ms per "
+          f"lease; WAL {wal_bytes / 2**20:.0f} MiB, {wal_bytes / max(1, n):.0f} B per lease "
+          f"(the server's)), {sum(not label.startswith('COMMIT') for label, _ in measured)} SQL "
+          f"statements and {sum(label.startswith('COMMIT') for label, _ in measured)} "
+          f"commits; second run charged {len(again)}; "
           f"{JournalEntry.objects.filter(kind='lease_meter').count()} lease_meter entries; "
           f"ledger_check: {first_violation() or 'clean'}")
     print(f"load average after: {os.getloadavg()}")
+    by: dict[str, list[float]] = {}
+    for label, seconds in measured:
+        by.setdefault(label, []).append(seconds)
+    for label, times in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {sum(times):7.2f} s wall in {len(times):5d} × {label}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/PID/stat, Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -195,7 +238,8 @@ def main() -> None:
     ap.add_argument("--meter", action="store_true",
                     help="time meter_running_leases over the running leases instead")
     ap.add_argument("--batch", type=int, default=None,
-                    help="leases per transaction (default: lease_end.LEASE_END_BATCH)")
+                    help="leases per batch (default: GPUMARKET_LEASE_END_BATCH; with --meter "
+                         "leases.METER_BATCH; for the worker run, set the variable instead)")
     ap.add_argument("--db", default="gpumarket_bench_ends")
     ap.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     args = ap.parse_args()
@@ -207,7 +251,7 @@ def main() -> None:
     n = set_up(args.leases, args.resting)
     print(f"load average before: {os.getloadavg()}")
     if args.meter:
-        meter(n)
+        meter(n, {"batch": args.batch} if args.batch else {})
         return
     if args.inproc:
         from marketplace.lease_end import end_overdue_leases
@@ -216,7 +260,7 @@ def main() -> None:
         if os.environ.get("BENCH_PROFILE"):
             import cProfile
 
-            cProfile.runctx("end_overdue_leases(batch=args.batch or 20)", globals(), locals(),
+            cProfile.runctx("end_overdue_leases(batch=args.batch)", globals(), locals(),
                             os.environ["BENCH_PROFILE"])
         else:
             from django.db import connection
@@ -255,10 +299,15 @@ def main() -> None:
         time.sleep(8)  # the worker connects
         sent = time.time()
         app.signature("marketplace.tasks.end_overdue_leases").apply_async()
+        cpu0 = _cpu_seconds(worker.pid)
         late = watch(n, sent, lambda: time.time() - sent > 1200)
         wall = late[-1] if late else time.time() - sent
+        time.sleep(2)  # the re-match passes after the last commit
+        cpu = _cpu_seconds(worker.pid) - cpu0
         assert not Lease.objects.filter(status="running").exists()
         report(n, late, wall)
+        print(f"worker CPU {cpu:.2f} s ({cpu * 1000 / max(1, n):.2f} ms per lease), "
+              f"GPUMARKET_LEASE_END_BATCH={os.environ.get('GPUMARKET_LEASE_END_BATCH', 200)}")
     finally:
         worker.terminate()
         worker.wait()

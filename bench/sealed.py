@@ -86,7 +86,12 @@ def db_close(n: int, seed: int, pg: str, name: str, analyze: bool, bulk: bool = 
     import psycopg
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.api_orders import fresh_database, server_env
+    from bench.api_orders import (
+        drop_bench_database,
+        fresh_database,
+        mark_bench_database,
+        server_env,
+    )
 
     root = Path(__file__).resolve().parent.parent
     if template and not setup_only:
@@ -98,8 +103,9 @@ def db_close(n: int, seed: int, pg: str, name: str, analyze: bool, bulk: bool = 
                             "--pg", pg, "--db-name", template, "--setup-only",
                             *(["--bulk-setup"] if bulk else [])], check=True)
         with psycopg.connect(f"{pg}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_bench_database(conn, name)
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            mark_bench_database(conn, name)
         env = server_env(f"{pg}/{name}")
     else:
         env = server_env(fresh_database(pg, name))

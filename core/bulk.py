@@ -10,8 +10,10 @@ Elsewhere (SQLite for the demo) it is bulk_create. No signals are sent, as with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import struct
 from collections.abc import Sequence
 
 import psycopg
@@ -58,12 +60,15 @@ def insert_all(objs: Sequence[Model]) -> list[Model]:
     return list(objs)
 
 
-def insert_columns(model: type[Model], columns: dict[str, Sequence]) -> None:
+def insert_columns(model: type[Model], columns: dict[str, Sequence], *,
+                   returning: bool = False) -> list[int] | None:
     """INSERT rows of `model` given column-wise: field attname (`entry_id`, `amount`) →
-    the rows' values, already as the database takes them (ints, strings; no JSON), one
-    list per non-primary-key concrete field, all of one length. No instances are built
-    (20,000 postings: ~1 s less CPU than insert_all on the 2-core machine) and none are
-    returned. ValueError, with nothing written, when a field is missing or unknown."""
+    the rows' values, already as the database takes them (ints, strings, aware datetimes;
+    no JSON), one list per non-primary-key concrete field, all of one length. No instances
+    are built (20,000 postings: ~1 s less CPU than insert_all on the 2-core machine) and
+    none are returned; with `returning`, the new rows' primary keys in the order of the
+    rows (else None). ValueError, with nothing written, when a field is missing or
+    unknown."""
     meta = model._meta
     fields = [f for f in meta.concrete_fields if f is not meta.pk]
     if set(columns) != {f.attname for f in fields}:
@@ -72,22 +77,30 @@ def insert_columns(model: type[Model], columns: dict[str, Sequence]) -> None:
     if len({len(v) for v in columns.values()}) > 1:
         raise ValueError(f"{meta.label}: columns of different lengths")
     if not next(iter(columns.values()), ()):
-        return
+        return [] if returning else None
     using = router.db_for_write(model)
     connection = connections[using]
     if connection.vendor != "postgresql":
         rows = zip(*(columns[f.attname] for f in fields), strict=True)
-        model.objects.using(using).bulk_create(
+        made = model.objects.using(using).bulk_create(
             [model(**dict(zip((f.attname for f in fields), row, strict=True))) for row in rows])
-        return
+        return [obj.pk for obj in made] if returning else None
     if any(isinstance(f, JSONField) for f in fields):
         raise ValueError(f"{meta.label} has JSON fields: use insert_all")
     quote = connection.ops.quote_name
     # identifiers come from the model's own metadata, quoted; every value is a parameter
     names = ", ".join(quote(f.column) for f in fields)
+    names_u = ", ".join(f"c{i}" for i in range(len(fields)))
     arrays = ", ".join(f"%s::{f.cast_db_type(connection)}[]" for f in fields)
-    sql = f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM unnest({arrays})"  # noqa: S608
-    execute_arrays(connection, sql, [list(columns[f.attname]) for f in fields])
+    # WITH ORDINALITY … ORDER BY: the ids come back in the order of the rows
+    sql = (f"INSERT INTO {quote(meta.db_table)} ({names}) "  # noqa: S608
+           f"SELECT {names_u} FROM unnest({arrays}) WITH ORDINALITY "
+           f"AS u({names_u}, n) ORDER BY n") if returning else (
+        f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM unnest({arrays})")  # noqa: S608
+    rows = execute_arrays(connection, sql + (f" RETURNING {quote(meta.pk.column)}"
+                                             if returning else ""),
+                          [list(columns[f.attname]) for f in fields])
+    return [row[0] for row in rows] if returning else None
 
 
 def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
@@ -100,11 +113,58 @@ def execute_arrays(connection, sql: str, params: list) -> list[tuple]:
     connection.ensure_connection()
     # Django's own exception classes (IntegrityError, …), as from its cursors
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_lists_binary(sql, params), params)
+        cursor.adapters.register_dumper(_Int8Array, _Int8ArrayDumper)
+        cursor.execute(_lists_binary(sql, params), _packed_bigints(sql, params))
         return cursor.fetchall() if cursor.description is not None else []
 
 
 _PLACEHOLDER = re.compile(r"%%|%s")
+
+
+class _Int8Array:
+    """A bigint[] parameter already in PostgreSQL's binary array format (`data`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _Int8ArrayDumper(psycopg.adapt.Dumper):
+    format = psycopg.pq.Format.BINARY
+    oid = psycopg.postgres.types["int8"].array_oid
+
+    def dump(self, obj: _Int8Array) -> bytes:
+        return obj.data
+
+
+def _pack_int8_array(values: list[int]) -> bytes:
+    """`values` (ints, no None) as a one-dimensional bigint[] in the binary format: a
+    header, then per element its length (8) and the big-endian int64, in a few C calls
+    (30,000 ints: ~2 ms of CPU against ~17 through psycopg's list dumper, which loops in
+    Python). struct.error for a None, a non-int or a value beyond int64."""
+    n = len(values)
+    packed = struct.pack(f">{n}q", *values)
+    body = bytearray(12 * n)
+    body[3::12] = b"\x08" * n
+    for k in range(8):
+        body[4 + k::12] = packed[k::8]
+    return struct.pack(">iiIii", 1, 0, psycopg.postgres.types["int8"].oid, n, 1) + bytes(body)
+
+
+def _packed_bigints(sql: str, params: list) -> list:
+    """`params` with each non-empty list bound as `%s::bigint[]` packed (_pack_int8_array);
+    a list that cannot be (a None in it) is left to psycopg."""
+    out, it = list(params), iter(range(len(params)))
+    for m in _PLACEHOLDER.finditer(sql):
+        if m.group() == "%%":
+            continue
+        i = next(it)
+        value = out[i]
+        if isinstance(value, list) and value and sql.startswith("::bigint[]", m.end()):
+            with contextlib.suppress(struct.error):  # psycopg dumps it (or refuses it)
+                out[i] = _Int8Array(_pack_int8_array(value))
+    return out
 
 
 def _lists_binary(sql: str, params: list) -> str:

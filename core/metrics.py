@@ -58,6 +58,9 @@ BID_GROUP = Histogram("gpumarket_bid_group_duration_seconds",
                       buckets=FAST)
 BID_GROUP_SIZE = Histogram("gpumarket_bid_group_size", "Bids per group transaction",
                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+HEARTBEAT_GROUP_SIZE = Histogram("gpumarket_heartbeat_group_size",
+                                 "Heartbeats per group the heartbeat batcher wrote",
+                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 LOCK_WAIT = Histogram("gpumarket_market_lock_wait_seconds",
                       "Wait for a market's single-writer lock", buckets=FAST)
 BOOK_LOADS = Counter("gpumarket_book_loads_total",

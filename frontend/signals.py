@@ -2,7 +2,8 @@
 
 The market's services are not touched: every saved Order, Fill, Auction, SealedBid,
 Lease and JournalEntry (and Posting, should one be saved alone; the ledger
-bulk-creates them, which sends no signal, so the entry is what we hook) is noted in
+bulk-creates them, which sends no signal, so the entry is what we hook; settlement.signals'
+`entries_written` names the entries of a set-based write at once) is noted in
 the current transaction's batch, which is published once, after commit
 (`transaction.on_commit`, like zulip's send_event_on_commit). A rolled-back
 transaction publishes nothing. New GPU readings of a lease (marketplace.telemetry's
@@ -19,7 +20,8 @@ DISPATCH = "gpumarket.feed."
 
 
 def _order_saved(sender, instance, **kwargs):
-    feed.note(markets=instance.market_id, orders=instance.pk)
+    feed.note(markets=instance.market_id, orders=instance.pk,
+              order_owners=(instance.pk, instance.owner_id))
 
 
 def _fill_saved(sender, instance, created, **kwargs):
@@ -45,6 +47,10 @@ def _entry_saved(sender, instance, created, **kwargs):
         feed.note(entries=instance.pk)
 
 
+def _entries_written(sender, entry_ids, **kwargs):
+    feed.note_many(entries=entry_ids)
+
+
 def _posting_saved(sender, instance, created, **kwargs):
     if created:
         feed.note(entries=instance.entry_id)
@@ -62,6 +68,10 @@ def connect() -> None:
                                dispatch_uid=DISPATCH + "telemetry")
     from marketplace.models import Auction, Fill, Lease, Order, SealedBid
     from settlement.models import JournalEntry, Posting
+    from settlement.signals import entries_written
+
+    entries_written.connect(_entries_written, sender=JournalEntry, weak=False,
+                            dispatch_uid=DISPATCH + "entries_written")
 
     for model, receiver in ((Order, _order_saved), (Fill, _fill_saved),
                             (Auction, _auction_saved), (SealedBid, _sealed_bid_saved),

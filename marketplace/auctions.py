@@ -18,13 +18,6 @@ from django.utils import timezone
 
 from core import metrics
 from marketplace import engine, interconnect
-from marketplace.book import (
-    MAX_DURATION_SECONDS,
-    NVLINK_GANG_OF_ONE,
-    checked_hold_amount,
-    free_gpu_count,
-    node_market,
-)
 from marketplace.checkpoints import Checkpoint
 from marketplace.env_templates import check_terms, cuda_ok
 from marketplace.errors import Conflict, InvalidInput, NotFound, PermissionDenied
@@ -32,6 +25,13 @@ from marketplace.lease_notice import check_stop_terms
 from marketplace.leases import create_lease
 from marketplace.locking import lock_market
 from marketplace.models import Auction, Interconnect, Order, SealedBid
+from marketplace.order_checks import (
+    MAX_DURATION_SECONDS,
+    NVLINK_GANG_OF_ONE,
+    checked_hold_amount,
+    free_gpu_count,
+    node_market,
+)
 from marketplace.ports import clean_port_roles, clean_ports, with_ssh
 from marketplace.runtimes import can_run, needs_command
 from marketplace.sealing import seal

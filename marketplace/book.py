@@ -3,114 +3,53 @@ matched by the engine (marketplace/engine) under its market's lock (locking.py).
 
 Writers here run as book.py's own writers (`locking.tracked`) and may use the book
 cache; fills are written by matching.py, preemptions scheduled by preemption.py.
-The book cache, the lock and the preemption rule: docs/MATCHING.md.
-"""
+The checks an order passes first: order_checks.py; the bid's shape and the answer
+(BidRequest, Placed): bid_request.py; both re-exported here.
+The book cache, the lock and the preemption rule: docs/MATCHING.md."""
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from decimal import Decimal
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.db.models.signals import post_save
 from django.utils import timezone
 
 from core import metrics
 from core.bulk import execute_arrays, insert_all
 from marketplace import locking, matching, offers, preemption, runtimes
-from marketplace.checkpoints import Checkpoint
-from marketplace.env_templates import check_terms
+from marketplace.bid_request import BidRequest, Placed
 from marketplace.errors import Conflict, InvalidInput, MarketBusy, NotFound, PermissionDenied
-from marketplace.lease_notice import check_stop_terms
-from marketplace.models import GpuClass, Interconnect, Lease, Order
-from marketplace.ports import clean_port_roles, clean_ports, with_ssh
+from marketplace.models import GpuClass, Lease, Order
+from marketplace.order_checks import (
+    CLIENT_ORDER_ID,
+    MAX_DURATION_SECONDS,
+    MAX_GPUS,
+    NVLINK_GANG_OF_ONE,
+    MarketFacts,
+    check_bid,
+    check_client_order_id,
+    check_common,
+    check_fits_a_node,
+    checked_hold_amount,
+    free_gpu_count,
+    get_market,
+    largest_node,
+    market_facts,
+    node_market,
+    require_heartbeating,
+)
 from marketplace.sealing import same_secrets, seal
-from marketplace.ssh_keys import require_key
-from marketplace.workload_env import clean_env_and_secrets
 from providers import node_images
-from providers.models import Gpu, Node
-from providers.services import runner_heard
+from providers.models import Node
 from settlement import services as ledger
 from settlement.models import Hold
-from settlement.money import MAX_USD_MICROS
 
 log = logging.getLogger("gpumarket.market")
-
-MAX_GPUS = 4096
-MAX_DURATION_SECONDS = 366 * 24 * 3600
-CLIENT_ORDER_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,64}\Z")
 CLIENT_ID_CONSTRAINT = "order_client_id_unique_per_owner"
-NVLINK_GANG_OF_ONE = ("needs a gang of 2 GPUs or more: one GPU has no NVLink peer to require "
-                      "(give gang_size, or leave interconnect out)")
-
-
-def get_market(slug: str) -> GpuClass:
-    try:
-        return GpuClass.objects.get(slug=slug)
-    except GpuClass.DoesNotExist:
-        raise InvalidInput(f"unknown GPU class '{slug}'", field="gpu_class") from None
-
-
-
-def node_market(node: Node, market_slug: str | None) -> GpuClass:
-    """The market of an ask or auction on `node`: `market_slug`, one of the node's GPU
-    classes, or (None) the node's only class. Raises Conflict naming `node` when it has
-    no GPUs registered, InvalidInput naming `gpu_class` for a class it lacks or when a
-    node of several classes names none."""
-    classes = list(node.gpus.order_by().values_list("gpu_class__slug", flat=True).distinct())
-    unsliced = _mig_without_slices(node, market_slug)
-    if unsliced and (not classes or market_slug not in (None, *classes)):
-        raise Conflict(f"node {node.name} offers no GPU of {unsliced[0]}: GPU {unsliced[1]} is "
-                       "MIG-enabled with no MIG devices, and a MIG-enabled GPU is never leased "
-                       "whole; create MIG devices (nvidia-smi mig -cgi … -C) or disable MIG, "
-                       "then run gpumarket-runner register again", field="node")
-    if not classes:
-        raise Conflict("this node has no registered GPUs yet: run gpumarket-runner register",
-                       field="node")
-    require_heartbeating(node)
-    if market_slug is None:
-        if len(classes) > 1:
-            raise InvalidInput("this node has several GPU classes: name one", field="gpu_class")
-        market_slug = classes[0]
-    elif market_slug not in classes:
-        raise InvalidInput(f"node {node.name} has no {market_slug} GPUs", field="gpu_class")
-    return get_market(market_slug)
-
-
-def checked_hold_amount(*, price: int, gpus: int, duration_seconds: int) -> int:
-    """bid_hold_amount, refused (InvalidInput on `price`) when it floors to zero or
-    exceeds the largest amount the ledger accepts."""
-    amount = matching.bid_hold_amount(price=price, gpus=gpus, duration_seconds=duration_seconds)
-    if amount <= 0:
-        raise InvalidInput("price × gpus × duration rounds down to 0 micro-USD: raise the "
-                           "price or the duration", field="price")
-    if amount > MAX_USD_MICROS:
-        raise InvalidInput("price × gpus × duration is larger than the largest amount "
-                           "accepted", field="price")
-    return amount
-
-
-
-@dataclass(frozen=True)
-class Placed:
-    """The order placed and the leases its matching made. `created` is False when a
-    `client_order_id` was already used: `order` is then the first order with that id and
-    `leases` every lease made from its fills so far."""
-
-    order: Order
-    leases: list[Lease]
-    created: bool = True
-
-
-def _check_client_order_id(client_order_id: str | None) -> None:
-    if client_order_id is not None and not CLIENT_ORDER_ID.fullmatch(client_order_id):
-        raise InvalidInput("must be 1 to 64 characters of A–Z, a–z, 0–9, '.', '_', ':' or '-'",
-                           field="client_order_id")
 
 
 def _replay(owner_id: int, client_order_id: str | None,
@@ -166,129 +105,6 @@ def expire_orders(*, now: datetime | None = None) -> list[int]:
         log.info("expired orders %s", expired)
     return expired
 
-
-def _mig_without_slices(node: Node, market_slug: str | None) -> tuple[str, str] | None:
-    """(class slug, UUID) of a GPU of `node` (of `market_slug`, when given) registered
-    MIG-enabled with no listed slice: registered, never offered (docs/RUNNER_PROTOCOL.md,
-    "MIG slices")."""
-    parents = Gpu.every.filter(node=node, parent=None, listed=False, mig_mode="Enabled")
-    if market_slug is not None:
-        parents = parents.filter(gpu_class__slug=market_slug)
-    found = (parents.exclude(slices__listed=True).order_by("uuid")
-             .values_list("gpu_class__slug", "uuid").first())
-    return tuple(found) if found else None
-
-
-def require_heartbeating(node: Node) -> None:
-    """Conflict naming `node` unless its runner is heard from (providers.services.
-    runner_heard): never heard, or silent past GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS (when
-    its leases are failed: marketplace/health.py), it offers nothing."""
-    heard = runner_heard(node)
-    if heard == "never":
-        raise Conflict(f"node {node.name} has never sent a heartbeat: start its runner "
-                       "(gpumarket-runner run) before offering its GPUs", field="node")
-    if heard == "silent":
-        seen = node.last_heartbeat_at.astimezone(UTC).isoformat(timespec="seconds")
-        raise Conflict(f"node {node.name} is silent (no heartbeat since {seen}): start its "
-                       "runner (gpumarket-runner run) before offering its GPUs", field="node")
-
-
-def free_gpu_count(node: Node, market: GpuClass) -> int:
-    """Healthy GPUs of `market`'s class on `node` that no active lease, standing ask or
-    open auction already covers (an unhealthy GPU is never offered)."""
-    free = (node.gpus.filter(gpu_class=market, healthy=True)
-            .exclude(lease_gpus__active=True).count())
-    offered = sum(Order.objects.filter(node=node, market=market, side=Order.Side.ASK,
-                                       status__in=Order.ACTIVE)
-                  .values_list("remaining_gpus", flat=True))
-    auctioned = sum(node.auctions.filter(status="open", market=market)
-                    .values_list("gpus", flat=True))
-    return max(free - offered - auctioned, 0)
-
-
-def _check_common(*, price: int, gpus: int) -> None:
-    if price <= 0:
-        raise InvalidInput("must be greater than zero", field="price")
-    if not 0 < gpus <= MAX_GPUS:
-        raise InvalidInput(f"must be between 1 and {MAX_GPUS}", field="gpus")
-
-
-@dataclass(frozen=True)
-class BidRequest:
-    """One bid, the one shape every way in builds (the API's OrderInSerializer.bid_request,
-    place_bid's keywords) and place_bids takes.
-
-    price: micro-USD per GPU-hour; gpus: GPUs wanted; duration_seconds: lease length;
-    gang_size: GPUs per node (None: all on one node); time_in_force: GTC, IOC or FOK;
-    image/command: the container; expires_at: when a resting bid expires (None: never);
-    client_order_id: the buyer's own id, unique per buyer (see _replay); interruptible:
-    its leases may be preempted by a higher bid; ports: container TCP ports its leases
-    expose (ports.clean_ports); template, min_cuda: as env_templates.resolve returns them
-    (the API resolves a template into these terms; a min_cuda fills only against asks on
-    nodes whose CUDA version meets it); port_roles: {"8888": "jupyter"}
-    (ports.clean_port_roles); ssh: its leases get the buyer's SSH keys, port 22 (role ssh)
-    added (ports.with_ssh); env / secrets: {NAME: value} for the workload (workload_env;
-    secrets in clear here, sealed when written: never in a log or an answer);
-    notice_signal, stop_grace_seconds: its leases' stop terms (lease_notice.py).
-    checkpoint: the bid's store (checkpoints.Checkpoint, probed by the API; None: none),
-    its credentials sealed when written (`checkpoint_sealed`), never in a repr; node: the
-    one node it fills on (a node of the offers; None: any).
-    """
-
-    buyer_id: int
-    market_slug: str
-    price: int
-    gpus: int
-    duration_seconds: int
-    gang_size: int | None = None
-    time_in_force: str = "GTC"
-    image: str = ""
-    command: list[str] | None = None
-    expires_at: datetime | None = None
-    client_order_id: str | None = None
-    interruptible: bool = False
-    ports: list[int] | None = None
-    template: str = ""
-    min_cuda: str = ""
-    port_roles: dict[str, str] | None = None
-    ssh: bool = False
-    env: dict[str, str] | None = None
-    secrets: dict[str, str] | None = field(default=None, repr=False)
-    interconnect: str = "any"
-    checkpoint: Checkpoint | None = field(default=None, repr=False)
-    failover: bool | None = None  # None: true unless interruptible (docs/FAULTS.md)
-    min_reliability: Decimal | None = None
-    avoid_node_id: int | None = None  # failover's resting bid: never on the failed node
-    node: int | None = None  # fill only on this node (offers.check_bid_node)
-    notice_signal: str = ""
-    stop_grace_seconds: int = 10
-    prefer_cached_image: bool = False  # same-price asks of nodes holding the image first
-
-    def terms(self) -> dict[str, Any]:
-        """The bid's order, by Order attribute (`market` by slug; not its owner, id or
-        what is left): what _write_bids writes and a replay must repeat (_replay), in
-        the order a replay compares them. Ports sorted, as clean_ports returns them.
-        Not the secrets: they are sealed apart (`sealed_secrets`), and a replay compares
-        them opened."""
-        ports, roles = with_ssh(self.ports, self.port_roles, self.ssh)
-        return {"side": Order.Side.BID, "market": self.market_slug, "price": self.price,
-                "gpus": self.gpus, "duration_seconds": self.duration_seconds,
-                "gang_size": self.gpus if self.gang_size is None else self.gang_size,
-                "time_in_force": self.time_in_force, "image": self.image,
-                "command": self.command, "expires_at": self.expires_at,
-                "interruptible": bool(self.interruptible), "ports": ports,
-                "template": self.template, "min_cuda": self.min_cuda,
-                "port_roles": roles, "ssh": bool(self.ssh), "env": dict(self.env or {}),
-                "interconnect": self.interconnect,
-                "checkpoint": dict(self.checkpoint.terms) if self.checkpoint else {},
-                "failover": (not self.interruptible) if self.failover is None
-                else bool(self.failover),
-                "min_reliability": self.min_reliability, "avoid_node_id": self.avoid_node_id,
-                "node_id": self.node, "notice_signal": self.notice_signal,
-                "stop_grace_seconds": self.stop_grace_seconds,
-                "prefer_cached_image": bool(self.prefer_cached_image)}
-
-
 def place_bid(bid: BidRequest | None = None, /, *, now: datetime | None = None,
               **fields: Any) -> Placed:
     """Place one bid — `bid`, or the BidRequest its keyword `fields` make: hold its cost,
@@ -324,20 +140,18 @@ def place_bids(requests: list[BidRequest], *, now: datetime | None = None,
     replay of the first.
 
     fence: a bid queue consumer's claim (marketplace/api/bid_queue.py): each transaction
-    also records the last position of the group it commits (locking.claim_fence), and
+    also records the last position of the group it commits (locking.lock_market), and
     raises locking.Fenced, writing nothing, once a later consumer took over.
     """
     now = now or timezone.now()
     results: list[Placed | Exception | None] = [None] * len(requests)
-    markets: dict[str, GpuClass] = {}
-    largest: dict[int, int] = {}  # market id → the most units one node has in it
-    images: dict[int, bool] = {}  # market id → whether a node of it runs images
+    facts: dict[str, MarketFacts] = {}  # market slug → its facts (one read per call)
     groups: dict[int, list[tuple[int, BidRequest, int]]] = {}
     seen_ids: set[tuple[int, str]] = set()
     again: list[int] = []  # a client_order_id repeated within this call
     for i, r in enumerate(requests):
         try:
-            _check_client_order_id(r.client_order_id)
+            check_client_order_id(r.client_order_id)
             replayed = _replay(r.buyer_id, r.client_order_id, r.terms(), r.secrets)
             if replayed is not None:
                 results[i] = replayed
@@ -347,18 +161,15 @@ def place_bids(requests: list[BidRequest], *, now: datetime | None = None,
                     again.append(i)
                     continue
                 seen_ids.add((r.buyer_id, r.client_order_id))
-            market = markets.get(r.market_slug) or get_market(r.market_slug)
-            markets[r.market_slug] = market
-            hold_amount = _check_bid(r, now)
-            if market.pk not in largest:
-                largest[market.pk] = largest_node(market)
-            _check_fits_a_node(r, market, largest[market.pk])
-            if not r.command:  # the image's own command: a node must run images
-                if market.pk not in images:
-                    images[market.pk] = runtimes.market_runs_images(market.pk)
-                if not images[market.pk]:
-                    raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
-                                       field="command")
+            if r.market_slug not in facts:
+                facts[r.market_slug] = market_facts(r.market_slug)
+            f = facts[r.market_slug]
+            market = f.market
+            hold_amount = check_bid(r, now)
+            check_fits_a_node(r, market, f.largest)
+            if not r.command and not f.runs_images:  # the image's own command: none runs it
+                raise InvalidInput(runtimes.needs_command(f"every node of {market.slug}"),
+                                   field="command")
             if r.node is not None:
                 offers.check_bid_node(r.node, market, r.gpus if r.gang_size is None
                                       else r.gang_size)
@@ -376,56 +187,6 @@ def place_bids(requests: list[BidRequest], *, now: datetime | None = None,
                              strict=True):
             results[i] = result
     return results  # type: ignore[return-value]  (every slot is filled)
-
-
-def largest_node(market: GpuClass) -> int:
-    """The most listed units (GPUs, or slices in a profile market) of `market` that one
-    node has; 0 when no node has any."""
-    counts = (Gpu.objects.filter(gpu_class=market).values("node").annotate(units=Count("pk"))
-              .order_by("-units").values_list("units", flat=True)[:1])
-    return next(iter(counts), 0)
-
-
-def _check_fits_a_node(r: BidRequest, market: GpuClass, largest: int) -> None:
-    """Conflict (409) for a gang larger than the largest node of the market: a gang runs on
-    one node, so it could never fill (docs/MATCHING.md, "Gangs larger than any node")."""
-    gang = r.gpus if r.gang_size is None else r.gang_size
-    if 0 < largest < gang:
-        unit = "MIG slices" if market.parent_id else "GPUs"
-        field = "gpus" if gang == r.gpus else "gang_size"
-        raise Conflict(f"a gang of {gang} runs on one node, and the largest node of "
-                       f"{market.slug} has {largest} {unit}: ask for at most {largest}, or "
-                       "split the bid into gangs with gang_size", field=field)
-
-
-def _check_bid(r: BidRequest, now: datetime) -> int:
-    """The checks of place_bid that need no lock; returns the hold amount (micro-USD)."""
-    gang_size = r.gpus if r.gang_size is None else r.gang_size
-    _check_common(price=r.price, gpus=r.gpus)
-    if not 0 < r.duration_seconds <= MAX_DURATION_SECONDS:
-        raise InvalidInput("must be between 1 second and 366 days", field="hours")
-    if gang_size <= 0 or r.gpus % gang_size:
-        raise InvalidInput(f"must divide gpus ({r.gpus})", field="gang_size")
-    if r.time_in_force not in Order.TimeInForce.values:
-        raise InvalidInput("must be GTC, IOC or FOK", field="time_in_force")
-    if r.interconnect not in Interconnect.values:
-        raise InvalidInput("must be any or nvlink", field="interconnect")
-    if r.interconnect == Interconnect.NVLINK and gang_size == 1:
-        raise InvalidInput(NVLINK_GANG_OF_ONE, field="interconnect")
-    if r.expires_at is not None and r.expires_at <= now:
-        raise InvalidInput("must be in the future", field="expires_at")
-    ports, roles = with_ssh(r.ports, r.port_roles, r.ssh)
-    ports = clean_ports(ports)
-    check_terms(ports=ports, port_roles=roles, min_cuda=r.min_cuda, env=r.env)
-    check_stop_terms(r.notice_signal, r.stop_grace_seconds)
-    clean_port_roles(roles, ports)
-    clean_env_and_secrets(r.env, r.secrets)
-    require_key(r.buyer_id, r.ssh)
-    if r.prefer_cached_image and not r.image:
-        raise InvalidInput("needs an image (the bid's or its template's): nodes are "
-                           "preferred for holding it", field="prefer_cached_image")
-    return checked_hold_amount(price=r.price, gpus=r.gpus, duration_seconds=r.duration_seconds)
-
 
 def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
                  now: datetime, fence: locking.Fence | None = None
@@ -464,12 +225,10 @@ def _place_group(market_id: int, items: list[tuple[int, BidRequest, int]],
 def _write_bids(market_id: int, items: list[tuple[BidRequest, int]], now: datetime,
                 fence: locking.Fence | None = None,
                 through: int | None = None) -> list[Placed | Exception]:
-    """Under the market lock: insert the orders (of bids _check_bid passed), hold their
+    """Under the market lock: insert the orders (of bids check_bid passed), hold their
     cost (one statement each for all of them), then match them one by one in the given
     order. With a `fence`, first record the group committed `through` that position."""
-    market = locking.lock_market(market_id)
-    if fence is not None:
-        locking.claim_fence(market.pk, fence, through)
+    market = locking.lock_market(market_id, fence=fence, through=through)  # (and its fence)
     anything_due, victims_possible = _group_flags(market.pk, now)
     if anything_due:
         matching.expire_due(market, now)
@@ -580,7 +339,7 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     or a past window.
     """
     now = now or timezone.now()
-    _check_client_order_id(client_order_id)
+    check_client_order_id(client_order_id)
     terms = {"side": Order.Side.ASK, "node_id": node_id, "price": price, "gpus": gpus,
              "available_until": available_until}
     if market_slug is not None:  # (None: the node's only class)
@@ -597,7 +356,7 @@ def place_ask(*, provider_id: int, node_id: int, market_slug: str | None, price:
     if node.retired_at is not None:
         raise Conflict(f"node {node.name} is retired: it takes no asks", field="node")
     market = node_market(node, market_slug)
-    _check_common(price=price, gpus=gpus)
+    check_common(price=price, gpus=gpus)
     if available_until <= now:
         raise InvalidInput("must be in the future", field="available_until")
     try:
@@ -690,5 +449,7 @@ def depth(market: GpuClass, levels: int = 20, *,
     return side(Order.Side.BID, "DESC"), side(Order.Side.ASK, "ASC")
 
 
-__all__ = ["BidRequest", "Placed", "cancel_order", "depth", "expire_orders", "place_ask",
-           "place_bid", "place_bids"]
+__all__ = ["CLIENT_ORDER_ID", "MAX_DURATION_SECONDS", "MAX_GPUS", "NVLINK_GANG_OF_ONE",
+           "BidRequest", "Placed", "cancel_order", "checked_hold_amount", "depth",
+           "expire_orders", "free_gpu_count", "get_market", "largest_node", "node_market",
+           "place_ask", "place_bid", "place_bids", "require_heartbeating"]

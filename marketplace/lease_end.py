@@ -18,6 +18,7 @@ from django.utils import timezone
 from core import metrics
 from marketplace import (
     faults,
+    fills_many,
     lease_end_many,
     lease_notice,
     locking,
@@ -163,19 +164,20 @@ def _log_end(lease: Lease, seconds: int, released: int) -> None:
              lease.platform_fee, released)
 
 
-LEASE_END_BATCH = 20  # leases per market-lock transaction: the lock stays short (bench/README.md)
+LEASE_END_CHUNK = 50  # leases per market-lock transaction within a batch (bench/README.md)
 
 
 def end_overdue_leases(*, now: datetime | None = None,
-                       batch: int = LEASE_END_BATCH) -> list[int]:
+                       batch: int | None = None) -> list[int]:
     """End running leases whose ends_at passed more than GPUMARKET_LEASE_GRACE_SECONDS ago
     without the runner reporting the end. Charged up to ends_at only.
 
-    Batched: per market, up to `batch` leases (oldest ends_at first) in one transaction
-    that takes the market lock once; each is ended exactly as end_lease does, one after
-    the other, so a batch settles as the same leases would one by one. A lease the
-    runner ended meanwhile is skipped. Returns the ids ended."""
+    Batched: per market, up to `batch` leases (GPUMARKET_LEASE_END_BATCH by default;
+    oldest ends_at first) through end_leases_batch: settled as end_lease settles each,
+    LEASE_END_CHUNK to a transaction, then the returned GPUs re-matched once for the
+    batch. A lease the runner ended meanwhile is skipped. Returns the ids ended."""
     now = now or timezone.now()
+    batch = batch or settings.GPUMARKET_LEASE_END_BATCH
     cutoff = now - timedelta(seconds=settings.GPUMARKET_LEASE_GRACE_SECONDS)
     due: dict[int, list[int]] = {}
     for lease_id, market_id in (Lease.objects
@@ -195,25 +197,37 @@ def end_overdue_leases(*, now: datetime | None = None,
 
 def end_leases_batch(*, market_id: int, lease_ids: list[int], status: str, cause: str,
                      now: datetime | None = None) -> list[int]:
-    """End the unended leases of `lease_ids` (all of market `market_id`) in one transaction
-    under one take of the market lock, in the given order, each as end_lease would
-    (set-based: lease_end_many, but for `failed`); returns the ids ended (an already
-    ended lease is skipped)."""
+    """End the unended leases of `lease_ids` (all of market `market_id`), in the given
+    order, each as end_lease would: LEASE_END_CHUNK of them to a transaction that takes
+    the market lock once (set-based: lease_end_many, but for `failed`, which ends and
+    re-matches one at a time); then the asks that took GPUs back re-match the resting
+    bids once for the whole batch (fills_many.rematch_returned: bounded passes, each its
+    own transaction). Returns the ids ended (an already ended lease is skipped). Inside a
+    caller's transaction everything is that transaction's."""
     now = now or timezone.now()
-    with locking.tracked(market_id), transaction.atomic():
-        locking.lock_market(market_id)
-        rows = {lease.pk: lease for lease in Lease.objects.select_for_update()
-                .filter(pk__in=lease_ids, market_id=market_id).order_by("pk")}
-        # (ended by the runner meanwhile: skipped)
-        due = [rows[pk] for pk in lease_ids if pk in rows and rows[pk].status not in Lease.ENDED]
-        if status == "failed":  # faults, carried holds, credits: one at a time
-            done = [_end_locked(lease, status=status, cause=cause, now=now, detail=None)
-                    for lease in due]
-        else:
-            done = lease_end_many.end_many_locked(due, status=status, cause=cause, now=now)
-    for lease, seconds, released in done:
-        _log_end(lease, seconds, released)
-    return [lease.pk for lease, _, _ in done]
+    ended: list[int] = []
+    asks: dict[int, None] = {}  # the asks that took GPUs back, in order
+    for start in range(0, len(lease_ids), LEASE_END_CHUNK):
+        chunk = lease_ids[start:start + LEASE_END_CHUNK]
+        with locking.tracked(market_id), transaction.atomic():
+            locking.lock_market(market_id)
+            rows = {lease.pk: lease for lease in Lease.objects.select_for_update()
+                    .filter(pk__in=chunk, market_id=market_id).order_by("pk")}
+            # (ended by the runner meanwhile: skipped)
+            due = [rows[pk] for pk in chunk if pk in rows and rows[pk].status not in Lease.ENDED]
+            if status == "failed":  # faults, carried holds, credits: one at a time
+                done = [_end_locked(lease, status=status, cause=cause, now=now, detail=None)
+                        for lease in due]
+            else:
+                done, standing = lease_end_many.end_many_locked(due, status=status,
+                                                                cause=cause, now=now)
+                asks.update(dict.fromkeys(standing))
+        for lease, seconds, released in done:
+            _log_end(lease, seconds, released)
+        ended += [lease.pk for lease, _, _ in done]
+    if ended and status != "failed":
+        fills_many.rematch_returned(market_id=market_id, ask_ids=list(asks), now=now)
+    return ended
 
 
 def preempt_lease(*, lease_id: int, now: datetime | None = None) -> Lease | None:

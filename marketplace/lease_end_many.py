@@ -1,6 +1,7 @@
 """Ending many leases of one market at once, set-based (the hour boundary, issue 17):
 `end_many_locked` does for a batch what lease_end._end_locked does for each lease, in a
-fixed number of statements for the batch, plus one return per ask. Why and what it
+fixed number of statements for the batch; its asks re-match afterwards, for the whole
+batch (lease_end.end_leases_batch → fills_many.rematch_returned). Why and what it
 costs: bench/README.md, "The hour boundary"; the rules: docs/MATCHING.md.
 
 Same results as the leases ended one after another (tests/marketplace/
@@ -10,7 +11,9 @@ events, webhooks and metrics; then, all leases of the batch having ended at the 
 GPUs back at once before it re-matches (one after another: one return had one ask's
 GPUs back before the next lease of the batch ended, which only made a difference to
 a resting bid wanting more GPUs of one node than one lease returned — it now sees
-them together, as the market would have an instant later).
+them together, as the market would have an instant later). The re-match follows the
+batch's commits: in between, the returned GPUs stand on their asks as offers that a
+new bid takes as usual.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from core import metrics
-from marketplace import matching, reliability
+from marketplace import fills_many, reliability
 from marketplace.leases import LEASE_WEBHOOKS, lease_event
 from marketplace.models import Lease, LeaseExtension, LeaseGpu
 from settlement import bulk as ledger_bulk
@@ -48,7 +51,7 @@ def charged_seconds(lease: Lease, *, status: str, now: datetime,
 
 
 def end_many_locked(leases: list[Lease], *, status: str, cause: str,
-                    now: datetime) -> list[tuple[Lease, int, int]]:
+                    now: datetime) -> tuple[list[tuple[Lease, int, int]], list[int]]:
     """End `leases` (unended, rows locked, all of one market whose lock the caller
     holds) with `status` — completed, cancelled or preempted, never failed (its faults
     and carried holds are lease_end._end_locked's) — and settle them; returns (lease,
@@ -57,10 +60,10 @@ def end_many_locked(leases: list[Lease], *, status: str, cause: str,
     Statements for the batch: one read of the extensions' holds, one of what they
     captured, settlement.bulk.holds_settle_batch (a fixed few), one UPDATE of the
     leases and one INSERT of their events, one read of webhook endpoints, one UPDATE of
-    their GPUs, one reliability read for all their nodes; then one return per ask
-    (matching.return_gpus_to_asks: one book load for all)."""
+    their GPUs, one reliability read for all their nodes; then the asks' GPUs and states
+    (fills_many.return_gpus_to_asks: one read, one UPDATE and one INSERT per state)."""
     if not leases:
-        return []
+        return [], []
     if status == "failed":
         raise ValueError("failed leases end one at a time (lease_end._end_locked)")
     holds_of = {lease.pk: [lease.hold_id] for lease in leases}
@@ -101,7 +104,6 @@ def end_many_locked(leases: list[Lease], *, status: str, cause: str,
     for lease in leases:
         if lease.ask_id:
             back[lease.ask_id] = back.get(lease.ask_id, 0) + lease.gpu_count
-    if back:
-        matching.return_gpus_to_asks(returns=list(back.items()), now=now)
+    standing = fills_many.return_gpus_to_asks(returns=list(back.items()), now=now)
     return [(lease, s, paid.released) for lease, s, paid in zip(leases, seconds, settled,
-                                                                strict=True)]
+                                                                strict=True)], standing

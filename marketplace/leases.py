@@ -18,6 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from core import metrics
+from core.bulk import execute_arrays
 from marketplace import interconnect, ssh_keys
 from marketplace.env_templates import cuda_ok
 from marketplace.errors import Conflict
@@ -87,6 +88,17 @@ def _next_lease_id() -> int:
     return (Lease.objects.aggregate(last=Max("pk"))["last"] or 0) + 1
 
 
+def next_lease_ids(count: int) -> list[int]:
+    """The ids the next `count` leases take (as _next_lease_id, in one statement)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) "
+                           "FROM generate_series(1, %s)", [Lease._meta.db_table, count])
+            return [row[0] for row in cursor.fetchall()]
+    last = Lease.objects.aggregate(last=Max("pk"))["last"] or 0
+    return list(range(last + 1, last + 1 + count))
+
+
 def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Node, gpus: int,
                  price: int, duration_seconds: int, image: str, command: list[str] | None,
                  now: datetime, cause: str, fill: Fill | None = None, ask: Order | None = None,
@@ -112,12 +124,7 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
     (runtimes.py); with `ssh`, the buyer's SSH public keys as they are now
     (ssh_keys.authorized_lines); a lease with a "jupyter" port role gets a new Jupyter
     token, sealed (jupyter.py)."""
-    if not cuda_ok(node.cuda_version, min_cuda):
-        raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
-                       f"below the {min_cuda} this lease needs", field="min_cuda")
-    if not can_run(node.runtime, command):
-        raise Conflict(f"command {needs_command(f'node {node.name}')}", field="command")
-    port_roles = dict(port_roles or {})
+    check_node(node, min_cuda=min_cuda, command=command)
     chosen = _locked(node, market, _pick_gpus(node, market, gpus, nvlink_gang))
     lease_id = _next_lease_id()
     if hold_id is None:
@@ -127,7 +134,49 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         ).pk
     else:
         ledger.hold_relabel(hold_id=hold_id, reference=f"lease:{lease_id}")
-    lease = Lease.objects.create(
+    lease = lease_row(
+        lease_id=lease_id, hold_id=hold_id, market=market, buyer_id=buyer_id,
+        provider_id=provider_id, node=node, gpus=gpus, price=price,
+        duration_seconds=duration_seconds, image=image, command=command, fill=fill, ask=ask,
+        sealed_bid=sealed_bid, interruptible=interruptible, ports=ports, template=template,
+        min_cuda=min_cuda, port_roles=port_roles, ssh=ssh, env=env,
+        secrets_sealed=secrets_sealed, checkpoint=checkpoint,
+        checkpoint_sealed=checkpoint_sealed, failover=failover,
+        min_reliability=min_reliability, notice_signal=notice_signal,
+        stop_grace_seconds=stop_grace_seconds)
+    lease.save(force_insert=True)
+    LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
+    lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
+    log.info("lease %s: %s × %s on node %s for %s s at %s/GPU-h", lease.pk, gpus, market.slug,
+             node.name, duration_seconds, price)
+    return lease
+
+
+def check_node(node: Node, *, min_cuda: str, command: list[str] | None) -> None:
+    """Conflict when `node` cannot run the lease: CUDA below `min_cuda` (naming min_cuda),
+    or a process-only node without `command` (runtimes.py)."""
+    if not cuda_ok(node.cuda_version, min_cuda):
+        raise Conflict(f"node {node.name} reports CUDA {node.cuda_version or 'unknown'}, "
+                       f"below the {min_cuda} this lease needs", field="min_cuda")
+    if not can_run(node.runtime, command):
+        raise Conflict(f"command {needs_command(f'node {node.name}')}", field="command")
+
+
+def lease_row(*, lease_id: int, hold_id: int, market: GpuClass, buyer_id: int,
+              provider_id: int, node: Node, gpus: int, price: int, duration_seconds: int,
+              image: str, command: list[str] | None, fill: Fill | None = None,
+              ask: Order | None = None, sealed_bid=None, interruptible: bool = False,
+              ports: list[int] | None = None, template: str = "", min_cuda: str = "",
+              port_roles: dict[str, str] | None = None, ssh: bool = False,
+              env: dict[str, str] | None = None, secrets_sealed: str = "",
+              checkpoint: dict | None = None, checkpoint_sealed: str = "",
+              failover: bool = False, min_reliability=None, notice_signal: str = "",
+              stop_grace_seconds: int = 10) -> Lease:
+    """The unsaved pending Lease `create_lease` writes (id and hold given): the terms
+    copied, the buyer's SSH keys read when `ssh`, a new sealed Jupyter token for a
+    "jupyter" port role."""
+    port_roles = dict(port_roles or {})
+    return Lease(
         pk=lease_id, market=market, buyer_id=buyer_id, provider_id=provider_id, node=node,
         price=price,
         gpu_count=gpus, duration_seconds=duration_seconds,
@@ -142,27 +191,28 @@ def create_lease(*, market: GpuClass, buyer_id: int, provider_id: int, node: Nod
         jupyter_token_sealed=new_jupyter_token(port_roles),
         failover=failover, min_reliability=min_reliability,
     )
-    LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=g) for g in chosen])
-    lease.created(cause=cause, at=now, detail={"gpus": [g.uuid for g in chosen]})
-    log.info("lease %s: %s × %s on node %s for %s s at %s/GPU-h", lease.pk, gpus, market.slug,
-             node.name, duration_seconds, price)
-    return lease
+
+
+def fill_terms(*, fill: Fill, bid: Order, ask: Order) -> dict:
+    """create_lease's arguments (but `now`) for a fill of `bid` × `ask`."""
+    return {
+        "market": fill.market, "buyer_id": bid.owner_id, "provider_id": ask.owner_id,
+        "node": ask.node, "gpus": fill.gpus, "price": fill.price,
+        "duration_seconds": bid.duration_seconds, "image": bid.image,
+        "command": bid.command, "fill": fill, "ask": ask,
+        "cause": f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}",
+        "interruptible": bid.interruptible, "ports": bid.ports, "template": bid.template,
+        "min_cuda": bid.min_cuda, "port_roles": bid.port_roles, "ssh": bid.ssh,
+        "env": bid.env, "secrets_sealed": bid.secrets_sealed, "checkpoint": bid.checkpoint,
+        "checkpoint_sealed": bid.checkpoint_sealed, "notice_signal": bid.notice_signal,
+        "stop_grace_seconds": bid.stop_grace_seconds,
+        "nvlink_gang": bid.gang_size if bid.interconnect == "nvlink" else 0,
+        "failover": bid.failover, "min_reliability": bid.min_reliability,
+    }
 
 
 def lease_from_fill(*, fill: Fill, bid: Order, ask: Order, now: datetime) -> Lease:
-    lease = create_lease(
-        market=fill.market, buyer_id=bid.owner_id, provider_id=ask.owner_id, node=ask.node,
-        gpus=fill.gpus, price=fill.price, duration_seconds=bid.duration_seconds,
-        image=bid.image, command=bid.command, now=now, fill=fill, ask=ask,
-        cause=f"fill {fill.pk}: bid {bid.pk} × ask {ask.pk}", interruptible=bid.interruptible,
-        ports=bid.ports, template=bid.template, min_cuda=bid.min_cuda,
-        port_roles=bid.port_roles, ssh=bid.ssh, env=bid.env,
-        secrets_sealed=bid.secrets_sealed,
-        checkpoint=bid.checkpoint, checkpoint_sealed=bid.checkpoint_sealed,
-        notice_signal=bid.notice_signal, stop_grace_seconds=bid.stop_grace_seconds,
-        nvlink_gang=bid.gang_size if bid.interconnect == "nvlink" else 0,
-        failover=bid.failover, min_reliability=bid.min_reliability,
-    )
+    lease = create_lease(**fill_terms(fill=fill, bid=bid, ask=ask), now=now)
     if bid.continues_lease_id:  # a bid resting for a failed lease's remaining time
         _join_chain(lease, bid, now)
     return lease
@@ -318,34 +368,51 @@ def meter_leases(*, lease_ids: list[int], now: datetime) -> list[int]:
     """meter_lease of each of `lease_ids`, set-based: the running leases' rows locked in
     one statement, their extensions' holds read in one, and one
     settlement.bulk.holds_capture_batch for all (the same entries, holds and
-    idempotency keys meter_lease writes). Returns the ids charged."""
+    idempotency keys meter_lease writes). Returns the ids charged; logs one line."""
     interval = settings.GPUMARKET_METER_INTERVAL_SECONDS
     with transaction.atomic():
-        rows = list(Lease.objects.select_for_update()
-                    .filter(pk__in=lease_ids, status=Lease.Status.RUNNING,
-                            started_at__isnull=False).order_by("pk")
-                    .values_list("pk", "price", "gpu_count", "started_at",
-                                 "duration_seconds", "provider_id", "hold_id"))
-        holds_of = {pk: [hold] for pk, *_, hold in rows}
-        for lease_id, hold_id in (LeaseExtension.objects.filter(lease_id__in=list(holds_of))
-                                  .order_by("pk").values_list("lease_id", "hold_id")):
-            holds_of[lease_id].append(hold_id)
-        charges, through_s = [], []
-        for pk, price, gpus, started_at, duration, provider_id, _ in rows:
-            ran = min(int((now - started_at).total_seconds()), duration)
+        rows = _running_lease_rows(lease_ids, now)
+        charges, leases = [], []
+        for pk, price, gpus, ran, provider_id, hold_ids in rows:
             period = ran // interval
             if period <= 0:
                 continue
             charges.append(ledger_bulk.Charge(
-                hold_ids=holds_of[pk], cost=lease_cost(price, gpus, period * interval),
+                hold_ids=hold_ids, cost=lease_cost(price, gpus, period * interval),
                 provider_id=provider_id, reference=f"lease:{pk}", period=str(period)))
-            through_s.append(period * interval)
+            leases.append(pk)
         settled = ledger_bulk.holds_capture_batch(charges)
-    charged = []
-    for charge, seconds, paid in zip(charges, through_s, settled, strict=True):
-        if paid is not None:
-            lease_id = int(charge.reference.split(":", 1)[1])
-            charged.append(lease_id)
-            log.info("lease %s: metered through %s s, captured %s", lease_id, seconds,
-                     paid.split.gross)
+    charged = [pk for pk, paid in zip(leases, settled, strict=True) if paid is not None]
+    if charged:
+        log.info("metered %s leases (%s to %s), captured %s", len(charged), charged[0],
+                 charged[-1], sum(paid.split.gross for paid in settled if paid is not None))
     return charged
+
+
+def _running_lease_rows(lease_ids: list[int], now: datetime) -> list[tuple]:
+    """The running, started leases of `lease_ids` locked in primary-key order, read with
+    their extensions' holds (one statement, the ids as one array): (id, price, gpus,
+    whole seconds run by `now` but at most the duration, provider id, hold ids: the
+    lease's own, then its extensions' in the order made), as meter_lease counts them (the
+    seconds computed by PostgreSQL: no timestamps to parse)."""
+    if connection.vendor == "postgresql":
+        return [(*row[:5], [row[5], *row[6]]) for row in execute_arrays(
+            connection, "SELECT id, price, gpu_count, LEAST(trunc(extract(epoch FROM "
+            "%s::timestamptz - started_at))::bigint, duration_seconds), provider_id, hold_id, "
+            "ARRAY(SELECT e.hold_id FROM marketplace_leaseextension e "
+            "WHERE e.lease_id = marketplace_lease.id ORDER BY e.id) "
+            "FROM marketplace_lease WHERE id = ANY(%s::bigint[]) AND status = %s "
+            "AND started_at IS NOT NULL ORDER BY id FOR UPDATE OF marketplace_lease",
+            [now, list(lease_ids), Lease.Status.RUNNING.value])]
+    rows = list(Lease.objects.select_for_update()
+                .filter(pk__in=lease_ids, status=Lease.Status.RUNNING,
+                        started_at__isnull=False).order_by("pk")
+                .values_list("pk", "price", "gpu_count", "started_at", "duration_seconds",
+                             "provider_id", "hold_id"))
+    extra: dict[int, list[int]] = {}
+    for lease_id, hold_id in (LeaseExtension.objects.filter(lease_id__in=[r[0] for r in rows])
+                              .order_by("pk").values_list("lease_id", "hold_id")):
+        extra.setdefault(lease_id, []).append(hold_id)
+    return [(pk, price, gpus, min(int((now - started).total_seconds()), duration), provider,
+             [hold, *extra.get(pk, [])])
+            for pk, price, gpus, started, duration, provider, hold in rows]

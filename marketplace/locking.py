@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -67,11 +68,25 @@ def tracked(market_id: int):
 
 
 _LOCK_SQL = ('UPDATE "marketplace_gpuclass" SET "book_version" = "book_version" + 1{} '
-             'WHERE "id" = %s RETURNING *')
+             '{}WHERE "id" = %s RETURNING {}')
+# the table's columns (with the lock-wait FROM on PostgreSQL); SQLite, the embedded
+# default, takes no "TABLE.*" in RETURNING and has no FROM there: plain *
+_RETURNING_TABLE, _RETURNING_ALL = '"marketplace_gpuclass".*', "*"
+# the fence claimed in the same UPDATE, unless a later token wrote first
+_FENCE_SQL = (', "bid_queue_fence" = CASE WHEN "bid_queue_fence" <= %s THEN %s '
+              'ELSE "bid_queue_fence" END, '
+              '"bid_queue_group" = CASE WHEN "bid_queue_fence" <= %s THEN %s '
+              'ELSE "bid_queue_group" END, '
+              '"bid_queue_done" = CASE WHEN "bid_queue_fence" <= %s THEN %s '
+              'ELSE "bid_queue_done" END')
+# SET LOCAL lock_timeout in the same statement: the FROM item is evaluated before the
+# UPDATE waits for the row, and the wait reads the setting when it starts
+_LOCK_WAIT_SQL = "FROM (SELECT set_config('lock_timeout', %s, true)) AS \"lock_wait\" "
 
 
 @metrics.LOCK_WAIT.time()
-def lock_market(market_id: int, *, orders_unchanged: bool = False) -> GpuClass:
+def lock_market(market_id: int, *, orders_unchanged: bool = False,
+                fence: Fence | None = None, through: int | None = None) -> GpuClass:
     """Take the order book's single-writer lock for the rest of the transaction (the row
     lock of an UPDATE of the GPU class row, which bumps its book_version).
 
@@ -80,16 +95,26 @@ def lock_market(market_id: int, *, orders_unchanged: bool = False) -> GpuClass:
     unless it says it changes no order row (`orders_unchanged`: the sealed auctions),
     when every process's cached book stays valid (a deep book is not rebuilt for it).
     Waits at most GPUMARKET_MARKET_LOCK_TIMEOUT_MS (PostgreSQL's lock_timeout, for the
-    rest of the transaction), then raises MarketBusy (the API's 503)."""
+    rest of the transaction, set by the same statement), then raises MarketBusy (the
+    API's 503). With a `fence` (a bid queue consumer's), also record in the same statement
+    that its group is committed `through` that position with this transaction, or
+    raise Fenced when a later token wrote first."""
     if not transaction.get_connection().in_atomic_block:
         raise TransactionManagementError("lock_market needs a transaction (atomic block)")
     w = getattr(_local, "writer", None)
     tracked = w is not None and w.market_id == market_id and w.version is None
-    sql = _LOCK_SQL.format("" if tracked or orders_unchanged
-                           else ', "book_rebuild_version" = "book_version" + 1')
-    _bound_lock_wait()
+    sets = "" if tracked or orders_unchanged else ', "book_rebuild_version" = "book_version" + 1'
+    params: list[Any] = []
+    if fence is not None:
+        sets += _FENCE_SQL
+        params += [fence.token, fence.token, fence.token, fence.group, fence.token, through]
+    wait = _lock_wait_ms()
+    if wait:
+        params.append(wait)
+    sql = _LOCK_SQL.format(sets, _LOCK_WAIT_SQL if wait else "",
+                           _RETURNING_TABLE if wait else _RETURNING_ALL)
     try:
-        rows = list(GpuClass.objects.raw(sql, [market_id]))
+        rows = list(GpuClass.objects.raw(sql, [*params, market_id]))
     except OperationalError as exc:
         if is_lock_timeout(exc):
             raise MarketBusy(busy_message()) from None
@@ -97,6 +122,9 @@ def lock_market(market_id: int, *, orders_unchanged: bool = False) -> GpuClass:
     if not rows:
         raise GpuClass.DoesNotExist(f"GpuClass {market_id} does not exist")
     market = rows[0]
+    if fence is not None and (market.bid_queue_fence != fence.token
+                              or market.bid_queue_group != fence.group):
+        raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
     if tracked:
         w.version, w.rebuild_version = market.book_version, market.book_rebuild_version
         w.epoch = market.book_epoch
@@ -119,18 +147,6 @@ class Fenced(Exception):
     transaction is rolled back, nothing of it written."""
 
 
-def claim_fence(market_id: int, fence: Fence, through: int) -> None:
-    """Under the market lock: record that `fence`'s group is committed through position
-    `through` with this transaction, or raise Fenced when a later token wrote first."""
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute('UPDATE "marketplace_gpuclass" SET "bid_queue_fence" = %s, '
-                       '"bid_queue_group" = %s, "bid_queue_done" = %s '
-                       'WHERE "id" = %s AND "bid_queue_fence" <= %s',
-                       [fence.token, fence.group, through, market_id, fence.token])
-        if cursor.rowcount != 1:
-            raise Fenced(f"market {market_id}: a later consumer holds the bid queue")
-
-
 def take_over(market_id: int, token: int) -> tuple[str, int]:
     """Raise the market's fence to `token` (waiting for a writer that holds the market
     lock: the same row) and return (group, last position committed) of the group written
@@ -149,13 +165,21 @@ def take_over(market_id: int, token: int) -> tuple[str, int]:
     return row[0], row[1]
 
 
+def _lock_wait_ms() -> str | None:
+    """The lock_timeout value for a market lock ("5000ms"), or None: not PostgreSQL, or
+    0 in GPUMARKET_MARKET_LOCK_TIMEOUT_MS (no bound)."""
+    ms = settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS
+    if ms and transaction.get_connection().vendor == "postgresql":
+        return f"{ms}ms"
+    return None
+
+
 def _bound_lock_wait() -> None:
     """SET LOCAL lock_timeout for this transaction (PostgreSQL; 0 in the setting: none)."""
-    ms = settings.GPUMARKET_MARKET_LOCK_TIMEOUT_MS
-    connection = transaction.get_connection()
-    if ms and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
+    wait = _lock_wait_ms()
+    if wait:
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [wait])
 
 
 def touch(order: Order) -> tuple[str, ...]:
@@ -233,19 +257,15 @@ def build_book(market: GpuClass, *, exclude: int | None = None,
     resting = resting_orders(market, now=now).exclude(pk=exclude).order_by("pk")
     # plain tuples, not model instances: this runs on every rebuild (bench/README.md)
     rows = resting.values_list(*ROW)
-    rest_bid, rest_ask, Bid, Ask = book.rest_bid, book.rest_ask, engine.Bid, engine.Ask
+    rest_buy, rest_sell = book.rest_buy, book.rest_sell  # plain ints: no Bid/Ask per row
     for (pk, side, owner, price, gpus, gang, duration, tif, node, until, need, cuda, link,
          mrel, avoid, rel, command, runtime, cut) in rows:
         if side == Order.Side.BID:
-            rest_bid(Bid(id=pk, owner=owner, price=price, gpus=gpus, gang=gang,
-                         duration_s=duration, seq=pk, tif=tif, min_cuda=cuda_key(need),
-                         nvlink=link == "nvlink", min_rel=rel_key(mrel),
-                         avoid_node=avoid or 0, image_only=not command, node=node or 0))
+            rest_buy(pk, owner, price, gpus, gang, duration, pk, tif, cuda_key(need),
+                     link == "nvlink", rel_key(mrel), avoid or 0, not command, node or 0)
         elif gpus > 0:
-            rest_ask(Ask(id=pk, owner=owner, price=price, gpus=gpus, node=node,
-                         available_until=epoch(sells_until(until, cut)), seq=pk,
-                         cuda=cuda_key(cuda or ""), rel=_node_rel(rel),
-                         runs_images=runtime != "process"))
+            rest_sell(pk, owner, price, gpus, node, epoch(sells_until(until, cut)), pk,
+                      cuda_key(cuda or ""), _node_rel(rel), runtime != "process")
     return book
 
 

@@ -1,7 +1,8 @@
 """Writing what the engine decided, under the market lock: fills become leases, orders
 change state, holds move (`apply_result`); orders past their time expire
 (`expire_due`); GPUs of an ended lease go back to their ask and re-match
-(`return_gpus_to_ask`). Shared by book.py's writers, lease_end.py and health.py.
+(`return_gpus_to_ask`). Shared by book.py's writers, lease_end.py and health.py; the
+set-wise forms for a batch of lease ends: marketplace/fills_many.py.
 """
 
 from __future__ import annotations
@@ -117,15 +118,15 @@ OUTBID_MAX = 100  # the most resting bids told per ask taken
 
 def tell_outbid(market: GpuClass, ask: Order, winners: set[int]) -> None:
     """`order.outbid` to the resting bids that could pay `ask` but whose GPUs a better bid
-    took (the ask is used up): {order, ask, price_usd_micros (the ask's), remaining_gpus}."""
+    took (the ask is used up): {order, ask, price_usd_micros (the ask's), remaining_gpus};
+    one read of the bids, one of their owners' endpoints (webhooks.emit_many)."""
     waiting = (Order.objects.filter(market=market, side=Order.Side.BID,
                                     status__in=Order.ACTIVE, price__gte=ask.price)
                .exclude(pk__in=winners).exclude(owner_id=ask.owner_id)
                .order_by("-price", "pk")[:OUTBID_MAX])
-    for bid in waiting:
-        webhooks.emit(bid.owner_id, "order.outbid", {
-            "order": bid.pk, "ask": ask.pk, "price_usd_micros": ask.price,
-            "remaining_gpus": bid.remaining_gpus})
+    webhooks.emit_many([(bid.owner_id, "order.outbid", {
+        "order": bid.pk, "ask": ask.pk, "price_usd_micros": ask.price,
+        "remaining_gpus": bid.remaining_gpus}) for bid in waiting])
 
 
 def _hold_amount(hold_id: int) -> int:
@@ -203,48 +204,5 @@ def return_gpus_to_ask(*, ask_id: int, gpus: int, now: datetime) -> list[Lease]:
     result.fills[:] = [f if f.bid_id < ask.pk else replace(f, price=ask.price)
                        for f in result.fills]
     leases = apply_result(market, ask, result, now)
-    preemption.reconsider_preemptions(market.pk, now)
-    return leases
-
-
-
-def return_gpus_to_asks(*, returns: list[tuple[int, int]], now: datetime) -> list[Lease]:
-    """return_gpus_to_ask for several asks of one market at once (a batch of lease ends):
-    `returns` are (ask id, GPUs back), in the order they re-match. One read of the asks,
-    one expiry sweep, each standing ask's GPUs and state written (its event too), one
-    book load; then each ask re-matches in turn, exactly as return_gpus_to_ask submits
-    it (prices: the earlier of the two orders), and the preemptible leases are offered
-    once at the end (reconsider_preemptions). The caller holds the market lock."""
-    if not returns:
-        return []
-    asks = Order.objects.select_related("node", "market").in_bulk([pk for pk, _ in returns])
-    market = asks[returns[0][0]].market
-    standing = [(asks[pk], gpus) for pk, gpus in returns
-                if asks[pk].status in (*Order.ACTIVE, "filled")
-                and asks[pk].available_until > now]
-    if not standing:
-        preemption.reconsider_preemptions(market.pk, now)
-        return []
-    expire_due(market, now)  # an expired resting bid must not take the returned GPUs
-    moves: dict[str, list[tuple[Order, int]]] = {}
-    for ask, gpus in standing:
-        ask.remaining_gpus += gpus
-        locking.touch(ask)
-        # every GPU back: the ask stands as it was placed ("open"), else partly sold
-        moves.setdefault("open" if ask.remaining_gpus >= ask.gpus else "partially_filled",
-                         []).append((ask, gpus))
-    for to, group in moves.items():
-        Order.set_status_many([ask for ask, _ in group], to,
-                              causes=[f"{gpus} GPUs returned from an ended lease"
-                                      for _, gpus in group], at=now,
-                              update_fields=("remaining_gpus", "book_version"))
-    book = locking.load_book(market)
-    leases: list[Lease] = []
-    for ask, _ in standing:
-        book.cancel(ask.pk)  # resubmitted: it matches as an incoming ask, then rests
-        result = book.submit_ask(locking.engine_ask(ask), locking.epoch(now))
-        result.fills[:] = [f if f.bid_id < ask.pk else replace(f, price=ask.price)
-                           for f in result.fills]
-        leases += apply_result(market, ask, result, now)
     preemption.reconsider_preemptions(market.pk, now)
     return leases

@@ -18,6 +18,7 @@ from statistics import median
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from core.bulk import update_all
 from marketplace.models import GpuClass, Lease
 from providers.models import Node
 
@@ -118,12 +119,12 @@ def refresh_node(node_id: int, market_id: int, now: datetime | None = None) -> N
 
 def refresh_nodes(node_ids: list[int], market_id: int, now: datetime | None = None) -> None:
     """refresh_node for several nodes of one market (a batch of lease ends): one read of
-    their records (by_node) and of their stored figures, an UPDATE only for a node whose
+    their records (by_node) and of their stored figures, one UPDATE of the nodes whose
     figure changed, and the market's books marked stale once if any did."""
     fresh = by_node(node_ids, now)
     stored = dict(Node.objects.filter(pk__in=node_ids).values_list("pk", "reliability"))
     changed = [pk for pk in node_ids if pk in stored and stored[pk] != fresh[pk]]
-    for pk in changed:
-        Node.objects.filter(pk=pk).update(reliability=fresh[pk])
+    # one UPDATE for all (core.bulk): the instances carry only the key and the figure
+    update_all([Node(pk=pk, reliability=fresh[pk]) for pk in changed], ["reliability"])
     if changed:
         GpuClass.objects.filter(pk=market_id).update(book_rebuild_version=F("book_version") + 1)

@@ -23,6 +23,9 @@ Variables (default in brackets):
 - GPUMARKET_LEASE_GRACE_SECONDS [30]: how long past ends_at the marketplace waits for
   the runner before ending a lease itself.
 - GPUMARKET_METER_INTERVAL_SECONDS [3600]: how often running leases are charged.
+- GPUMARKET_LEASE_END_BATCH [200]: the most overdue leases of one market the worker's
+  sweep ends together (settled 50 to a transaction, then their GPUs re-matched once;
+  marketplace/lease_end.py); an integer >= 1.
 - GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
   being outbid and being preempted (docs/MATCHING.md, "Preemption").
 - GPUMARKET_MARKET_LOCK_TIMEOUT_MS [5000]: the longest a writer waits for a market's
@@ -45,9 +48,9 @@ Variables (default in brackets):
 - GPUMARKET_BID_BATCH_MAX [128]: the most bids the API's order endpoint places in one
   transaction when bids arrive together (marketplace/api/bid_batcher.py); 1 places
   each alone.
-- GPUMARKET_HEARTBEAT_THREADS [4]: threads of a web process that record runners'
-  heartbeats (marketplace/api/heartbeat_path.py), each holding one database connection
-  of the process's pool while the process runs (keep it under GPUMARKET_DB_POOL_MAX).
+- GPUMARKET_HEARTBEAT_BATCH_MAX [256]: the most runners' heartbeats a web process writes
+  in one transaction when they arrive together (marketplace/api/heartbeat_batch.py: one
+  thread, holding one database connection of the process's pool); 1 writes each alone.
 - GPUMARKET_FAULT_CREDIT_MINUTES [30]: a lease failed by the provider's fault earns the
   buyer the cost of its last N healthy minutes from the provider (docs/FAULTS.md).
 - GPUMARKET_FAILOVER_MAX_CONTINUATIONS [3]: a chain fails over at most N times; a
@@ -118,14 +121,16 @@ from pathlib import Path
 import environ
 from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
+from core.settings_env import StrictEnv
 from marketplace.template_images import parse_template_images
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("GPUMARKET_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-env = environ.Env()
+env = StrictEnv()  # a number or yes/no that does not parse is refused, naming it
 
 DEBUG = env.bool("DEBUG", default=True)
 
@@ -341,6 +346,9 @@ GPUMARKET_CELERY_QUEUE_OF_TASK = {
 if env.bool("GPUMARKET_CELERY_QUEUES", default=False):
     CELERY_TASK_ROUTES = {name: {"queue": queue}
                           for name, queue in GPUMARKET_CELERY_QUEUE_OF_TASK.items()}
+    # declared, so a worker started without -Q consumes every queue (not only "celery")
+    CELERY_TASK_QUEUES = [Queue(name) for name in
+                          ("celery", *sorted(set(GPUMARKET_CELERY_QUEUE_OF_TASK.values())))]
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -472,6 +480,11 @@ if GPUMARKET_DEV_CREDIT and not DEBUG:
 GPUMARKET_DEFAULT_IMAGE = env.str("GPUMARKET_DEFAULT_IMAGE", default="gpumarket/busybox:local")
 GPUMARKET_LEASE_GRACE_SECONDS = env.int("GPUMARKET_LEASE_GRACE_SECONDS", default=30)
 GPUMARKET_METER_INTERVAL_SECONDS = env.int("GPUMARKET_METER_INTERVAL_SECONDS", default=3600)
+_batch = env.str("GPUMARKET_LEASE_END_BATCH", default="200").strip()
+if not re.fullmatch(r"[0-9]+", _batch) or int(_batch) < 1:
+    raise ImproperlyConfigured(f"GPUMARKET_LEASE_END_BATCH must be an integer >= 1, "
+                               f"not {_batch!r}")
+GPUMARKET_LEASE_END_BATCH = int(_batch)
 GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECONDS",
                                               default=120)
 if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:
@@ -507,9 +520,9 @@ if GPUMARKET_BID_QUEUE == "redis" and not REDIS_URL:
 GPUMARKET_BID_QUEUE_LEASE_MS = env.int("GPUMARKET_BID_QUEUE_LEASE_MS", default=5000)
 GPUMARKET_BID_QUEUE_TIMEOUT_SECONDS = env.int("GPUMARKET_BID_QUEUE_TIMEOUT_SECONDS", default=30)
 GPUMARKET_BID_BATCH_MAX = env.int("GPUMARKET_BID_BATCH_MAX", default=128)
-GPUMARKET_HEARTBEAT_THREADS = env.int("GPUMARKET_HEARTBEAT_THREADS", default=4)
-if GPUMARKET_HEARTBEAT_THREADS < 1:
-    raise ImproperlyConfigured("GPUMARKET_HEARTBEAT_THREADS must be at least 1")
+GPUMARKET_HEARTBEAT_BATCH_MAX = env.int("GPUMARKET_HEARTBEAT_BATCH_MAX", default=256)
+if GPUMARKET_HEARTBEAT_BATCH_MAX < 1:
+    raise ImproperlyConfigured("GPUMARKET_HEARTBEAT_BATCH_MAX must be at least 1")
 if GPUMARKET_BID_BATCH_MAX < 1:
     raise ImproperlyConfigured("GPUMARKET_BID_BATCH_MAX must be at least 1")
 # A bid's checkpoint endpoint_url may be a private or loopback address (tests, an

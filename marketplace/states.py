@@ -90,6 +90,22 @@ class StateMachine(models.Model):
                         for row, was, cause, detail in zip(rows, previous, causes, details,
                                                            strict=True)])
 
+    def moved_event(self, to: str, *, cause: str, at=None,
+                    detail: dict[str, Any] | None = None) -> StateEvent:
+        """Move this (saved) row to `to` in memory only and return the move's unsaved
+        event (from its state before to `to`), for a caller that saves many rows and
+        bulk-inserts their events itself (marketplace/fills_many.py). Several moves of
+        one row chain (each event from the previous move's state). Raises
+        IllegalTransition, the row unchanged, for a move its table does not allow."""
+        if not self.can_move_to(to):
+            raise IllegalTransition(
+                f"{self._meta.verbose_name} {self.pk} cannot move from {self.status} to {to}"
+            )
+        previous, self.status = self.status, to
+        events = self._events()
+        return events.model(**{events.field.name: self}, from_status=previous, to_status=to,
+                            at=at or timezone.now(), cause=cause[:200], detail=detail or {})
+
     def created_event(self, *, cause: str, at=None,
                       detail: dict[str, Any] | None = None) -> StateEvent:
         """The unsaved first event of this (saved) row, from "" to its initial state: for

@@ -10,6 +10,7 @@ So a lease holds at most 360 + 1440 rows per GPU, whatever the runner sends.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from django.db.models import Max, Min, Q
 from django.dispatch import Signal
 from django.utils import timezone
 
+from core import pg
 from marketplace.models import Lease, LeaseGpu, LeaseSample
 from settlement.money import format_usd
 
@@ -92,18 +94,27 @@ def record(*, node, items: list[Any], now: datetime | None = None,
     PostgreSQL one statement (the upsert, with the delete of the expired buckets in its
     WITH); elsewhere both in one transaction."""
     now = now or timezone.now()
+    if gpus_of is None:
+        wanted = [i.get("lease") for i in items if isinstance(i, dict)]
+        wanted = [w for w in wanted if isinstance(w, int) and not isinstance(w, bool)
+                  and 0 < w < 2**63]
+        gpus_of = {}
+        if wanted:
+            for lease_id, uuid in LeaseGpu.objects.filter(
+                    lease_id__in=wanted, lease__node=node, lease__status=Lease.Status.RUNNING,
+                    active=True).values_list("lease_id", "gpu__uuid"):
+                gpus_of.setdefault(lease_id, set()).add(uuid)
+    rows, errors = checked(items, gpus_of)
+    write(rows, now)
+    return len(rows), errors
+
+
+def checked(items: list[Any], gpus_of: dict[int, set[str]]
+            ) -> tuple[list[tuple[int, dict]], list[str]]:
+    """record's check of one heartbeat's items against {running lease id of its node: its
+    active GPUs' UUIDs}, reading nothing: (rows to write, (lease id, values); errors, at
+    most MAX_ERRORS then counted)."""
     errors: list[str] = []
-    wanted = [i.get("lease") for i in items if isinstance(i, dict)]
-    wanted = [w for w in wanted if isinstance(w, int) and not isinstance(w, bool)
-              and 0 < w < 2**63]
-    known, gpus_of = gpus_of, {}
-    if known is not None:
-        gpus_of = {k: known[k] for k in wanted if k in known}
-    elif wanted:
-        for lease_id, uuid in LeaseGpu.objects.filter(
-                lease_id__in=wanted, lease__node=node, lease__status=Lease.Status.RUNNING,
-                active=True).values_list("lease_id", "gpu__uuid"):
-            gpus_of.setdefault(lease_id, set()).add(uuid)
     rows: list[tuple[int, dict]] = []
     seen_leases: set[int] = set()
     for i, item in enumerate(items):
@@ -129,17 +140,26 @@ def record(*, node, items: list[Any], now: datetime | None = None,
                 continue
             seen.add(values["uuid"])
             rows.append((lease_id, values))
-    if rows and connection.vendor == "postgresql":
-        _upsert_pg(rows, now)  # one statement, atomic
-        telemetry_recorded.send(sender=LeaseSample, lease_ids=sorted(seen_leases))
-    elif rows:
-        with transaction.atomic():
-            _upsert(rows, now)
-            _prune({lease for lease, _ in rows}, now)
-            telemetry_recorded.send(sender=LeaseSample, lease_ids=sorted(seen_leases))
     if len(errors) > MAX_ERRORS:
         errors = [*errors[:MAX_ERRORS], f"and {len(errors) - MAX_ERRORS} more refused"]
-    return len(rows), errors
+    return rows, errors
+
+
+def write(rows: list[tuple[int, dict]], now: datetime) -> None:
+    """Keep checked rows (of one heartbeat or of a group's, leases distinct per beat) in
+    their buckets at `now` and send telemetry_recorded with their leases: on PostgreSQL
+    one statement, elsewhere in one transaction. No rows: nothing."""
+    if not rows:
+        return
+    lease_ids = sorted({lease for lease, _ in rows})
+    if connection.vendor == "postgresql":
+        _upsert_pg(rows, now)  # one statement, atomic
+        telemetry_recorded.send(sender=LeaseSample, lease_ids=lease_ids)
+        return
+    with transaction.atomic():
+        _upsert(rows, now)
+        _prune(set(lease_ids), now)
+        telemetry_recorded.send(sender=LeaseSample, lease_ids=lease_ids)
 
 
 _COLUMNS = ("lease_id", "gpu_uuid", "resolution", "bucket_at", "samples", *FIELDS,
@@ -181,28 +201,31 @@ _PG_TYPES = ("bigint", "text", "integer", "timestamptz", "integer",
 
 def _upsert_pg(rows: list[tuple[int, dict]], now: datetime) -> None:
     """_upsert and _prune in one PostgreSQL statement: the delete of these leases' expired
-    buckets in a WITH (never the buckets written), the rows as one array per column
-    (unnest), so the statement's text is the same whatever the number of readings."""
+    buckets in a WITH (never the buckets written), the rows as one JSON document
+    (jsonb_to_recordset: one json.dumps in C, where an array per column was dumped
+    element by element in Python), so the statement's text is the same whatever the
+    number of readings."""
     table = LeaseSample._meta.db_table
-    columns: list[list[Any]] = [[] for _ in _COLUMNS]
+    records = []
     for seconds, _keep in RESOLUTIONS:
-        bucket = _bucket(now, seconds)
+        bucket = _bucket(now, seconds).isoformat()
         for lease_id, v in rows:
-            for column, value in zip(columns, (lease_id, v["uuid"], seconds, bucket, 1,
-                                               *(v[k] for k in FIELDS),
-                                               v["throttle_reasons"]), strict=True):
-                column.append(value)
+            records.append({"lease_id": lease_id, "gpu_uuid": v["uuid"],
+                            "resolution": seconds, "bucket_at": bucket, "samples": 1,
+                            **{k: v[k] for k in FIELDS},
+                            "throttle_reasons": v["throttle_reasons"]})
     expired: list[Any] = [sorted({lease for lease, _ in rows})]
     for seconds, keep in RESOLUTIONS:
         expired += [seconds, _bucket(now, seconds) - timedelta(seconds=keep)]
     kept = " OR ".join(["(resolution = %s AND bucket_at <= %s)"] * len(RESOLUTIONS))
-    arrays = ", ".join(f"%s::{t}[]" for t in _PG_TYPES)
+    shape = ", ".join(f"{c} {t}" for c, t in zip(_COLUMNS, _PG_TYPES, strict=True))
     # only our own table and column names are formatted in; every value is a parameter
     sql = (f"WITH pruned AS (DELETE FROM {table} WHERE lease_id = ANY(%s) "  # noqa: S608
            f"AND ({kept})) INSERT INTO {table} ({', '.join(_COLUMNS)}) "
-           f"SELECT * FROM unnest({arrays})" + _on_conflict(table))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, expired + columns)
+           f"SELECT {', '.join(_COLUMNS)} FROM jsonb_to_recordset(%s::jsonb) AS v({shape})"
+           + _on_conflict(table))
+    with pg.cursor() as cursor:  # bound on the server
+        cursor.execute(sql, [*expired, json.dumps(records)])
 
 
 def _prune(lease_ids: set[int], now: datetime) -> None:

@@ -3,12 +3,11 @@ inventory and heartbeats. Called by the API views and the demo."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import unicodedata
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,8 +15,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from core import metrics
-from providers import cuda_driver, mig, push
+from core import metrics, pg
+from providers import cuda_driver, heartbeat, mig, push
 from providers.models import Gpu, LeaseLog, Node, Provider, hash_token, new_token
 from providers.signals import (
     gpu_health_changed,
@@ -27,7 +26,7 @@ from providers.signals import (
 )
 
 MAX_GPUS_PER_NODE = 64
-MAX_WARNINGS = 20  # a heartbeat's warnings: answered and logged (one line), the rest counted
+MAX_WARNINGS = heartbeat.MAX_WARNINGS  # a heartbeat's and an inventory's warnings
 log = logging.getLogger(__name__)
 
 
@@ -166,11 +165,34 @@ def node_for_token(token: str, *, with_user: bool = True) -> Node | None:
     with its provider and user loaded; `with_user=False`: the node's row only, by plain
     SQL (the heartbeat's fast path, which needs no user)."""
     if not with_user:
-        sql = (f"SELECT * FROM {Node._meta.db_table} "  # noqa: S608
-               "WHERE token_hash = %s AND retired_at IS NULL")
-        return next(iter(Node.objects.raw(sql, [hash_token(token)])), None)
+        return nodes_for_tokens([token]).get(token)
     return (Node.objects.select_related("provider__user")
             .filter(token_hash=hash_token(token), retired_at__isnull=True).first())
+
+
+def nodes_for_tokens(tokens) -> dict[str, Node]:
+    """{token: its node in service} for the runner tokens `tokens` that name one (row
+    only, no provider), in one plain SELECT on the unique token hash index (on
+    PostgreSQL bound on the server, core/pg.py, and built with Node.from_db: the raw
+    queryset's machinery cost more CPU than the query)."""
+    hashes = {hash_token(t): t for t in tokens}
+    if not hashes:
+        return {}
+    table = Node._meta.db_table
+    if connection.vendor != "postgresql":
+        marks = ", ".join(["%s"] * len(hashes))
+        sql = (f"SELECT * FROM {table} "  # noqa: S608
+               f"WHERE token_hash IN ({marks}) AND retired_at IS NULL")
+        return {hashes[n.token_hash]: n for n in Node.objects.raw(sql, list(hashes))}
+    fields = Node._meta.concrete_fields
+    sql = (f"SELECT {', '.join(f.column for f in fields)} FROM {table} "  # noqa: S608
+           "WHERE token_hash = ANY(%s::text[]) AND retired_at IS NULL")
+    with pg.cursor() as cursor:
+        cursor.execute(sql, [list(hashes)])
+        rows = cursor.fetchall()
+    names = [f.attname for f in fields]
+    nodes = [Node.from_db(connection.alias, names, row) for row in rows]
+    return {hashes[n.token_hash]: n for n in nodes}
 
 
 def _gpu_class_model():
@@ -348,11 +370,6 @@ def runner_heard(node: Node, now=None) -> str:
     return "silent" if node.last_heartbeat_at < (now or timezone.now()) - timeout else "heard"
 
 
-#: A GPU's stored reading (`last_health`, with its "at") is rewritten when a value changed,
-#: and otherwise only once its "at" is this old: an unchanged heartbeat writes no GPU row.
-HEALTH_AT_REFRESH_SECONDS = 30
-
-
 def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
                      findings: list[dict[str, Any]] | None = None,
                      leases: dict[int, set[str]] | None = None) -> list[str]:
@@ -372,196 +389,56 @@ def heartbeat_record(*, node: Node, runtime: str, gpus: list[dict[str, Any]],
     sent (with `back=True`) when the node had been silent longer than
     GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS, so the market offers its GPUs again.
 
-    Writes only what changed (docs/RUNNER_PROTOCOL.md, "Heartbeat"): the node's
+    Writes only what changed (providers/heartbeat.py's heartbeat_plan, the rule the
+    grouped heartbeats of marketplace/api/heartbeat_batch.py follow too): the node's
     `last_heartbeat_at` (and `runtime`) always, a GPU's row only when its findings or a
-    reading changed or its reading's "at" is HEALTH_AT_REFRESH_SECONDS old, all such rows
-    in one statement. The GPUs are locked (FOR UPDATE, in id order) only when a GPU's
-    health flips. `leases`, when given, is filled with {running lease id: its active GPUs'
+    reading changed or its reading's "at" is HEALTH_AT_REFRESH_SECONDS old, all in one
+    statement. The GPUs are locked (FOR UPDATE, in id order) only when a GPU's health
+    flips. `leases`, when given, is filled with {running lease id: its active GPUs'
     UUIDs} from the same read (what telemetry.record checks readings against).
     """
     now = timezone.now()
-    timeout = timedelta(seconds=getattr(settings, "GPUMARKET_HEARTBEAT_TIMEOUT_SECONDS", 90))
-    last_seen = node.last_heartbeat_at or node.registered_at
-    back = last_seen is not None and last_seen < now - timeout
-    units = _unit_rows(node, leases)
-    mine = {u.uuid for u in units}
-    if len(gpus) > len(mine):
-        raise ProviderError(f"lists {len(gpus)} readings but the node has {len(mine)} GPUs "
-                            "registered: at most one reading per GPU", field="gpus")
-    warnings = [f"{name}[{i}].uuid: {item['uuid']} is not a GPU of this node; ignored"
-                for name, items in (("gpus", gpus), ("findings", findings or []))
-                for i, item in enumerate(items) if item["uuid"] not in mine]
-    if len(warnings) > MAX_WARNINGS:
-        warnings = [*warnings[:MAX_WARNINGS],
-                    f"and {len(warnings) - MAX_WARNINGS} more items ignored"]
-    if warnings:
-        log.warning("heartbeat of node %s: %s", node.pk, "; ".join(warnings))
-    found: dict[str, list[dict[str, Any]]] = {}
-    for f in findings or []:
-        if f["uuid"] in mine:
-            found.setdefault(f["uuid"], []).append(f)
-    by_uuid = {g["uuid"]: g for g in gpus if g["uuid"] in mine}
+    units, running = heartbeat.unit_rows([node.pk], with_leases=leases is not None)[node.pk]
+    if leases is not None:
+        leases.update(running)
+    plan = heartbeat.heartbeat_plan(node=node, units=units, runtime=runtime, gpus=gpus,
+                                    findings=findings, now=now)
+    if plan.refusal:
+        raise ProviderError(plan.refusal, field="gpus")
+    unhealthy, recovered = heartbeat_apply(node, plan, now)
+    heartbeat_signals(node, plan, unhealthy, recovered)
+    return plan.warnings
+
+
+def heartbeat_apply(node: Node, plan: heartbeat.Plan, now, *, write: bool = True
+                    ) -> tuple[list[str], list[str]]:
+    """Log the plan's warnings, count the beat (metrics), set the node's heartbeat time
+    and runtime and, `write`, write the plan (the locked path for a flip; a group's
+    caller writes its beats' rows itself, heartbeat.write_beats). Returns (UUIDs now
+    unhealthy, UUIDs recovered)."""
+    if plan.warnings:
+        log.warning("heartbeat of node %s: %s", node.pk, "; ".join(plan.warnings))
     metrics.heartbeat(node.last_heartbeat_at, now,
                       getattr(settings, "GPUMARKET_METRICS_HEARTBEAT_LATE_SECONDS", 30))
-    old_runtime = node.runtime
-    node.last_heartbeat_at, node.runtime = now, runtime[:16]
-    stale = now - timedelta(seconds=HEALTH_AT_REFRESH_SECONDS)
-    uuid_of = {u.pk: u.uuid for u in units}
-    if any(_fatal(_findings_of(u, uuid_of, found)) != (not u.healthy) for u in units):
-        unhealthy, recovered = _record_flips(node, found, by_uuid, now)
-    else:
-        unhealthy, recovered = [], []
-        changed = []
-        for u in units:
-            new = _findings_of(u, uuid_of, found)
-            reading = by_uuid.get(u.uuid)
-            health = u.last_health
-            if reading is not None and (_without_at(health) != reading
-                                        or (_reading_at(health) or stale) <= stale):
-                health = {**reading, "at": now.isoformat()}
-            if new != u.findings or health is not u.last_health:
-                changed.append((u.pk, health, new))
-        _write_beat(node, changed)
-    if old_runtime != node.runtime:
+    node.last_heartbeat_at, node.runtime = now, plan.runtime
+    if plan.flips:
+        return heartbeat.record_flips(node, plan, now)
+    if write:
+        heartbeat.write_beats([(node, plan.changed)])
+    return [], []
+
+
+def heartbeat_signals(node: Node, plan: heartbeat.Plan, unhealthy: list[str],
+                      recovered: list[str]) -> None:
+    """Inside the beat's transaction (or its autocommit): the signals a beat sends after
+    commit (a runtime change; a health flip or the node back after silence)."""
+    if plan.old_runtime != plan.runtime:
         transaction.on_commit(lambda: node_runtime_changed.send(
-            sender=Node, node=node, old=old_runtime, new=node.runtime))
-    if unhealthy or recovered or back:
+            sender=Node, node=node, old=plan.old_runtime, new=plan.runtime))
+    if unhealthy or recovered or plan.back:
         transaction.on_commit(lambda: gpu_health_changed.send(
-            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered, back=back))
-    return warnings
-
-
-@dataclass
-class _Unit:
-    pk: int
-    uuid: str
-    parent_id: int | None
-    healthy: bool
-    findings: list
-    last_health: dict
-
-
-def _unit_rows(node: Node, leases: dict[int, set[str]] | None) -> list[_Unit]:
-    """The node's reported units (_reported_units), in id order, in one SELECT; with
-    `leases`, the same SELECT reads every unit of the node with its running lease (an
-    active LeaseGpu of a running lease on this node), added to `leases` — telemetry's
-    check, a replaced layout's slice included. Plain SQL: the ORM's compiling of it
-    cost more CPU than the query (bench/README.md, "Heartbeats at fleet scale")."""
-    # the market's lease tables are named, not imported (providers imports no marketplace)
-    lease_gpu = Gpu._meta.get_field("lease_gpus").related_model
-    lease = lease_gpu._meta.get_field("lease").related_model
-    running = "NULL"
-    params: list[Any] = [node.pk]
-    if leases is not None:
-        running = (f"(SELECT lg.lease_id FROM {lease_gpu._meta.db_table} lg "  # noqa: S608
-                   f"JOIN {lease._meta.db_table} l ON l.id = lg.lease_id "
-                   "WHERE lg.gpu_id = g.id AND lg.active AND l.node_id = %s "
-                   "AND l.status = 'running' LIMIT 1)")
-        params.insert(0, node.pk)
-    sql = (f"SELECT g.id, g.uuid, g.parent_id, g.healthy, g.findings, "  # noqa: S608
-           f"g.last_health, g.listed, {running} FROM {Gpu._meta.db_table} g "
-           "WHERE g.node_id = %s ORDER BY g.id")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    out = []
-    for pk, uuid, parent_id, healthy, findings, health, listed, lease_id in rows:
-        if listed or parent_id is None:  # what _reported_units holds
-            out.append(_Unit(pk, uuid, parent_id, bool(healthy), _json(findings),
-                             _json(health)))
-        if lease_id is not None:
-            leases.setdefault(lease_id, set()).add(uuid)
-    return out
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-def _findings_of(u: _Unit, uuid_of: dict[int, str], found: dict[str, list]) -> list:
-    # a MIG slice carries its parent GPU's findings: a fatal one takes it out too
-    inherited = found.get(uuid_of.get(u.parent_id), []) if u.parent_id else []
-    return found.get(u.uuid, []) + inherited
-
-
-def _reading_at(health: dict) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(health["at"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return at if at.tzinfo is not None else None
-
-
-def _fatal(findings: list) -> bool:
-    return any(f["severity"] == "fatal" for f in findings)
-
-
-def _without_at(health: dict) -> dict:
-    return {k: v for k, v in health.items() if k != "at"}
-
-
-def _write_beat(node: Node, changed: list[tuple[int, dict, list]]) -> None:
-    """The node's heartbeat time and runtime, and the changed GPU rows (id, last_health,
-    findings): on PostgreSQL one statement (an UPDATE … FROM unnest(…) after the node's
-    in a WITH), elsewhere one UPDATE each in a transaction."""
-    if connection.vendor != "postgresql":
-        with transaction.atomic():
-            Node.objects.filter(pk=node.pk).update(last_heartbeat_at=node.last_heartbeat_at,
-                                                   runtime=node.runtime)
-            for pk, health, found in changed:
-                Gpu.every.filter(pk=pk).update(last_health=health, findings=found)
-        return
-    node_sql = (f"UPDATE {Node._meta.db_table} SET last_heartbeat_at = %s, "  # noqa: S608
-                "runtime = %s WHERE id = %s")
-    params: list[Any] = [node.last_heartbeat_at, node.runtime, node.pk]
-    if not changed:
-        with connection.cursor() as cursor:
-            cursor.execute(node_sql, params)
-        return
-    table = Gpu._meta.db_table
-    changed = sorted(changed, key=lambda c: c[0])  # in id order (unnest keeps it)
-    params += [[c[0] for c in changed], [json.dumps(c[1]) for c in changed],
-               [json.dumps(c[2]) for c in changed]]
-    # only our own table names are formatted in; every value is a parameter; one query
-    # text whatever the number of rows (psycopg parses it once)
-    sql = (f"WITH beat AS ({node_sql} RETURNING id) "  # noqa: S608
-           f"UPDATE {table} AS g SET last_health = v.health, findings = v.found "
-           "FROM unnest(%s::bigint[], %s::jsonb[], %s::jsonb[]) AS v(id, health, found) "
-           "WHERE g.id = v.id")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def _record_flips(node: Node, found: dict[str, list], by_uuid: dict[str, dict],
-                  now) -> tuple[list[str], list[str]]:
-    """A GPU's health flips: in one transaction, the node's heartbeat and every reported
-    unit locked (FOR UPDATE, in id order, as leases and layout changes lock theirs) and
-    written, as before issue 17. Returns (UUIDs now unhealthy, UUIDs recovered)."""
-    unhealthy, recovered = [], []
-    with transaction.atomic():
-        node.save(update_fields=["last_heartbeat_at", "runtime"])
-        locked = (_reported_units(node).select_for_update(of=("self",))
-                  .select_related("parent").order_by("pk"))
-        for gpu in locked:
-            inherited = found.get(gpu.parent.uuid, []) if gpu.parent_id else []
-            gpu.findings = found.get(gpu.uuid, []) + inherited
-            fatal = _fatal(gpu.findings)
-            if gpu.uuid in by_uuid:
-                gpu.last_health = {**by_uuid[gpu.uuid], "at": now.isoformat()}
-            if fatal and gpu.healthy:
-                gpu.healthy, gpu.unhealthy_since = False, now
-                unhealthy.append(gpu.uuid)
-            elif not fatal and not gpu.healthy:
-                gpu.healthy, gpu.unhealthy_since = True, None
-                recovered.append(gpu.uuid)
-            gpu.save(update_fields=["last_health", "findings", "healthy", "unhealthy_since"])
-    return unhealthy, recovered
-
-
-def _reported_units(node: Node):
-    """The node's units a heartbeat speaks of: its listed GPUs and slices, and the
-    parents of its slices (never a slice of a replaced MIG layout)."""
-    return Gpu.every.filter(node=node).filter(Q(listed=True) | Q(parent__isnull=True))
+            sender=Node, node=node, unhealthy=unhealthy, recovered=recovered,
+            back=plan.back))
 
 
 def lease_log_record(*, node: Node, lease_id: int, tail: str) -> LeaseLog:

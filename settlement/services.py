@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
@@ -26,9 +25,9 @@ from core import metrics
 from core.bulk import execute_arrays, insert_all, insert_columns
 from settlement.account_rows import find_accounts as _find_accounts
 from settlement.account_rows import locked_account_rows as _locked_account_rows
+from settlement.capture import CapturePlan, Settled, plan_capture
 from settlement.models import Account, Hold, JournalEntry, Posting
 from settlement.money import format_usd
-from settlement.split import Split, split
 
 Kind = Account.Kind
 
@@ -391,16 +390,6 @@ def hold_reduce(*, hold_id: int, to_amount: int, cause: str) -> int:
     return released
 
 
-@dataclass(frozen=True)
-class Settled:
-    split: Split   # this capture: gross, platform_fee, provider (micro-USD)
-    released: int  # micro-USD of the hold returned to the buyer (0 for a periodic capture)
-    entry_id: int
-    captured_total: int  # micro-USD captured from the hold so far, this capture included
-    fee_total: int       # of which the platform's
-    carried_hold_id: int | None = None  # hold_settle_many with carry_reference
-
-
 def _locked_active_holds(hold_ids: list[int]) -> list[Hold]:
     """The holds of `hold_ids`, locked in primary-key order, returned in the order given
     (the order a charge fills them). HoldClosed if one is not active."""
@@ -428,59 +417,12 @@ def _capture(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
     return plan.apply(holds, entry.pk)
 
 
-@dataclass(frozen=True)
-class CapturePlan:
-    """What one capture writes (pure arithmetic, no database): its split, the postings by
-    (kind, owner id), the memo, each hold's (take, fee, rest). Shared by _capture and the
-    set-based settlement.bulk, so both write the very same entries."""
-
-    split: Split
-    postings: list[tuple[tuple[str, int | None], int]]
-    memo: str
-    shares: list[tuple[int, int, int]]  # per hold, in order: (captured, fee, released)
-    released: int
-
-    def apply(self, holds: list[Hold], entry_id: int) -> Settled:
-        """Move the holds' figures (in memory) and say what was settled."""
-        metrics.ledger_captured(self.split.gross, self.split.platform_fee)
-        for hold, (take, fee, rest) in zip(holds, self.shares, strict=True):
-            hold.captured += take
-            hold.captured_fee += fee
-            hold.released += rest
-            hold.amount -= take + rest
-        return Settled(split=self.split, released=self.released, entry_id=entry_id,
-                       captured_total=sum(h.captured for h in holds),
-                       fee_total=sum(h.captured_fee for h in holds))
-
-
 def capture_plan(holds: list[Hold], *, amount: int, provider_id: int, release: bool,
                  carry: bool = False) -> CapturePlan:
-    """The plan of capturing `amount` micro-USD from `holds` (see _capture)."""
-    parts = split(amount, settings.GPUMARKET_TAKE_RATE_BPS)
-    bps, left, through, fee_through = settings.GPUMARKET_TAKE_RATE_BPS, amount, 0, 0
-    shares = []
-    for hold in holds:
-        take = min(left, hold.amount)
-        left -= take
-        through += take
-        fee = through * bps // 10_000 - fee_through
-        fee_through += fee
-        shares.append((take, fee, hold.amount - take if release else 0))
-    released = sum(rest for *_, rest in shares)
-    freed = 0 if carry else released  # carried: stays in buyer_held, on the new hold
-    buyer_id = holds[0].buyer_id
-    return CapturePlan(
-        split=parts,
-        postings=[
-            ((Kind.BUYER_HELD, buyer_id), -(amount + freed)),
-            ((Kind.PROVIDER_EARNED, provider_id), parts.provider),
-            ((Kind.PLATFORM_REVENUE, None), parts.platform_fee),
-            ((Kind.BUYER_AVAILABLE, buyer_id), freed),
-        ],
-        memo=f"captured {format_usd(amount)} USD: provider {format_usd(parts.provider)}, "
-             f"platform {format_usd(parts.platform_fee)}; "
-             f"{'carried' if carry else 'released'} {format_usd(released)}",
-        shares=shares, released=released)
+    """settlement.capture.plan_capture over hold instances (see _capture)."""
+    return plan_capture([h.amount for h in holds], buyer_id=holds[0].buyer_id,
+                        amount=amount, provider_id=provider_id, release=release,
+                        carry=carry)
 
 
 def hold_capture(*, hold_id: int, through_cost: int, provider_id: int, reference: str,

@@ -85,3 +85,12 @@ def test_stripe_js_is_allowed_from_its_configured_origin_only(client, settings):
     assert "https://js.stripe.com" in policy and "https://hooks.stripe.com" in policy
     settings.STRIPE_SECRET_KEY = ""
     assert "stripe" not in client.get(reverse("home"))["Content-Security-Policy"]
+
+
+def test_routed_queues_are_declared_so_a_worker_without_q_takes_every_task(tmp_path):
+    code = ("import django; django.setup(); from marketplace.celery import app; "
+            "print(' '.join(sorted(app.amqp.queues)))")
+    done = _django(tmp_path, "-c", code, GPUMARKET_CELERY_QUEUES="1")
+    assert done.stdout.split() == ["celery", "leases", "ledger", "market"], done.stderr
+    done = _django(tmp_path, "-c", code)
+    assert done.stdout.split() == ["celery"], done.stderr

@@ -109,3 +109,52 @@ def test_bids_match_and_the_market_lock_holds_through_pgbouncer(bouncer, setting
             assert placed.order.status == "filled"  # the lock ended with its transaction
     finally:
         own.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_groups_bound_on_the_server_pass_pgbouncer(bouncer):
+    """core/pg.py's server-bound statements (the heartbeat group's SELECTs and writes),
+    more times than a prepared statement could survive, from two threads' connections
+    sharing PgBouncer's one server connection: no prepared statement is named there."""
+    from marketplace.api import heartbeat_batch
+    from marketplace.api.heartbeat_path import lean_heartbeat
+    from providers.models import Gpu
+
+    _p, node, token = registered_node(name="beats-behind-bouncer")
+    uuid = Gpu.objects.filter(node=node).values_list("uuid", flat=True).first()
+    failures: list[BaseException] = []
+
+    def beats(power: float) -> None:
+        try:
+            batcher = heartbeat_batch.HeartbeatBatcher(256)
+            for i in range(4):
+                beat = lean_heartbeat({"runtime": "docker", "gpus": [
+                    {"uuid": uuid, "power_w": power + i}]})
+                [outcome] = batcher._outcomes([heartbeat_batch._Pending(
+                    token, beat, "req", None, None)])
+                assert outcome[0] == 200, outcome
+        except BaseException as exc:  # the test thread reports it
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    with route_through(bouncer):
+        threads = [threading.Thread(target=beats, args=(p,)) for p in (100.0, 200.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert failures == []
+    assert Gpu.objects.get(uuid=uuid).last_health["power_w"] in (103.0, 203.0)
+
+
+@pytest.mark.django_db
+def test_server_bound_statements_are_bound_there_and_never_prepared():
+    from core import pg
+
+    with pg.cursor() as cursor:
+        for _ in range(8):  # past psycopg's default threshold (5)
+            cursor.execute("SELECT %s::int + 1", [1])
+            assert cursor.fetchone() == (2,)
+        assert type(cursor.cursor) is psycopg.Cursor  # not Django's ClientCursor
+    assert len(connection.connection._prepared._names) == 0

@@ -7,7 +7,7 @@ sequence and resync rules, epochs and depth coalescing: docs/FEED_PROTOCOL.md.
 """
 
 from core.after_commit import namespace
-from frontend.feed.batch import Batch, batch, current_batch, note
+from frontend.feed.batch import Batch, batch, current_batch, note, note_many
 from frontend.feed.counters import counter, current, current_seq
 from frontend.feed.hub import Hub, Subscriber, hub
 from frontend.feed.local import _hubs
@@ -45,6 +45,6 @@ __all__ = [
     "auction_snapshot", "auction_summary_payload", "batch", "counter", "current",
     "current_batch", "current_seq", "depth_payload", "flush", "hub", "lease_payload",
     "market_group", "market_snapshot", "market_summary_payload", "me_snapshot", "namespace",
-    "note", "order_payload", "publisher", "sealed_bid_payload", "send_events",
+    "note", "note_many", "order_payload", "publisher", "sealed_bid_payload", "send_events",
     "summary_snapshot", "trade_payload", "user_group", "wallet_payload", "wallet_payloads",
 ]

@@ -42,10 +42,11 @@ class Batch:
     leases: set[int] = field(default_factory=set)
     entries: set[int] = field(default_factory=set)
     telemetry: set[int] = field(default_factory=set)  # leases with new readings
+    order_owners: dict[int, int] = field(default_factory=dict)  # order id → its owner's id
     committed_at: float = 0.0
 
     FIELDS = ("markets", "fills", "auctions", "orders", "sealed_bids", "leases", "entries",
-              "telemetry")
+              "telemetry", "order_owners")
 
     def __call__(self) -> None:  # the on_commit callback: cheap, no reads, no I/O
         self.committed_at = time.time()
@@ -86,7 +87,14 @@ class Batch:
                 out.append((auction_group(auction.pk), auction_payload(auction), None))
                 out.append((SUMMARY_GROUP, auction_summary_payload(auction), None))
         orders = Order.objects.filter(pk__in=self.orders)
-        wanted = _wanted(listening, orders, "owner_id") if self.orders else set()
+        if not self.orders:
+            wanted = set()
+        elif callable(listening) and self.orders <= self.order_owners.keys():
+            # the owners were noted with the orders: nothing read for users no one hears
+            owners = {self.order_owners[pk] for pk in self.orders}
+            wanted = listening(owners)
+        else:
+            wanted = _wanted(listening, orders, "owner_id")
         if wanted is not None:  # nobody else would receive them: not even read
             orders = orders.filter(owner_id__in=wanted)
         if self.orders and wanted != set():
@@ -175,12 +183,26 @@ def batch() -> Batch:
     return after_commit.collector(Batch)
 
 
-def note(**changes: int) -> None:
+def note(**changes: int | tuple[int, int]) -> None:
     """Record changed rows (markets=, fills=, auctions=, orders=, sealed_bids=, leases=,
-    entries=, telemetry= ids) in the current transaction's batch; published after commit."""
+    entries=, telemetry= ids; order_owners= an (order id, owner id) pair) in the current
+    transaction's batch; published after commit."""
 
     def add(b: Batch) -> None:
         for name, pk in changes.items():
-            getattr(b, name).add(pk)
+            if name == "order_owners":
+                b.order_owners[pk[0]] = pk[1]
+            else:
+                getattr(b, name).add(pk)
+
+    after_commit.note(Batch, add)
+
+
+def note_many(**changes: list[int]) -> None:
+    """note() of many ids of each kind at once (entries=[…]): one look-up of the batch."""
+
+    def add(b: Batch) -> None:
+        for name, pks in changes.items():
+            getattr(b, name).update(pks)
 
     after_commit.note(Batch, add)

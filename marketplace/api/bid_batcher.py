@@ -90,16 +90,7 @@ class BidBatcher:
             if first is None:
                 connection.close()
                 return
-            group = [first]
-            while len(group) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)  # after this group
-                    break
-                group.append(item)
+            group = take_group(self._queue, first, self.max_batch)
             try:
                 outcomes = self._place(group)
             except Exception as exc:  # the database went away, a bug: every bid hears it
@@ -140,6 +131,22 @@ def _answer(result: book.Placed | Exception) -> tuple[int, dict[str, Any]] | Exc
             return result  # not a refusal: a 500, logged by the view
         return response.status_code, response.data
     return s.placed_answer(result)
+
+
+def take_group(pending: queue.Queue, first: Any, max_batch: int) -> list[Any]:
+    """`first` and whatever else `pending` holds now, at most `max_batch` in all; a None
+    met (the stop) is put back, so the thread stops after this group."""
+    group = [first]
+    while len(group) < max_batch:
+        try:
+            item = pending.get_nowait()
+        except queue.Empty:
+            break
+        if item is None:
+            pending.put(None)
+            break
+        group.append(item)
+    return group
 
 
 def _settle(future: asyncio.Future, outcome: Any) -> None:

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -80,6 +80,9 @@ return 1
 """
 
 
+_REPLIES_AT_ONCE = 256  # answers read in one LPOP after the BLPOP that waited for one
+
+
 class NotPlaced(Exception):
     """The bid was not placed (Redis unreachable, or it waited past its deadline in the
     queue): the fast path answers 503 with Retry-After."""
@@ -90,9 +93,13 @@ class Unknown(Exception):
     asks the buyer to look for it before placing it again)."""
 
 
+_BID_FIELDS = fields(book.BidRequest)
+_BID_NAMES = frozenset(f.name for f in _BID_FIELDS)
+
+
 def encode_bid(bid: book.BidRequest) -> dict[str, Any]:
     """The bid as JSON: datetimes ISO 8601, Decimals as strings, secrets sealed."""
-    data = asdict(bid)
+    data = {f.name: getattr(bid, f.name) for f in _BID_FIELDS}  # (asdict deep-copies)
     data["secrets"] = seal(bid.secrets or {}) if bid.secrets else None
     if bid.checkpoint is not None:
         raise ValueError("a bid with a checkpoint store goes through the DRF view")
@@ -105,7 +112,7 @@ def encode_bid(bid: book.BidRequest) -> dict[str, Any]:
 
 
 def decode_bid(data: dict[str, Any]) -> book.BidRequest:
-    names = {f.name for f in fields(book.BidRequest)}
+    names = _BID_NAMES
     values = {k: v for k, v in data.items() if k in names}
     values["secrets"] = unseal(data["secrets"]) if data.get("secrets") else None
     if values.get("expires_at") is not None:
@@ -218,6 +225,13 @@ class BidQueue:
                 continue
             if got is not None:
                 self._deliver(json.loads(got[1]))
+                # the rest of a group's answers, pushed together: one round trip for them
+                try:
+                    rest = self.redis.lpop(self.reply_key, _REPLIES_AT_ONCE) or []
+                except redis.RedisError:
+                    rest = []  # (read by the next BLPOP)
+                for reply in rest:
+                    self._deliver(json.loads(reply))
             if time.monotonic() - checked >= self.lease_ms / 1000:
                 checked = time.monotonic()
                 self._adopt_orphans()

@@ -1,36 +1,30 @@
 """The runner's heartbeat in front of Django (issue 17; docs/RUNNER_PROTOCOL.md,
 "Heartbeat"). HeartbeatFastPath (ASGI middleware) takes a POST to
 /api/v1/runner/heartbeat/ with a `Bearer` runner token and a body that `lean_heartbeat`
-takes, and records it in one of a few threads that keep their database connection
-(providers' heartbeat_record, then telemetry.record, as the DRF view RunnerHeartbeat
-does). Everything else goes to Django unchanged, its body replayed: a body the lean
-check does not take (so every error message stays the DRF serializer's), an unknown or
-rotated token (the view's 401), a host not in ALLOWED_HOSTS, an HTTPS redirect due, a body
-over DATA_UPLOAD_MAX_MEMORY_SIZE. Why outside Django: docs/BID_PATH.md (the same hops).
+takes, and queues it to the process's heartbeat batcher (heartbeat_batch.py: written with
+the beats that arrived with it, one transaction, by the rule of the DRF view
+RunnerHeartbeat's `record`). Everything else goes to Django unchanged, its body
+replayed: a body the lean check does not take (so every error message stays the DRF
+serializer's), an unknown or rotated token (the view's 401), a host not in
+ALLOWED_HOSTS, an HTTPS redirect due, a body over DATA_UPLOAD_MAX_MEMORY_SIZE. Why
+outside Django: docs/BID_PATH.md (the same hops).
 """
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 import math
-import queue
-import threading
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.utils import timezone
 from rest_framework.exceptions import ParseError
 
 from marketplace import logs, telemetry
-from marketplace.api.bid_batcher import BidFastPath, _is_secure, _replay, _settle, read_body
-from marketplace.api.errors import exception_handler
+from marketplace.api import heartbeat_batch
+from marketplace.api.bid_batcher import BidFastPath, _is_secure, _replay, read_body
 from marketplace.api.parsers import StrictJSONParser
 from marketplace.db_unavailable import RETRY_AFTER_SECONDS, is_database_unavailable
-from providers import node_images
-from providers import services as provider_services
 from providers.api import READING_BOUNDS, RUNTIMES
 from providers.services import MAX_GPUS_PER_NODE
 
@@ -133,118 +127,6 @@ def lean_heartbeat(data: Any) -> dict[str, Any] | None:
             "images": None}  # a body with `images` goes to the serializer
 
 
-def record(node, beat: dict[str, Any]) -> dict[str, Any]:
-    """What RunnerHeartbeat.post answers for this node's checked heartbeat (its body). An
-    `images` report (docs/IMAGES.md) is checked first: a bad one is a ProviderError and
-    nothing of the heartbeat is applied."""
-    items = beat.pop("telemetry")
-    images = beat.pop("images", None)
-    report = node_images.clean_report(images) if images is not None else None
-    leases: dict[int, set[str]] | None = {} if items else None
-    warnings = provider_services.heartbeat_record(node=node, leases=leases, **beat)
-    if report is not None:
-        node_images.record(node=node, report=report)
-    _kept, errors = telemetry.record(node=node, items=items, gpus_of=leases)
-    body: dict[str, Any] = {"server_time": timezone.now().isoformat()}
-    if warnings:
-        body["warnings"] = warnings
-    if errors:
-        body["telemetry_errors"] = errors
-    return body
-
-
-class _Unknown(Exception):
-    """No node in service has this token: the DRF view answers (401, its message)."""
-
-
-def _serve(token: str, beat: dict[str, Any], request_id: str) -> tuple[int, dict]:
-    """In a heartbeat thread: authenticate, record, answer (status, body). The thread
-    keeps its connection between heartbeats; a failed one is closed (a fresh one next)."""
-    reset = logs._current.set(request_id)
-    try:
-        node = provider_services.node_for_token(token, with_user=False)
-        if node is None:
-            raise _Unknown
-        try:
-            return 200, record(node, beat)
-        except provider_services.ProviderError as exc:  # a refusal: as the view answers
-            response = exception_handler(exc, {})
-            return response.status_code, response.data
-    except _Unknown:
-        raise
-    except Exception:
-        connection.close()
-        raise
-    finally:
-        logs._current.reset(reset)
-
-
-class HeartbeatThreads:
-    """`count` threads serving queued heartbeats (_serve), each keeping its database
-    connection (like the bid batcher's thread) until stop()."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self.served = 0  # heartbeats answered here (not handed to Django)
-
-    async def serve(self, token: str, beat: dict[str, Any], request_id: str
-                    ) -> tuple[int, dict]:
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            while len(self._threads) < self.count:
-                thread = threading.Thread(target=self._run, daemon=True,
-                                          name=f"heartbeat-{len(self._threads)}")
-                thread.start()
-                self._threads.append(thread)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.put((token, beat, request_id, loop, future))
-        return await future
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Let the threads finish what is queued, close their connections and end."""
-        with self._lock:
-            threads, self._threads = self._threads, []
-        for _ in threads:
-            self._queue.put(None)
-        for thread in threads:
-            thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                connection.close()
-                return
-            token, beat, request_id, loop, future = item
-            try:
-                outcome: Any = _serve(token, beat, request_id)
-                self.served += 1
-            except Exception as exc:  # the request hears it
-                outcome = exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome)
-            except RuntimeError:  # that request's event loop is closed (shutdown)
-                log.warning("a heartbeat's answer could not be delivered: its loop is closed")
-
-
-_threads: HeartbeatThreads | None = None
-_threads_lock = threading.Lock()
-
-
-def threads() -> HeartbeatThreads:
-    """This process's heartbeat threads (GPUMARKET_HEARTBEAT_THREADS, each holding one
-    database connection of the process's pool)."""
-    global _threads
-    with _threads_lock:
-        if _threads is None:
-            _threads = HeartbeatThreads(settings.GPUMARKET_HEARTBEAT_THREADS)
-        return _threads
-
-
 class HeartbeatFastPath(BidFastPath):
     """ASGI middleware: the runner's valid heartbeats in a heartbeat thread, everything
     else to `app` (module docstring)."""
@@ -279,8 +161,9 @@ class HeartbeatFastPath(BidFastPath):
             request_id = logs.request_id_from(
                 headers.get(logs.REQUEST_ID_HEADER.lower().encode(), b"").decode("latin-1"))
             try:
-                status, answer = await threads().serve(token, beat, request_id)
-            except _Unknown:
+                status, answer = await heartbeat_batch.batcher().serve(token, beat,
+                                                                       request_id)
+            except heartbeat_batch.Unknown:
                 pass
             except Exception as exc:  # a bug, the database gone
                 if is_database_unavailable(exc):

@@ -1,7 +1,7 @@
-"""The order book's walks through its level indexes for gangs (``OrderBook._ask_ge``,
-``_bid_ge``, ``_ask_lo``; book.py's module docstring has the structure). ``GangWalks`` is
-a mixin: every attribute it reads is an ``OrderBook`` slot; cells and fill tuples are laid
-out as in ``walks.py``.
+"""The order book's walks through its level indexes for gangs (each level record's
+``[3]``, and ``OrderBook._ask_lo``; book.py's module docstring has the structure).
+``GangWalks`` is a mixin: every attribute it reads is an ``OrderBook`` slot; cells, level
+records and fill tuples are laid out as in ``walks.py``.
 
 Units: prices integer micro-USD per GPU-hour, GPUs counts, times epoch seconds.
 """
@@ -18,11 +18,13 @@ _GE_SLACK = 4096  # index entries appended past 16 x live asks before a rebuild
 def _ge_gc(book) -> None:
     """Drop every level index of a side once its appends outgrow the live orders (its
     stale entries are then bounded; the indexes rebuild lazily, amortised O(1))."""
-    if book._ask_gen > _GE_SLACK + 16 * len(book._ask_ix):
-        book._ask_ge.clear()
+    if book._ask_gen > _GE_SLACK + 16 * len(book._ix):
+        for lv in book._ask_lv.values():
+            lv[3] = None
         book._ask_gen = 0
-    if book._bid_gen > _GE_SLACK + 16 * len(book._bid_ix):
-        book._bid_ge.clear()
+    if book._bid_gen > _GE_SLACK + 16 * len(book._ix):
+        for lv in book._bid_lv.values():
+            lv[3] = None
         book._bid_gen = 0
 
 
@@ -45,7 +47,7 @@ class GangWalks:
 
     __slots__ = ()
 
-    def _take_ge(self, c: list, p: int, q: deque, left: int, tot: int, dead: int,
+    def _take_ge(self, c: list, p: int, lvr: list, left: int, tot: int, dead: int,
                  fills: list, end: int, start: int) -> tuple[int, int, int, int]:
         """``_take_asks`` on level ``p`` through its index of asks holding >= v GPUs
         (v = min(gang, 8); built on first use, kept by every rest at the level, entries
@@ -56,14 +58,15 @@ class GangWalks:
         bid_id = c[2]
         gang, _, need, mrel, avoid, image, only, nv = c[5:13]
         v = gang if gang < _GE_TOP else _GE_TOP
-        lv = self._ask_ge.get(p)
+        q = lvr[0]
+        lv = lvr[3]
         if lv is None:
-            lv = self._ask_ge[p] = {}
+            lv = lvr[3] = {}
         d = lv.get(v)
         if d is None:
             d = lv[v] = _build_ge(q, v)
             self._ask_gen += len(d)
-        ix = self._ask_ix
+        ix = self._ix
         own = self._ask_own
         mx = 0
         j = 0
@@ -129,7 +132,7 @@ class GangWalks:
             mx = v - 1
         return left, tot, mx, dead
 
-    def _take_gb(self, c: list, p: int, q: deque, left: int, tot: int, dead: int,
+    def _take_gb(self, c: list, p: int, lvr: list, left: int, tot: int, dead: int,
                  fills: list, nvg: dict, window: int, top: int,
                  start: int) -> tuple[int, int, int, int]:
         """``_take_bids`` on level ``p`` through its index of bids of gang <= v (v = GPUs
@@ -138,10 +141,11 @@ class GangWalks:
         on in the smaller index after the last seq seen.
         Only for an ask whose owner rests no bid. Returns (left, tot, gang bound, dead):
         the bound is exact down to v + 1 (the bids outside the index) when walked whole."""
-        lv = self._bid_ge.get(p)
+        q = lvr[0]
+        lv = lvr[3]
         if lv is None:
-            lv = self._bid_ge[p] = {}
-        ix = self._bid_ix
+            lv = lvr[3] = {}
+        ix = self._ix
         own = self._bid_own
         ask_id = c[2]
         node, _, cuda, rel, images = c[5:10]

@@ -26,13 +26,11 @@ class PreferWalks:
                          prefer: frozenset[int]) -> int:
         """Walk asks for the bid cell ``c`` (``prefer`` non-empty: node ids); return the
         GPUs left unfilled. Mutates the book as ``_take_asks`` does (cells and fill tuples
-        as in walks.py). Level bounds (``_ask_cap``, ``_ask_lo``) stay upper/lower bounds:
+        as in walks.py). Level bounds (a level's ``[2]``, ``_ask_lo``) stay upper/lower bounds:
         this walk only takes GPUs away."""
         px = self._ask_px
-        qs = self._ask_q
-        tots = self._ask_tot
-        ix = self._ask_ix
-        caps = self._ask_cap
+        lvs = self._ask_lv
+        ix = self._ix
         own = self._ask_own
         left, owner, bid_id, _, limit, gang, dur, need, mrel, avoid, image, only, nv = c[:13]
         mine = owner in own
@@ -44,11 +42,12 @@ class PreferWalks:
             p = px[i]
             if p > limit:
                 break
-            if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
+            lv = lvs[p]
+            if lv[2] < gang and not mine:  # no ask of this level holds a whole gang
                 i += 1
                 continue
-            q = qs[p]
-            tot = tots[p]
+            q = lv[0]
+            tot = lv[1]
             for first in (True, False):  # the preferred nodes' asks, then the others
                 for a in q:
                     ag = a[0]
@@ -89,17 +88,14 @@ class PreferWalks:
                 if not left:
                     break
             if tot:
-                tots[p] = tot
+                lv[1] = tot
                 i += 1
             else:
                 del px[i]
-                del qs[p]
-                del tots[p]
-                del caps[p]
-                self._ask_ge.pop(p, None)
+                del lvs[p]
         if dead:
             self._ask_dead += dead
             if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._ask_q)
+                self._compact(lvs)
                 self._ask_dead = 0
         return left

@@ -14,6 +14,15 @@ walks index it with literal ints, so the layout below is fixed):
   ``Bid`` it mirrors (None until ``bids()`` makes one). A partial fill of a resting order
   sets its mirror's ``gpus`` too.
 
+A price level is one record, a plain list, per side's dict ``_ask_lv`` / ``_bid_lv``
+(price → record; the sorted prices are ``_ask_px`` / ``_bid_px``):
+
+* ask level: ``[0]`` deque of cells in seq order, ``[1]`` total GPUs resting there,
+  ``[2]`` an upper bound of its asks' GPUs, ``[3]`` its gang index (``{v: deque}``,
+  gang_walks.py) or None;
+* bid level: ``[0]``, ``[1]`` as above, ``[2]`` a lower bound of its bids' gangs,
+  ``[3]`` its gang index or None, ``[4]`` an upper bound of its bids' gangs.
+
 Fills are plain tuples ``(bid_id, ask_id, node, gpus, price)`` (``Fill``'s fields).
 Units: prices integer micro-USD per GPU-hour, GPUs counts, times epoch seconds.
 """
@@ -28,23 +37,25 @@ _BIG = 1 << 62
 _GE_TOP = 8  # the gang indexes (gang_walks.py) have buckets for v in 2.._GE_TOP
 
 
-def _rest(px: list[int], qs: dict, tots: dict, cell: list, price: int, seq: int, gpus: int):
-    """Put ``cell`` at its seq position in the level ``price`` (creating the level).
-
-    Returns True when the cell went anywhere but the tail (an out-of-order seq)."""
-    q = qs.get(price)
-    if q is None:
+def _rest(px: list[int], lvs: dict, cell: list, price: int, seq: int, gpus: int,
+          new: list) -> list:
+    """Put ``cell`` at its seq position in the level ``price``; a missing level is made
+    from ``new`` (its fields after ``[0]`` the deque and ``[1]`` the total). Returns the
+    level record; its gang index (``[3]``) is the caller's to keep or drop."""
+    lv = lvs.get(price)
+    if lv is None:
         insort(px, price)
-        qs[price] = deque((cell,))
-        tots[price] = gpus
-        return False
-    tots[price] += gpus
+        lv = lvs[price] = [deque((cell,)), gpus, *new]
+        return lv
+    lv[1] += gpus
+    q = lv[0]
     while q and not q[-1][0]:  # dead cells at the tail: drop them, no scan
         q.pop()
     if q and q[-1][3] > seq:
-        return _insert(q, cell, seq)
-    q.append(cell)
-    return False
+        _insert(q, cell, seq)
+    else:
+        q.append(cell)
+    return lv
 
 
 def _insert(q: deque, cell: list, seq: int) -> bool:
@@ -60,11 +71,9 @@ def _insert(q: deque, cell: list, seq: int) -> bool:
     return True
 
 
-def _drop_level(px: list[int], qs: dict, tots: dict, price: int, bound: dict) -> None:
+def _drop_level(px: list[int], lvs: dict, price: int) -> None:
     del px[bisect_left(px, price)]
-    del qs[price]
-    del tots[price]
-    bound.pop(price, None)
+    del lvs[price]
 
 
 def _dec(own: dict, owner: int) -> None:
@@ -86,17 +95,14 @@ class Walks:
         Appends fill tuples to ``fills`` and self-trade cancels to ``stc``; mutates the
         book (not ``c``)."""
         px = self._ask_px
-        qs = self._ask_q
-        tots = self._ask_tot
-        ix = self._ask_ix
+        lvs = self._ask_lv
+        ix = self._ix
         left, owner, bid_id, _, limit, gang, dur, need, mrel, avoid, image, only, nv = c[:13]
         end = now + dur
-        caps = self._ask_cap
         own = self._ask_own
         mine = owner in own
-        ges = self._ask_ge
         start = len(fills)
-        use = gang >= self._ge_min_gang and not mine
+        use = gang >= self._gmin and not mine
         lop = -1  # the first price this walk saw that may hold >= v GPUs (-1: none yet)
         stop = _BIG  # the first price this walk did not look at
         dead = 0
@@ -112,16 +118,18 @@ class Walks:
             if p > limit:
                 stop = p
                 break
-            if caps[p] < gang and not mine:  # no ask of this level holds a whole gang
-                if lop < 0 and caps[p] >= v:
+            lv = lvs[p]
+            cap = lv[2]
+            if cap < gang and not mine:  # no ask of this level holds a whole gang
+                if lop < 0 and cap >= v:
                     lop = p
                 i += 1
                 continue
-            q = qs[p]
-            tot = tots[p]
+            q = lv[0]
+            tot = lv[1]
             mx = 0
             if use:
-                left, tot, mx, dead = self._take_ge(c, p, q, left, tot, dead, fills, end,
+                left, tot, mx, dead = self._take_ge(c, p, lv, left, tot, dead, fills, end,
                                                     start)
                 n = 0  # the level was walked through its index
             else:
@@ -190,18 +198,15 @@ class Walks:
                 if not left:
                     break
             if tot:
-                tots[p] = tot
+                lv[1] = tot
                 if left:  # walked the whole level: its bound is now exact
-                    caps[p] = mx
+                    lv[2] = mx
                 if lop < 0 and (mx >= v or not left):
                     lop = p
                 i += 1
             else:
                 del px[i]
-                del qs[p]
-                del tots[p]
-                del caps[p]
-                ges.pop(p, None)
+                del lvs[p]
             if not left:
                 if i < len(px):
                     stop = px[i]
@@ -215,7 +220,7 @@ class Walks:
         if dead:
             self._ask_dead += dead
             if self._ask_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._ask_q)
+                self._compact(lvs)
                 self._ask_dead = 0
         return left
 
@@ -223,35 +228,33 @@ class Walks:
         """Walk bids for the incoming ask cell ``c``; return the GPUs left. Mutates the
         book (not ``c``)."""
         px = self._bid_px
-        qs = self._bid_q
-        tots = self._bid_tot
-        ix = self._bid_ix
+        lvs = self._bid_lv
+        ix = self._ix
         left, owner, ask_id, _, limit, node, until, cuda, rel, images = c[:10]
         window = until - now
         processes = not images
         start = len(fills)
         nvg: dict[int, int] = {}  # NVLink bids filled in this pass → their gang
-        mgs = self._bid_mingang
         own = self._bid_own
         mine = owner in own
-        bix = self._ge_min_gang <= _GE_TOP
-        mxg = self._bid_maxgang
+        bix = self._gmin <= _GE_TOP
         dead = 0
         i = len(px) - 1
         while i >= 0:
             p = px[i]
             if p < limit:
                 break
-            if left < mgs[p] and not mine:  # every bid of this level wants a bigger gang
+            lv = lvs[p]
+            if left < lv[2] and not mine:  # every bid of this level wants a bigger gang
                 i -= 1
                 continue
-            q = qs[p]
-            tot = tots[p]
+            q = lv[0]
+            tot = lv[1]
             mn = _BIG
             j = 0
-            top = mxg[p]
+            top = lv[4]
             if top > 1 and bix and not mine:  # some bid here has a gang > 1
-                left, tot, mn, dead = self._take_gb(c, p, q, left, tot, dead, fills, nvg,
+                left, tot, mn, dead = self._take_gb(c, p, lv, left, tot, dead, fills, nvg,
                                                     window, top, start)
                 n = 0  # the level was walked through its index
             else:
@@ -320,23 +323,19 @@ class Walks:
                 if not left:
                     break
             if tot:
-                tots[p] = tot
+                lv[1] = tot
                 if left:  # walked the whole level: its bound is now exact
-                    mgs[p] = mn
+                    lv[2] = mn
             else:
                 del px[i]
-                del qs[p]
-                del tots[p]
-                del mgs[p]
-                del mxg[p]
-                self._bid_ge.pop(p, None)
+                del lvs[p]
             i -= 1
             if not left:
                 break
         if dead:
             self._bid_dead += dead
             if self._bid_dead > _COMPACT_MIN + 2 * len(ix):
-                self._compact(self._bid_q)
+                self._compact(lvs)
                 self._bid_dead = 0
         return left
 
@@ -347,11 +346,11 @@ class Walks:
         end = now + dur
         got = 0
         seen: list[tuple] = []
-        qs = self._ask_q
+        lvs = self._ask_lv
         for p in self._ask_px:
             if p > limit:
                 break
-            for a in qs[p]:
+            for a in lvs[p][0]:
                 ag = a[0]
                 if (not ag or a[1] == owner or ag < gang
                         or end > a[6] or (need and a[7] < need)
@@ -378,7 +377,8 @@ class Walks:
         return min(k, self.links(node, gang, taken))
 
     @staticmethod
-    def _compact(qs: dict) -> None:
-        """Drop every dead cell of one side (amortised: runs when dead > 1024 + 2 x live)."""
-        for p, q in qs.items():
-            qs[p] = deque(c for c in q if c[0])
+    def _compact(lvs: dict) -> None:
+        """Drop every dead cell of one side's levels (amortised: runs when dead > 1024 +
+        2 x live; the gang indexes drop theirs lazily)."""
+        for lv in lvs.values():
+            lv[0] = deque(c for c in lv[0] if c[0])

@@ -3,10 +3,18 @@ column-wise (refused, nothing written, when a field is missing), rows read by on
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
-from core.bulk import _lists_binary, execute_arrays, insert_columns, select_by_ids
+from core.bulk import (
+    _Int8Array,
+    _lists_binary,
+    _packed_bigints,
+    execute_arrays,
+    insert_columns,
+    select_by_ids,
+)
 from settlement import services as ledger
-from settlement.models import Hold, Posting
+from settlement.models import Hold, JournalEntry, Posting
 from tests.factories import funded_buyer
 
 pytestmark = pytest.mark.django_db
@@ -18,6 +26,17 @@ def test_only_list_parameters_are_made_binary():
     rows = execute_arrays(connection, "SELECT %s::text, u FROM unnest(%s::text[]) AS u",
                           ["x", ["é'\"", None, ""]])
     assert rows == [("x", "é'\""), ("x", None), ("x", "")]
+
+
+def test_bigint_arrays_are_packed_and_read_back_exactly():
+    values = [0, 1, -1, 2**63 - 1, -(2**63), 2_490_001, 10**12]
+    sql = "SELECT u FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(u, n) ORDER BY n"
+    assert isinstance(_packed_bigints(sql, [values])[0], _Int8Array)  # the packed path
+    assert [r[0] for r in execute_arrays(connection, sql, [values])] == values
+    # a None, or a list bound as another type, goes through psycopg's own dumper
+    assert [r[0] for r in execute_arrays(connection, sql, [[5, None]])] == [5, None]
+    assert execute_arrays(connection, "SELECT '%%', %s::bigint[], %s::text[], %s::bigint[]",
+                          [[], ["a"], [7]]) == [("%", [], ["a"], [7])]
 
 
 def test_insert_columns_writes_the_rows_and_refuses_a_missing_field():
@@ -38,6 +57,23 @@ def test_insert_columns_writes_the_rows_and_refuses_a_missing_field():
                       .values_list("account_id", "amount")) == sorted(
             zip(accounts, [7, -7], strict=True))
         transaction.set_rollback(True)  # the ledger stays balanced
+
+
+@pytest.mark.ledger("ledger_only")  # a hold without a bid: the ledger's own checks only
+def test_insert_columns_returning_gives_the_ids_in_the_order_of_the_rows():
+    buyer = funded_buyer(10)
+    hold = ledger.hold_place(buyer_id=buyer.pk, amount=1000, reference="t:r")
+    with transaction.atomic():
+        refs = [f"r:{i}" for i in (3, 1, 2)]
+        ids = insert_columns(JournalEntry, {
+            "kind": ["lease_meter"] * 3, "memo": ["m"] * 3, "hold_id": [hold.pk] * 3,
+            "reference": refs, "idempotency_key": [f"k:{r}" for r in refs],
+            "evidence": [""] * 3, "created_at": [timezone.now()] * 3}, returning=True)
+        assert [JournalEntry.objects.get(pk=pk).reference for pk in ids] == refs
+        assert ids == sorted(ids)
+        assert insert_columns(Posting, {"entry_id": [], "account_id": [], "amount": []},
+                              returning=True) == []
+        transaction.set_rollback(True)
 
 
 def test_select_by_ids_reads_instances_in_key_order():

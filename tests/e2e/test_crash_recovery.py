@@ -71,7 +71,9 @@ def test_sigkill_mid_settlement_then_restart_settles_each_lease_once(tmp_path,
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         require_or_skip("needs REDIS_URL (make test sets it)")
     ids = _overdue_leases(LEASES)
-    env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0")
+    # batches of 20 (one transaction each): the kill lands between two commits
+    env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
+                    GPUMARKET_LEASE_END_BATCH="20")
     subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                    cwd=ROOT, env=env, check=True, capture_output=True)
 
@@ -138,7 +140,8 @@ def test_sigkill_with_the_chain_on_ledger_and_chain_agree(tmp_path, django_db_se
         env = child_env(GPUMARKET_VAR_DIR=str(tmp_path), GPUMARKET_LEASE_GRACE_SECONDS="0",
                         GPUMARKET_CHAIN_RPC_URL=url,
                         GPUMARKET_CHAIN_SETTLEMENT_ADDRESS=contract.address,
-                        GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1")
+                        GPUMARKET_CHAIN_OPERATOR=operator, GPUMARKET_CHAIN_MIRROR_SECONDS="1",
+                        GPUMARKET_LEASE_END_BATCH="20")
         subprocess.run([sys.executable, "-m", "celery", "-A", "marketplace", "purge", "-f"],
                        cwd=ROOT, env=env, check=True, capture_output=True)
 

@@ -130,6 +130,9 @@ def test_prometheus_scrapes_the_marketplace_and_a_runner(settings, prometheus,
         assert sum(float(s["value"][1]) for s in healthy) == 8
 
         # bad input: the job without the token is refused, and stores nothing but `up`
+        # (its first scrape may come after the other two jobs': wait for it to be recorded)
+        wait_until("the token-less job scraped", lambda: up(base, "gpumarket-no-token")
+                   is not None, timeout=30, every=0.5)
         assert up(base, "gpumarket-no-token") == "0"
         with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=10) as answer:
             targets = json.loads(answer.read())["data"]["activeTargets"]

@@ -186,7 +186,7 @@ def test_control_without_the_lock_the_same_race_breaks(monkeypatch):
             after_load.wait(timeout=5)
         return loaded
 
-    monkeypatch.setattr(locking, "lock_market", lambda pk: GpuClass.objects.get(pk=pk))
+    monkeypatch.setattr(locking, "lock_market", lambda pk, **_: GpuClass.objects.get(pk=pk))
     monkeypatch.setattr(locking, "load_book", load_then_wait)
 
     outcome = run_at_once(_bid_calls(buyers, seed=3), slots=threads)

@@ -172,6 +172,43 @@ def test_a_metering_run_writes_what_meter_lease_writes_per_lease_and_only_once()
     assert first_violation() is None
 
 
+def test_a_metering_run_that_crashes_midway_charges_the_rest_once_when_run_again(
+        monkeypatch):
+    """A run that dies after its first batch committed (the worker killed) keeps that
+    batch; the next run charges only the others, and the ledger ends as one run leaves it."""
+    ids, _, _ = _market_with_running_leases()
+    interval = settings.GPUMARKET_METER_INTERVAL_SECONDS
+    now = Lease.objects.get(pk=ids[0]).started_at + timedelta(seconds=2 * interval + 3)
+    try:
+        with transaction.atomic():
+            assert len(meter_running_leases(now=now)) == 4
+            whole = _meter_outcome(ids)
+            raise _Rollback
+    except _Rollback:
+        pass
+    real, calls = ledger_bulk.holds_capture_batch, []
+
+    def dies_second(charges):  # the second batch dies after its writes, before commit
+        calls.append(len(charges))
+        out = real(charges)
+        if len(calls) == 2:
+            raise RuntimeError("worker killed")
+        return out
+
+    monkeypatch.setattr(ledger_bulk, "holds_capture_batch", dies_second)
+    with pytest.raises(RuntimeError):
+        meter_running_leases(now=now, batch=2)
+    monkeypatch.setattr(ledger_bulk, "holds_capture_batch", real)
+    first = JournalEntry.objects.filter(kind="lease_meter", reference__in=[
+        f"lease:{pk}" for pk in ids[:2]]).count()
+    assert first == 2  # the first batch's two leases stand (never metered before)
+    again = meter_running_leases(now=now)
+    assert len(again) == 2 and not set(again) & set(ids[:2])
+    assert _meter_outcome(ids) == whole
+    assert meter_running_leases(now=now) == []
+    assert first_violation() is None
+
+
 def test_holds_release_many_is_hold_release_per_hold_and_refuses_whole():
     buyers = [funded_buyer(10) for _ in range(3)]
     holds = [ledger.hold_place(buyer_id=b.pk, amount=1_000_001 + i, reference=f"t:{i}")

@@ -61,6 +61,21 @@ def test_created_records_from_nothing_to_the_initial_state_and_refuses_any_other
     assert ask.events.count() == 2
 
 
+def test_moved_event_moves_in_memory_chains_and_refuses_an_illegal_move():
+    ask = _ask()
+    at = timezone.now()
+    first = ask.moved_event("partially_filled", cause="fill 1", at=at, detail={"k": 1})
+    second = ask.moved_event("filled", cause="fill 2", at=at)
+    assert first.pk is None and first.order_id == ask.pk
+    assert [(e.from_status, e.to_status, e.cause, e.detail) for e in (first, second)] == [
+        ("open", "partially_filled", "fill 1", {"k": 1}), ("partially_filled", "filled",
+                                                          "fill 2", {})]
+    assert ask.status == "filled" and Order.objects.get(pk=ask.pk).status == "open"  # unsaved
+    with pytest.raises(IllegalTransition, match="cannot move from filled to expired"):
+        ask.moved_event("expired", cause="x")
+    assert ask.status == "filled" and ask.events.count() == 1  # only "ask placed"
+
+
 def test_note_records_an_event_in_the_same_state_and_saves_its_fields():
     ask = _ask()
     at = timezone.now()

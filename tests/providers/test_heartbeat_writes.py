@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from providers import services
+from providers import heartbeat, services
 from providers.models import Gpu
 from providers.runner.nvml import DumpGpus
 from providers.signals import gpu_health_changed
@@ -57,7 +57,7 @@ def test_a_heartbeat_with_nothing_changed_writes_no_gpu_row():
     assert len(again) == 2  # the units' SELECT and the node's UPDATE (its heartbeat time)
     node.refresh_from_db()
     assert node.last_heartbeat_at > min(
-        services._reading_at(h) for h in stored.values())
+        heartbeat._reading_at(h) for h in stored.values())
     assert {g.uuid: g.last_health for g in Gpu.objects.filter(node=node)} == stored
 
 
@@ -81,13 +81,13 @@ def test_an_unchanged_reading_is_rewritten_once_its_time_is_old():
     gpus = readings(node)
     beat(node, gpus)
     old = Gpu.objects.get(uuid=gpus[0]["uuid"])
-    at = services._reading_at(old.last_health) - timedelta(
-        seconds=services.HEALTH_AT_REFRESH_SECONDS + 1)
+    at = heartbeat._reading_at(old.last_health) - timedelta(
+        seconds=heartbeat.HEALTH_AT_REFRESH_SECONDS + 1)
     old.last_health = {**old.last_health, "at": at.isoformat()}
     old.save(update_fields=["last_health"])
     sql = beat(node, gpus)
     assert len(gpu_writes(sql)) == 1
-    assert services._reading_at(Gpu.objects.get(pk=old.pk).last_health) > at
+    assert heartbeat._reading_at(Gpu.objects.get(pk=old.pk).last_health) > at
 
 
 def test_a_warn_finding_is_stored_once_and_not_rewritten():

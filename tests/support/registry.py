@@ -1,19 +1,24 @@
 """A real image registry for the cold-start tests and bench/cold_start.py: Debian's
 `docker-registry` (distribution 2.8) serving a temporary directory on 127.0.0.1 (dockerd
 takes registries on 127.0.0.0/8 as insecure-allowed: plain HTTP, no TLS to set up), and
-images of chosen size built with no registry: `docker import` of a busybox root
-filesystem plus random bytes (incompressible, so the pull moves every byte), then one
-more layer per extra `layers` (`docker build --network none` FROM it, COPY of random
-bytes). Pushed, then removed from the local engine, so the next pull is cold.
+images of chosen size: push_random writes a busybox layer and layers of random bytes
+(incompressible, so the pull moves every byte) straight through the registry's HTTP API
+(seconds a GiB); build_image + `docker push` is the slower path through the engine
+(`docker import` of a busybox root filesystem, `docker build --network none` for more
+layers; ~4 MiB/s pushes here). Either way the image is not in the local engine afterwards,
+so the next pull is cold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -135,13 +140,106 @@ def build_image(ref: str, mib: int, layers: int = 1) -> None:
 
 def push_cold(registry: Registry, name: str, mib: int, layers: int = 1,
               tag: str = "1") -> str:
-    """Build an image of `mib` MiB in `layers` layers, push it to `registry` and remove it
-    from the local engine (the next pull is cold). Returns its reference."""
-    ref = registry.ref(name, tag)
-    build_image(ref, mib, layers)
-    subprocess.run(["docker", "push", ref], check=True, stdout=subprocess.DEVNULL)
-    remove_local(ref)
+    """An image of `mib` MiB in `layers` layers in `registry` and not in the local engine
+    (the next pull is cold): push_random, the registry's own API. Returns its reference."""
+    ref = push_random(registry, name, mib, layers, tag)
+    remove_local(ref)  # (a previous test's pull of the same name)
     return ref
+
+
+def _layer_tar(path: Path, files: list[tuple[str, Path | None, str]]) -> tuple[str, int]:
+    """Write an uncompressed layer tar of `files` (name, source file or None for a directory,
+    symlink target or ""); return (sha256 hex digest, size in bytes)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, source, link in files:
+            info = tarfile.TarInfo(name)
+            info.mtime = 0
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            elif source is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = source.stat().st_size, 0o755
+                with open(source, "rb") as data:
+                    tar.addfile(info, data)
+    digest = hashlib.sha256()
+    with open(path, "rb") as data:
+        while chunk := data.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest(), path.stat().st_size
+
+
+def _put_blob(registry: Registry, name: str, path: Path | None, body: bytes = b"",
+              digest: str = "") -> None:
+    """Monolithic blob upload (registry HTTP API v2: POST then PUT ?digest=)."""
+    start = urllib.request.Request(f"http://{registry.host}/v2/{name}/blobs/uploads/",
+                                   method="POST", data=b"")
+    with urllib.request.urlopen(start, timeout=30) as answer:
+        location = answer.headers["Location"]
+    if location.startswith("/"):
+        location = f"http://{registry.host}{location}"
+    url = f"{location}{'&' if '?' in location else '?'}digest=sha256:{digest}"
+    size = path.stat().st_size if path is not None else len(body)
+    with (open(path, "rb") if path is not None else contextlib.nullcontext(body)) as data:
+        put = urllib.request.Request(url, method="PUT", data=data, headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(size)})
+        with urllib.request.urlopen(put, timeout=600) as answer:
+            if answer.status != 201:
+                raise RuntimeError(f"blob upload answered {answer.status}")
+
+
+def push_random(registry: Registry, name: str, mib: int, layers: int = 1,
+                tag: str = "1") -> str:
+    """Write an image straight into `registry` through its HTTP API (no docker build or
+    push: about disk speed): `layers` layers sharing `mib` MiB of random bytes
+    (/data/layer-I), the first with busybox, as build_image; an OCI manifest. Nothing
+    lands in the local engine, so the next pull is cold. Returns its reference."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        raise RuntimeError("busybox not found: apt-get install busybox-static")
+    per = max(1, mib // max(1, layers))
+    with tempfile.TemporaryDirectory(prefix="gm-push-") as tmp:
+        work = Path(tmp)
+        passwd = work / "passwd"
+        passwd.write_text("root:x:0:0:root:/:/bin/sh\n")
+        base = [(d, None, "") for d in ("bin", "tmp", "proc", "sys", "dev", "etc", "data")]
+        base += [("bin/busybox", Path(busybox), ""), ("etc/passwd", passwd, "")]
+        base += [(f"bin/{a}", None, "busybox") for a in ("sh", "sleep", "echo", "cat", "ls",
+                                                         "true", "wc")]
+        plan = [[*base, ("data/layer-0", work / "random-0", "")]]
+        plan += [[(f"data/layer-{i}", work / f"random-{i}", "")] for i in range(1, layers)]
+        blobs = []
+        for i, files in enumerate(plan):
+            _random_file(work / f"random-{i}", per)
+            tar = work / f"layer-{i}.tar"
+            digest, size = _layer_tar(tar, files)
+            (work / f"random-{i}").unlink()
+            _put_blob(registry, name, tar, digest=digest)
+            tar.unlink()
+            blobs.append((digest, size))
+        config = json.dumps({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d, _ in blobs]},
+        }).encode()
+        config_digest = hashlib.sha256(config).hexdigest()
+        _put_blob(registry, name, None, config, config_digest)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": f"sha256:{config_digest}", "size": len(config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                        "digest": f"sha256:{d}", "size": n} for d, n in blobs],
+        }).encode()
+        put = urllib.request.Request(
+            f"http://{registry.host}/v2/{name}/manifests/{tag}", method="PUT", data=manifest,
+            headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+        with urllib.request.urlopen(put, timeout=30) as answer:
+            if answer.status != 201:
+                raise RuntimeError(f"manifest upload answered {answer.status}")
+    return registry.ref(name, tag)
 
 
 def remove_local(ref: str) -> None:

@@ -1,8 +1,9 @@
 """The heartbeat's fast path under ASGI (marketplace/api/heartbeat_path.py): the lean
 check never takes a body the DRF serializer refuses and gives what it gives; a valid
-heartbeat is answered in a heartbeat thread as the DRF view answers it; everything else
-reaches Django unchanged (its errors, its 401). Real PostgreSQL (the heartbeat threads
-have their own connections, so the tests commit), the real ASGI application."""
+heartbeat is answered by the heartbeat batcher (heartbeat_batch.py) as the DRF view answers
+it, alone or in a group; everything else reaches Django unchanged (its errors, its 401).
+Real PostgreSQL (the batcher's thread has its own connection, so the tests commit), the
+real ASGI application."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import random
 import httpx
 import pytest
 
-from marketplace.api import heartbeat_path
+from marketplace.api import heartbeat_batch, heartbeat_path
 from marketplace.api.telemetry import HeartbeatIn
 from marketplace.asgi import application
 from providers.auth import INVALID_TOKEN
@@ -102,11 +103,11 @@ def test_the_lean_check_takes_the_serializer_limits():
 @pytest.fixture
 def fresh_threads():
     ensure_catalog()
-    heartbeat_path._threads = None
+    heartbeat_batch._batcher = None
     yield
-    if heartbeat_path._threads is not None:
-        heartbeat_path._threads.stop()
-    heartbeat_path._threads = None
+    if heartbeat_batch._batcher is not None:
+        heartbeat_batch._batcher.stop()
+    heartbeat_batch._batcher = None
 
 
 def asgi_post(token: str | None, body=None, raw: bytes | None = None) -> httpx.Response:
@@ -122,7 +123,7 @@ def asgi_post(token: str | None, body=None, raw: bytes | None = None) -> httpx.R
 
 
 def served() -> int:
-    return heartbeat_path._threads.served if heartbeat_path._threads else 0
+    return heartbeat_batch._batcher.served if heartbeat_batch._batcher else 0
 
 
 @pytest.mark.django_db(transaction=True)

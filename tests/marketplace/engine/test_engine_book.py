@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from marketplace.engine import Ask, Bid, Fill, MatchResult, OrderBook
@@ -468,7 +470,7 @@ def test_many_cancels_behind_a_resting_head_are_compacted(monkeypatch):
         b.submit_bid(bid(i, 2_000_000, 1), NOW)
         assert b.cancel(i)
     assert [x.id for x in b.bids()] == [1]
-    assert len(b._bid_q[2_000_000]) < 30  # dead cells do not pile up
+    assert len(b._bid_lv[2_000_000][0]) < 30  # dead cells do not pile up
     assert b.depth() == ([(2_000_000, 1)], [])
     r = b.submit_ask(ask(900, 2_000_000, 2), NOW)
     assert r.fills == [Fill(1, 900, 900, 1, 2_000_000)]
@@ -503,3 +505,34 @@ def test_rest_rejects_invalid_and_duplicate_orders():
         b.rest_ask(ask(3, 2_500_000, 0))
     assert [x.id for x in b.asks()] == [1]
     assert b.bids() == []
+
+
+def test_rest_buy_and_sell_plain_ints_equal_rest_bid_and_ask():
+    """A saved book loaded through ``rest_buy``/``rest_sell`` (no Bid/Ask per row) holds
+    and matches the same as one loaded through ``rest_bid``/``rest_ask``; same checks."""
+    bids = [Bid(3, 30, 2_600_000, 8, 4, 3600, 3, "GTC", 12004, False, 950, 7, True, 0),
+            Bid(2, 20, 2_600_000, 1, 1, 7200, 2), Bid(5, 50, 2_550_000, 2, 2, 3600, 5)]
+    asks = [Ask(1, 10, 2_500_000, 2, 9, NOW + 7200, 1, 12006, 990, False),
+            Ask(4, 40, 2_700_000, 8, 8, NOW + 3600, 4)]
+    a, b = OrderBook(), OrderBook()
+    for x in bids:
+        a.rest_bid(copy.copy(x))
+        b.rest_buy(x.id, x.owner, x.price, x.gpus, x.gang, x.duration_s, x.seq, x.tif,
+                   x.min_cuda, x.nvlink, x.min_rel, x.avoid_node, x.image_only, x.node)
+    for x in asks:
+        a.rest_ask(copy.copy(x))
+        b.rest_sell(x.id, x.owner, x.price, x.gpus, x.node, x.available_until, x.seq,
+                    x.cuda, x.rel, x.runs_images)
+    assert a.bids() == b.bids() == sorted(bids, key=lambda x: (-x.price, x.seq))
+    assert a.asks() == b.asks() == asks
+    assert a.depth() == b.depth()
+    for book in (a, b):
+        r = book.submit_ask(ask(9, 2_400_000, 5), NOW)
+        assert r.fills == [Fill(2, 9, 9, 1, 2_600_000), Fill(5, 9, 9, 2, 2_550_000)]
+    with pytest.raises(ValueError, match="duplicate"):
+        b.rest_sell(3, 1, 2_500_000, 2, 1, NOW + 3600, 9)
+    with pytest.raises(ValueError, match="invalid bid"):
+        b.rest_buy(11, 1, 2_000_000, 3, 2, 3600, 11)
+    with pytest.raises(ValueError, match="invalid ask"):
+        b.rest_sell(12, 1, 2_500_000, 0, 1, NOW + 3600, 12)
+    assert len(b) == len(a)

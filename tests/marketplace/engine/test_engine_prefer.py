@@ -46,15 +46,15 @@ def consistent(book: OrderBook) -> None:
     """The ask side's structure: sorted levels, totals equal to the live asks' GPUs, the
     id index naming exactly the live cells, each level bound at or above its asks (cells
     laid out as in marketplace/engine/walks.py)."""
-    assert book._ask_px == sorted(book._ask_q)
+    assert book._ask_px == sorted(book._ask_lv)
     live = {}
-    for p, q in book._ask_q.items():
+    for p, (q, tot, cap, _index) in book._ask_lv.items():  # a level record (walks.py)
         cells = [c for c in q if c[0]]  # cells: [gpus left (0: dead), owner, id, ...]
         assert cells, p
-        assert book._ask_tot[p] == sum(c[0] for c in cells)
-        assert book._ask_cap[p] >= max(c[0] for c in cells)
+        assert tot == sum(c[0] for c in cells)
+        assert cap >= max(c[0] for c in cells)
         live.update({c[2]: c for c in cells})
-    assert set(book._ask_ix) == set(live)
+    assert {i for i, c in book._ix.items() if len(c) == 11} == set(live)  # ask cells
     assert Counter(a.owner for a in book.asks()) == Counter(book._ask_own)
 
 
