@@ -25,8 +25,12 @@ def test_earnings_on_a_time_axis_without_overlapping_bars(live_server, phone):  
     book.place_ask(provider_id=provider.pk, node_id=node.pk, market_slug=MARKET,
                    price=2_000_000, gpus=8, available_until=in_a_day())
     now = timezone.now()
-    # two settlements 10 s apart two hours ago, one now: two 5-minute periods
-    for settled in (now - timedelta(hours=2), now - timedelta(hours=2, seconds=-10), now):
+    # two settlements 10 s apart about two hours ago, one now: two 5-minute periods (the
+    # chart's periods start at multiples of 5 minutes since the epoch: the close two are put
+    # a minute into one, so that no period boundary falls between them)
+    early = now - timedelta(hours=2)
+    early -= timedelta(seconds=early.timestamp() % 300 - 60)
+    for settled in (early, early + timedelta(seconds=10), now):
         lease = book.place_bid(buyer_id=buyer.pk, market_slug=MARKET, price=2_000_000,
                                gpus=1, duration_seconds=3600).leases[0]
         leases.mark_running(lease=lease, container_id=f"c{lease.pk}")
