@@ -31,6 +31,7 @@ from marketplace.models import (
     LeaseGpu,
     Order,
     OrderEvent,
+    RematchDue,
     SealedBid,
     SealedBidAudit,
     SshKey,
@@ -92,6 +93,14 @@ class FillAdmin(ReadOnlyAdmin):
     market's lock (one added or edited here would have no money behind it)."""
 
     list_display = ["id", "market", "bid", "ask", "gpus", "price", "created_at"]
+
+
+@admin.register(RematchDue)
+class RematchDueAdmin(ReadOnlyAdmin):
+    """Read-only: asks waiting for their re-match after a batch of lease ends; one older
+    than GPUMARKET_REMATCH_REPAIR_SECONDS is the repair sweep's (docs/MATCHING.md)."""
+
+    list_display = ["ask", "market", "since"]
 
 
 @admin.register(Auction)

@@ -17,18 +17,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 from django.db.models.signals import post_save
+from django.utils import timezone
 
 from core import metrics
 from core.bulk import insert_all, update_all
 from marketplace import engine, interconnect, locking, matching, preemption
 from marketplace.errors import Conflict
 from marketplace.leases import check_node, fill_terms, lease_row, next_lease_ids
-from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order
+from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order, RematchDue
 from providers.models import Gpu
 from settlement import bulk as ledger_bulk
 from settlement import services as ledger
@@ -69,6 +71,36 @@ def return_gpus_to_asks(*, returns: list[tuple[int, int]], now: datetime) -> lis
                                       for _, gpus in group], at=now,
                               update_fields=("remaining_gpus", "book_version"))
     return [ask.pk for ask, _ in standing]
+
+
+def note_rematch_due(market_id: int, ask_ids: list[int], now: datetime) -> None:
+    """Record that the asks `ask_ids` of market `market_id` wait for their re-match (in the
+    caller's transaction, the one that returned their GPUs): a RematchDue row each, kept
+    as it is when one exists (its `since` stays the oldest)."""
+    if ask_ids:
+        RematchDue.objects.bulk_create(
+            [RematchDue(ask_id=pk, market_id=market_id, since=now) for pk in ask_ids],
+            ignore_conflicts=True)
+
+
+def repair_rematches(now: datetime | None = None) -> list[Lease]:
+    """The re-matches a worker's death skipped: each market's asks whose RematchDue is
+    older than GPUMARKET_REMATCH_REPAIR_SECONDS, oldest first, through rematch_returned
+    (which deletes the rows as it submits the asks). Returns the leases made; a second
+    run finds nothing. Running beside a live re-match of the same asks is harmless: each
+    pass submits under the market lock what is still standing then."""
+    now = now or timezone.now()
+    due = now - timedelta(seconds=settings.GPUMARKET_REMATCH_REPAIR_SECONDS)
+    per_market: dict[int, list[int]] = {}
+    for ask_id, market_id in (RematchDue.objects.filter(since__lte=due)
+                              .order_by("since", "ask_id").values_list("ask_id", "market_id")):
+        per_market.setdefault(market_id, []).append(ask_id)
+    made: list[Lease] = []
+    for market_id, ask_ids in sorted(per_market.items()):
+        log.warning("market %s: re-matching %d asks whose re-match after a batch of lease "
+                    "ends did not run (a worker stopped in between)", market_id, len(ask_ids))
+        made += rematch_returned(market_id=market_id, ask_ids=ask_ids, now=now)
+    return made
 
 
 def rematch_returned(*, market_id: int, ask_ids: list[int], now: datetime) -> list[Lease]:
@@ -125,6 +157,9 @@ def rematch_pass(market: GpuClass, ask_ids: list[int], now: datetime
             fills += len(result.fills)
     leases = apply_results_many(market, results, now)
     preemption.reconsider_preemptions(market.pk, now)
+    done = ask_ids[:len(ask_ids) - len(left)]
+    if done:  # submitted (or no longer standing, or no bid wants GPUs): not due any more
+        RematchDue.objects.filter(ask_id__in=done).delete()
     return leases, left
 
 

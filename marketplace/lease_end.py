@@ -221,6 +221,7 @@ def end_leases_batch(*, market_id: int, lease_ids: list[int], status: str, cause
             else:
                 done, standing = lease_end_many.end_many_locked(due, status=status,
                                                                 cause=cause, now=now)
+                fills_many.note_rematch_due(market_id, standing, now)  # repair: a crash
                 asks.update(dict.fromkeys(standing))
         for lease, seconds, released in done:
             _log_end(lease, seconds, released)

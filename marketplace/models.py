@@ -424,6 +424,22 @@ class LeaseExtension(models.Model):
         return f"lease #{self.lease_id} + {self.seconds} s"
 
 
+class RematchDue(models.Model):
+    """An ask that took GPUs back from a batch of lease ends and has yet to be re-matched
+    with the resting bids (marketplace/fills_many.py): written in the transaction that
+    returns the GPUs, deleted by the pass that submits the ask again. One older than
+    GPUMARKET_REMATCH_REPAIR_SECONDS is a re-match that a worker's death skipped: the
+    beat's repair sweep runs it (docs/MATCHING.md)."""
+
+    ask = models.OneToOneField(Order, on_delete=models.CASCADE, primary_key=True,
+                               related_name="+")
+    market = models.ForeignKey(GpuClass, on_delete=models.CASCADE, related_name="+")
+    since = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"ask {self.ask_id} to re-match since {self.since:%Y-%m-%d %H:%M:%S}"
+
+
 class LeaseGpu(models.Model):
     """Which GPUs a lease holds. `active` is true until the lease ends; a partial unique
     index makes it impossible for one GPU to be in two active leases at once."""

@@ -26,6 +26,9 @@ Variables (default in brackets):
 - GPUMARKET_LEASE_END_BATCH [200]: the most overdue leases of one market the worker's
   sweep ends together (settled 50 to a transaction, then their GPUs re-matched once;
   marketplace/lease_end.py); an integer >= 1.
+- GPUMARKET_REMATCH_REPAIR_SECONDS [60]: how old an ask's pending re-match after a batch
+  of lease ends must be before the beat's repair sweep runs it (a worker died between
+  the batch's commit and its re-match; docs/MATCHING.md).
 - GPUMARKET_PREEMPTION_NOTICE_SECONDS [120]: notice an interruptible lease gets between
   being outbid and being preempted (docs/MATCHING.md, "Preemption").
 - GPUMARKET_MARKET_LOCK_TIMEOUT_MS [5000]: the longest a writer waits for a market's
@@ -298,6 +301,7 @@ CELERY_BEAT_SCHEDULE = {
     "ledger-check": {"task": "settlement.tasks.ledger_check",
                      "schedule": float(env.int("GPUMARKET_LEDGER_CHECK_SECONDS", default=300))},
     "resume-failovers": {"task": "marketplace.tasks.resume_failovers", "schedule": 10.0},
+    "repair-rematches": {"task": "marketplace.tasks.repair_rematches", "schedule": 30.0},
     "deliver-due-webhooks": {"task": "webhooks.tasks.deliver_due_webhooks",
                              "schedule": env.float("GPUMARKET_WEBHOOK_SWEEP_SECONDS",
                                                    default=2.0)},
@@ -333,6 +337,7 @@ GPUMARKET_CELERY_QUEUE_OF_TASK = {
     "marketplace.tasks.expire_orders": "market",
     "marketplace.tasks.preempt_due_leases": "market",
     "marketplace.tasks.end_overdue_leases": "leases",
+    "marketplace.tasks.repair_rematches": "leases",
     "marketplace.tasks.meter_running_leases": "leases",
     "marketplace.tasks.fail_silent_nodes": "leases",
     "marketplace.tasks.maintenance_sweep": "leases",
@@ -485,6 +490,7 @@ if not re.fullmatch(r"[0-9]+", _batch) or int(_batch) < 1:
     raise ImproperlyConfigured(f"GPUMARKET_LEASE_END_BATCH must be an integer >= 1, "
                                f"not {_batch!r}")
 GPUMARKET_LEASE_END_BATCH = int(_batch)
+GPUMARKET_REMATCH_REPAIR_SECONDS = env.int("GPUMARKET_REMATCH_REPAIR_SECONDS", default=60)
 GPUMARKET_PREEMPTION_NOTICE_SECONDS = env.int("GPUMARKET_PREEMPTION_NOTICE_SECONDS",
                                               default=120)
 if GPUMARKET_PREEMPTION_NOTICE_SECONDS < 0:

@@ -10,7 +10,17 @@ import logging
 
 from celery import shared_task
 
-from marketplace import auctions, book, failover, health, lease_end, leases, maintenance, telemetry
+from marketplace import (
+    auctions,
+    book,
+    failover,
+    fills_many,
+    health,
+    lease_end,
+    leases,
+    maintenance,
+    telemetry,
+)
 
 log = logging.getLogger("gpumarket.tasks")
 
@@ -37,6 +47,14 @@ def close_due_auctions() -> list[int]:
 def end_overdue_leases() -> list[int]:
     """Beat sweep: end running leases the runner did not end in time."""
     return lease_end.end_overdue_leases()
+
+
+@shared_task(name="marketplace.tasks.repair_rematches")
+def repair_rematches() -> list[int]:
+    """Beat sweep (every 30 s): re-match the asks whose re-match after a batch of lease
+    ends is older than GPUMARKET_REMATCH_REPAIR_SECONDS (a worker died between the
+    batch's commit and its re-match); returns the leases made."""
+    return [lease.pk for lease in fills_many.repair_rematches()]
 
 
 @shared_task(name="marketplace.tasks.preempt_due_leases")
