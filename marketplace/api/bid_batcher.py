@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import queue
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +21,7 @@ from django.http.request import split_domain_port, validate_host
 from rest_framework.exceptions import ParseError
 from rest_framework.renderers import JSONRenderer
 
+from core.group_thread import GroupThread
 from marketplace import api_tokens, book
 from marketplace.api import bid_queue
 from marketplace.api import serializers as s
@@ -48,14 +48,13 @@ class Unauthenticated(Exception):
     """The token names no active user: the DRF view answers (401 with its message)."""
 
 
-class BidBatcher:
+class BidBatcher(GroupThread):
     """One thread placing queued bids in groups (see the module docstring)."""
 
+    thread_name, item_name = "bid-batcher", "bid"
+
     def __init__(self, max_batch: int) -> None:
-        self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        super().__init__(max_batch)
         self.stats = {"groups": 0, "bids": 0, "largest": 0}
 
     async def place(self, token: str, bid: book.BidRequest) -> tuple[int, dict[str, Any]]:
@@ -67,41 +66,13 @@ class BidBatcher:
         self._queue.put(_Pending(token, bid, loop, future))
         return await future
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="bid-batcher",
-                                                daemon=True)
-                self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Let the thread finish what is queued, close its database connection and end
-        (a later `place` starts a new one)."""
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            self._queue.put(None)
-            thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                connection.close()
-                return
-            group = take_group(self._queue, first, self.max_batch)
-            try:
-                outcomes = self._place(group)
-            except Exception as exc:  # the database went away, a bug: every bid hears it
-                log.exception("placing a group of %d bids failed", len(group))
-                outcomes = [exc] * len(group)
-                connection.close()  # a fresh one for the next group
-            for pending, outcome in zip(group, outcomes, strict=True):
-                try:
-                    pending.loop.call_soon_threadsafe(_settle, pending.future, outcome)
-                except RuntimeError:  # that request's event loop is closed (shutdown)
-                    log.warning("a bid's answer could not be delivered: its loop is closed")
+    def _serve(self, group: list[_Pending]) -> list[Any]:
+        try:
+            return self._place(group)
+        except Exception as exc:  # the database went away, a bug: every bid hears it
+            log.exception("placing a group of %d bids failed", len(group))
+            connection.close()  # a fresh one for the next group
+            return [exc] * len(group)
 
     def _place(self, group: list[_Pending]) -> list[Any]:
         # This thread keeps its connection between groups (Django's per-request close,
@@ -133,29 +104,6 @@ def _answer(result: book.Placed | Exception) -> tuple[int, dict[str, Any]] | Exc
     return s.placed_answer(result)
 
 
-def take_group(pending: queue.Queue, first: Any, max_batch: int) -> list[Any]:
-    """`first` and whatever else `pending` holds now, at most `max_batch` in all; a None
-    met (the stop) is put back, so the thread stops after this group."""
-    group = [first]
-    while len(group) < max_batch:
-        try:
-            item = pending.get_nowait()
-        except queue.Empty:
-            break
-        if item is None:
-            pending.put(None)
-            break
-        group.append(item)
-    return group
-
-
-def _settle(future: asyncio.Future, outcome: Any) -> None:
-    if future.cancelled():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
 
 
 _batcher: BidBatcher | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core import metrics
+from core.group_thread import GroupThread
 from marketplace import logs, telemetry
-from marketplace.api.bid_batcher import _settle, take_group
 from marketplace.api.errors import exception_handler
 from providers import heartbeat, node_images
 from providers import services as provider_services
@@ -99,15 +98,14 @@ class _Pending:
     future: asyncio.Future
 
 
-class HeartbeatBatcher:
+class HeartbeatBatcher(GroupThread):
     """One thread writing queued heartbeats in groups of at most `max_batch` (module
     docstring); it keeps its database connection until stop()."""
 
+    thread_name, item_name = "heartbeat-batcher", "heartbeat"
+
     def __init__(self, max_batch: int) -> None:
-        self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        super().__init__(max_batch)
         self.served = 0  # heartbeats answered here (not handed to Django)
         self.stats = {"groups": 0, "grouped": 0, "alone": 0, "largest": 0, "failed": 0}
 
@@ -121,37 +119,10 @@ class HeartbeatBatcher:
         self._queue.put(_Pending(token, beat, request_id, loop, future))
         return await future
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="heartbeat-batcher",
-                                                daemon=True)
-                self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Let the thread finish what is queued, close its connection and end."""
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            self._queue.put(None)
-            thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                connection.close()
-                return
-            group = take_group(self._queue, first, self.max_batch)
-            for pending, outcome in zip(group, self._outcomes(group), strict=True):
-                if not isinstance(outcome, BaseException):
-                    self.served += 1
-                try:
-                    pending.loop.call_soon_threadsafe(_settle, pending.future, outcome)
-                except RuntimeError:  # that request's event loop is closed (shutdown)
-                    log.warning("a heartbeat's answer could not be delivered: its loop "
-                                "is closed")
+    def _serve(self, group: list[_Pending]) -> list[Any]:
+        outcomes = self._outcomes(group)
+        self.served += sum(not isinstance(o, BaseException) for o in outcomes)
+        return outcomes
 
     def _outcomes(self, group: list[_Pending]) -> list[Any]:
         """(status, body) or the exception, per beat of `group`, in order."""
