@@ -47,17 +47,17 @@ class GangWalks:
 
     __slots__ = ()
 
-    def _take_ge(self, c: list, p: int, lvr: list, left: int, tot: int, dead: int,
-                 fills: list, end: int, start: int) -> tuple[int, int, int, int]:
+    def _take_ge(self, bid_id: int, gang: int, v: int, need: int, mrel: int, avoid: int,
+                 image: bool, only: int, nv: bool, p: int, lvr: list, left: int, tot: int,
+                 dead: int, fills: list, end: int,
+                 start: int) -> tuple[int, int, int, int]:
         """``_take_asks`` on level ``p`` through its index of asks holding >= v GPUs
         (v = min(gang, 8); built on first use, kept by every rest at the level, entries
-        stale once their ask holds fewer, dropped lazily) for the bid cell ``c``. Only for
+        stale once their ask holds fewer, dropped lazily) for the bid ``bid_id`` (its
+        fields, unpacked by ``_take_asks`` once per walk, not once per level). Only for
         a bid whose owner rests no ask (no self-trade to find). Returns (left, tot, level
         GPU bound, dead): the bound is exact up to v - 1 (the asks outside the index) when
         walked whole. ``fills[start:]`` are this pass's."""
-        bid_id = c[2]
-        gang, _, need, mrel, avoid, image, only, nv = c[5:13]
-        v = gang if gang < _GE_TOP else _GE_TOP
         q = lvr[0]
         lv = lvr[3]
         if lv is None:
@@ -132,11 +132,11 @@ class GangWalks:
             mx = v - 1
         return left, tot, mx, dead
 
-    def _take_gb(self, c: list, p: int, lvr: list, left: int, tot: int, dead: int,
-                 fills: list, nvg: dict, window: int, top: int,
-                 start: int) -> tuple[int, int, int, int]:
+    def _take_gb(self, ask_id: int, node: int, cuda: int, rel: int, processes: bool,
+                 p: int, lvr: list, left: int, tot: int, dead: int, fills: list, nvg: dict,
+                 window: int, top: int, start: int) -> tuple[int, int, int, int]:
         """``_take_bids`` on level ``p`` through its index of bids of gang <= v (v = GPUs
-        the ask cell ``c`` has left, < 8; the level's deque itself while 8 or more; gangs
+        the ask ``ask_id`` has left, < 8; the level's deque itself while 8 or more; gangs
         never change, so entries only die); when a fill leaves fewer GPUs, the walk moves
         on in the smaller index after the last seq seen.
         Only for an ask whose owner rests no bid. Returns (left, tot, gang bound, dead):
@@ -147,9 +147,6 @@ class GangWalks:
             lv = lvr[3] = {}
         ix = self._ix
         own = self._bid_own
-        ask_id = c[2]
-        node, _, cuda, rel, images = c[5:10]
-        processes = not images
         mn = _BIG
         last = -_BIG  # seq of the last bid looked at
         v = 0

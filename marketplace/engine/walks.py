@@ -129,8 +129,9 @@ class Walks:
             tot = lv[1]
             mx = 0
             if use:
-                left, tot, mx, dead = self._take_ge(c, p, lv, left, tot, dead, fills, end,
-                                                    start)
+                left, tot, mx, dead = self._take_ge(bid_id, gang, v, need, mrel, avoid,
+                                                    image, only, nv, p, lv, left, tot,
+                                                    dead, fills, end, start)
                 n = 0  # the level was walked through its index
             else:
                 n = len(q)
@@ -254,8 +255,9 @@ class Walks:
             j = 0
             top = lv[4]
             if top > 1 and bix and not mine:  # some bid here has a gang > 1
-                left, tot, mn, dead = self._take_gb(c, p, lv, left, tot, dead, fills, nvg,
-                                                    window, top, start)
+                left, tot, mn, dead = self._take_gb(ask_id, node, cuda, rel, processes, p,
+                                                    lv, left, tot, dead, fills, nvg, window,
+                                                    top, start)
                 n = 0  # the level was walked through its index
             else:
                 n = len(q)
