@@ -29,7 +29,7 @@ from core import metrics
 from core.bulk import insert_all, update_all
 from marketplace import engine, interconnect, locking, matching, preemption
 from marketplace.errors import Conflict
-from marketplace.leases import check_node, fill_terms, lease_row, next_lease_ids
+from marketplace.leases import check_node, fill_terms, lease_row, next_lease_ids, units_gone
 from marketplace.models import Fill, GpuClass, Lease, LeaseGpu, Order, RematchDue
 from providers.models import Gpu
 from settlement import bulk as ledger_bulk
@@ -301,12 +301,10 @@ def _pick_gpus_many(market: GpuClass, wants: list[tuple[object, int]]) -> list[l
                            f"{count} needed")
         chosen.append(have[:count])
         free[node.pk] = have[count:]
-    picked = [g.pk for gpus in chosen for g in gpus]
-    locked = list(Gpu.objects.select_for_update().filter(pk__in=picked, healthy=True)
-                  .order_by("pk").values_list("pk", flat=True))
-    if len(locked) < len(picked):
+    gone = units_gone([g.pk for gpus in chosen for g in gpus])
+    if gone:
         raise Conflict(f"the units of the market {market.slug} changed while these leases "
                        f"were being made (a new MIG layout or a health change): "
-                       f"{len(picked) - len(locked)} of the units picked left the market; "
+                       f"{gone} of the units picked left the market; "
                        "nothing was written: retry", field="gpus")
     return chosen

@@ -64,15 +64,21 @@ def _locked(node: Node, market: GpuClass, chosen: list[Gpu]) -> list[Gpu]:
     layout change cannot delete or unlist them before this lease commits. One it deleted,
     unlisted or marked unhealthy meanwhile is gone when the lock is had: a Conflict naming
     `gpus` (409; nothing is written; RUNNER_PROTOCOL.md, "A layout change racing a lease")."""
-    locked = list(Gpu.objects.select_for_update().filter(pk__in=[g.pk for g in chosen],
-                                                         healthy=True)
-                  .order_by("pk").values_list("pk", flat=True))
-    if len(locked) < len(chosen):
+    gone = units_gone([g.pk for g in chosen])
+    if gone:
         raise Conflict(f"the units of node {node.name} changed while this lease was being "
-                       f"made (a new MIG layout or a health change): {len(chosen) - len(locked)}"
+                       f"made (a new MIG layout or a health change): {gone}"
                        f" of the {market.slug} units picked for it left the market; nothing "
                        "was written: retry", field="gpus")
     return chosen
+
+
+def units_gone(gpu_ids: list[int]) -> int:
+    """Lock the units `gpu_ids` (FOR UPDATE, by primary key: see _locked) and return how
+    many of them are gone (deleted, or no longer healthy) once the lock is had."""
+    locked = (Gpu.objects.select_for_update().filter(pk__in=gpu_ids, healthy=True)
+              .order_by("pk").values_list("pk", flat=True))
+    return len(gpu_ids) - len(list(locked))
 
 
 def _next_lease_id() -> int:
